@@ -1,0 +1,243 @@
+"""Model configurations of the Nemotron Speech streaming family, buildable without any download.
+
+These configs describe the architecture of ``nvidia/nemotron-speech-streaming-en-0.6b`` (FastConformer
+encoder, 8x ``dw_striding`` subsampling, ``chunked_limited`` multi-lookahead attention, causal convolutions,
+RNNT head) at two sizes:
+
+* :func:`nemotron_600m_config` — the real 24-layer, d_model 1024 architecture (random weights), used by
+  benchmarks when the checkpoint is not available.
+* :func:`tiny_config` — a 4-layer, d_model 128 model of the same family, used by tests.
+
+:func:`build_random_model` instantiates either with a freshly trained SentencePiece tokenizer and writes a
+``.nemo`` file that the engine then loads through exactly the same code path as a real checkpoint.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+#: The attention contexts the real checkpoint was trained with, in 80 ms encoder frames.
+NEMOTRON_ATT_CONTEXT_SIZES: list[list[int]] = [[70, 13], [70, 6], [70, 1], [70, 0]]
+
+_TOKENIZER_TEXT = (
+    "zero one two three four five six seven eight nine ten hello hi yes no please thanks stop cancel "
+    "what time is it what is the weather today tomorrow monday tuesday wednesday thursday friday saturday "
+    "sunday set a timer for minutes plus minus times good morning evening call play music open close"
+)
+
+
+def _preprocessor_cfg(features: int) -> dict[str, Any]:
+    return {
+        "_target_": "nemo.collections.asr.modules.AudioToMelSpectrogramPreprocessor",
+        "sample_rate": 16000,
+        "normalize": "NA",
+        "window_size": 0.025,
+        "window_stride": 0.01,
+        "window": "hann",
+        "features": features,
+        "n_fft": 512,
+        "log": True,
+        "frame_splicing": 1,
+        "dither": 0.0,
+        "pad_to": 0,
+        "pad_value": 0.0,
+    }
+
+
+def _encoder_cfg(
+    features: int, n_layers: int, d_model: int, n_heads: int, conv_kernel: int, sub_channels: int
+) -> dict[str, Any]:
+    return {
+        "_target_": "nemo.collections.asr.modules.ConformerEncoder",
+        "feat_in": features,
+        "feat_out": -1,
+        "n_layers": n_layers,
+        "d_model": d_model,
+        "subsampling": "dw_striding",
+        "subsampling_factor": 8,
+        "subsampling_conv_channels": sub_channels,
+        "causal_downsampling": True,
+        "ff_expansion_factor": 4,
+        "self_attention_model": "rel_pos",
+        "n_heads": n_heads,
+        "att_context_size": [list(c) for c in NEMOTRON_ATT_CONTEXT_SIZES],
+        "att_context_probs": [0.25, 0.25, 0.25, 0.25],
+        "att_context_style": "chunked_limited",
+        "xscaling": True,
+        "untie_biases": True,
+        "pos_emb_max_len": 5000,
+        "conv_kernel_size": conv_kernel,
+        "conv_norm_type": "layer_norm",
+        "conv_context_size": "causal",
+        "dropout": 0.0,
+        "dropout_pre_encoder": 0.0,
+        "dropout_emb": 0.0,
+        "dropout_att": 0.0,
+    }
+
+
+def _model_cfg(
+    tokenizer_dir: str,
+    *,
+    features: int,
+    n_layers: int,
+    d_model: int,
+    n_heads: int,
+    conv_kernel: int,
+    sub_channels: int,
+    pred_hidden: int,
+    joint_hidden: int,
+) -> dict[str, Any]:
+    return {
+        "sample_rate": 16000,
+        "tokenizer": {"dir": tokenizer_dir, "type": "bpe"},
+        "model_defaults": {"enc_hidden": d_model, "pred_hidden": pred_hidden, "joint_hidden": joint_hidden},
+        "preprocessor": _preprocessor_cfg(features),
+        "encoder": _encoder_cfg(features, n_layers, d_model, n_heads, conv_kernel, sub_channels),
+        "decoder": {
+            "_target_": "nemo.collections.asr.modules.RNNTDecoder",
+            "normalization_mode": None,
+            "random_state_sampling": False,
+            "blank_as_pad": True,
+            "prednet": {"pred_hidden": pred_hidden, "pred_rnn_layers": 1, "t_max": None, "dropout": 0.0},
+        },
+        "joint": {
+            "_target_": "nemo.collections.asr.modules.RNNTJoint",
+            "log_softmax": None,
+            "preserve_memory": False,
+            "fuse_loss_wer": False,
+            "jointnet": {
+                "joint_hidden": joint_hidden,
+                "activation": "relu",
+                "dropout": 0.0,
+                "encoder_hidden": d_model,
+                "pred_hidden": pred_hidden,
+            },
+        },
+        "decoding": {"strategy": "greedy_batch", "greedy": {"max_symbols": 10}},
+        "loss": {"loss_name": "pytorch"},
+        "optim": {"name": "adamw", "lr": 1e-3},
+    }
+
+
+def tiny_config(tokenizer_dir: str) -> dict[str, Any]:
+    """Return a ~2M-parameter config of the Nemotron streaming family (4 layers, d_model 128).
+
+    Args:
+        tokenizer_dir: Folder holding a SentencePiece ``tokenizer.model`` (and ``vocab.txt``).
+
+    """
+    return _model_cfg(
+        tokenizer_dir,
+        features=80,
+        n_layers=4,
+        d_model=128,
+        n_heads=4,
+        conv_kernel=9,
+        sub_channels=64,
+        pred_hidden=128,
+        joint_hidden=128,
+    )
+
+
+def nemotron_600m_config(tokenizer_dir: str) -> dict[str, Any]:
+    """Return the full ``nemotron-speech-streaming-en-0.6b`` architecture (24 layers, d_model 1024, ~614M).
+
+    Args:
+        tokenizer_dir: Folder holding a SentencePiece ``tokenizer.model`` (and ``vocab.txt``).
+
+    """
+    return _model_cfg(
+        tokenizer_dir,
+        features=128,
+        n_layers=24,
+        d_model=1024,
+        n_heads=8,
+        conv_kernel=9,
+        sub_channels=256,
+        pred_hidden=640,
+        joint_hidden=640,
+    )
+
+
+def train_tokenizer(out_dir: Path, vocab_size: int = 64, text: str = _TOKENIZER_TEXT) -> Path:
+    """Train a SentencePiece BPE tokenizer in the layout NeMo's ``tokenizer.dir`` expects.
+
+    Args:
+        out_dir: Folder to write ``tokenizer.model``, ``tokenizer.vocab`` and ``vocab.txt`` into.
+        vocab_size: Number of BPE pieces.
+        text: Training text; repeated and shuffled so SentencePiece sees enough sentences.
+
+    Returns:
+        ``out_dir``.
+
+    """
+    import sentencepiece as spm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    words = text.split()
+    rng = random.Random(0)
+    corpus = out_dir / "corpus.txt"
+    with corpus.open("w") as f:
+        for _ in range(2000):
+            f.write(" ".join(rng.choice(words) for _ in range(rng.randint(3, 10))) + "\n")
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(out_dir / "tokenizer"),
+        vocab_size=vocab_size,
+        model_type="bpe",
+        character_coverage=1.0,
+        bos_id=-1,
+        eos_id=-1,
+        minloglevel=2,
+    )
+    with (out_dir / "tokenizer.vocab").open() as f, (out_dir / "vocab.txt").open("w") as out:
+        for line in f:
+            piece = line.split("\t")[0]
+            out.write(piece + "\n")
+    return out_dir
+
+
+def build_random_model(
+    out_path: str | Path, size: str = "tiny", seed: int = 0, vocab_size: int = 64, blank_bias: float = 0.0
+) -> Path:
+    """Build a randomly initialised cache-aware FastConformer-RNNT and save it as a ``.nemo`` file.
+
+    Args:
+        out_path: Destination ``.nemo`` path.
+        size: ``"tiny"`` (tests) or ``"600m"`` (the real architecture, for benchmarks).
+        seed: Seed for the weights, so tests are reproducible.
+        vocab_size: Tokenizer size.
+        blank_bias: Added to the joint's blank logit. Random joints emit many symbols per frame (a worst
+            case for the decoder); a positive bias makes decoding look like a trained model's.
+
+    Returns:
+        The written path.
+
+    """
+    import torch
+    from omegaconf import OmegaConf
+
+    from pipecat_nemotron.engine.loading import quiet_nemo
+
+    configs = {"tiny": tiny_config, "600m": nemotron_600m_config}
+    if size not in configs:
+        raise ValueError(f"size must be one of {sorted(configs)}, got {size!r}")
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp, quiet_nemo():
+        from nemo.collections.asr.models import EncDecRNNTBPEModel
+
+        tok_dir = train_tokenizer(Path(tmp) / "tokenizer", vocab_size=vocab_size)
+        torch.manual_seed(seed)
+        cfg = OmegaConf.create(configs[size](str(tok_dir)))
+        model = EncDecRNNTBPEModel(cfg=cfg)
+        if blank_bias:
+            with torch.no_grad():
+                model.joint.joint_net[-1].bias[-1] += blank_bias
+        model.eval()
+        model.save_to(str(out_path))
+    return out_path

@@ -1,0 +1,78 @@
+"""Validated, init-only configuration of the streaming engine and the latency-mode table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+#: The default model: NVIDIA's cache-aware streaming English ASR (600M FastConformer-RNNT).
+DEFAULT_MODEL = "nvidia/nemotron-speech-streaming-en-0.6b"
+
+#: Latency mode (chunk length in ms) -> right attention context, in 80 ms encoder frames.
+LATENCY_MODES: dict[int, int] = {80: 0, 160: 1, 560: 6, 1120: 13}
+
+#: Left attention context of every mode, in encoder frames (the model's cache length).
+LEFT_CONTEXT_FRAMES = 70
+
+FinalizeMode = Literal["soft", "hard"]
+
+
+def validate_latency_ms(latency_ms: int) -> int:
+    """Return ``latency_ms`` if it names a supported mode.
+
+    Raises:
+        ValueError: Naming the allowed values.
+
+    """
+    if latency_ms not in LATENCY_MODES:
+        raise ValueError(f"latency_ms must be one of {sorted(LATENCY_MODES)} (ms), got {latency_ms!r}")
+    return latency_ms
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Init-only settings of a :class:`~pipecat_nemotron.engine.NemotronEngine`.
+
+    Attributes:
+        model: A local ``.nemo`` path or a Hugging Face model id.
+        model_revision: Git revision (commit hash or tag) of a model id; pin it in production, since the
+            ``main`` checkpoint of the Nemotron model has changed over time. Ignored for local paths.
+        device: ``"auto"`` (CUDA if present, else CPU with a warning), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        dtype: ``"auto"`` (bf16 on GPU, fp32 on CPU), ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        max_streams: Concurrent streams (preallocated cache slots). One more ``open_stream`` raises
+            :class:`~pipecat_nemotron.engine.errors.CapacityError`.
+        max_batch_size: Most stream chunks in one batched model step.
+        default_latency_ms: Latency mode of streams opened without one (80, 160, 560 or 1120).
+        finalize_mode: ``"soft"`` keeps encoder caches and decoder state across utterances of a stream
+            (context carries over, cheaper); ``"hard"`` resets them after each final (each utterance is
+            decoded exactly as if it were a clip of its own).
+        warmup: Run a few steps in every mode at ``start()`` so the first user does not pay for it.
+
+    """
+
+    model: str = DEFAULT_MODEL
+    model_revision: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    max_streams: int = 64
+    max_batch_size: int = 32
+    default_latency_ms: int = 160
+    finalize_mode: FinalizeMode = "soft"
+    warmup: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError("model must be a .nemo path or a model id such as " + repr(DEFAULT_MODEL))
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"dtype must be one of 'auto', 'float32', 'bfloat16', 'float16', got {self.dtype!r}"
+            )
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if not isinstance(self.max_streams, int) or self.max_streams < 1:
+            raise ValueError(f"max_streams must be a positive int, got {self.max_streams!r}")
+        if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be a positive int, got {self.max_batch_size!r}")
+        if self.finalize_mode not in ("soft", "hard"):
+            raise ValueError(f"finalize_mode must be 'soft' or 'hard', got {self.finalize_mode!r}")
+        validate_latency_ms(self.default_latency_ms)

@@ -1,0 +1,282 @@
+"""``NemotronEngine``: one loaded model, many concurrent streams, continuous batching."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from loguru import logger
+
+from pipecat_nemotron.engine.config import EngineConfig, validate_latency_ms
+from pipecat_nemotron.engine.errors import CapacityError, EngineNotRunningError, StreamFailedError
+from pipecat_nemotron.engine.scheduler import Scheduler, StepStats
+from pipecat_nemotron.engine.state import StreamState
+from pipecat_nemotron.engine.stream import ASRStream
+from pipecat_nemotron.engine.types import FinalTranscript
+
+#: Duration of the warm-up clip per latency mode, seconds.
+_WARMUP_SECONDS = 1.5
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """Facts about a started engine.
+
+    Attributes:
+        model: Model path or id.
+        device: Device the model runs on (e.g. ``"cuda:0"``, ``"cpu"``).
+        dtype: Encoder dtype name.
+        latency_modes: Supported latency modes, ms.
+        cache_bytes_per_stream: Encoder cache memory per stream slot, bytes.
+        max_streams: Capacity.
+        load_seconds: Time to load the model, seconds.
+
+    """
+
+    model: str
+    device: str
+    dtype: str
+    latency_modes: tuple[int, ...]
+    cache_bytes_per_stream: int
+    max_streams: int
+    load_seconds: float
+
+
+class NemotronEngine:
+    """Cache-aware streaming ASR for many concurrent streams on one copy of the model.
+
+    Example::
+
+        engine = NemotronEngine(EngineConfig(model="nvidia/nemotron-speech-streaming-en-0.6b"))
+        await engine.start()
+        stream = engine.open_stream(latency_ms=160)
+        await stream.push(pcm16_bytes, sample_rate=16000)
+        final = await stream.finalize()
+        await stream.close()
+        await engine.stop()
+
+    One scheduler task owns the model: every step takes the ready chunks of all streams (up to
+    ``max_batch_size``) and runs one batched cache-aware forward per latency mode on a dedicated worker
+    thread, so the event loop never blocks on the model.
+
+    Args:
+        config: Init-only settings (validated on construction).
+
+    """
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self._executor: ThreadPoolExecutor | None = None
+        self._scheduler: Scheduler | None = None
+        self._runner: Any = None
+        self._ids = itertools.count(1)
+        self._info: EngineInfo | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._start_lock: asyncio.Lock | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """True between a successful ``start()`` and ``stop()``."""
+        return self._scheduler is not None
+
+    @property
+    def info(self) -> EngineInfo:
+        """Facts about the loaded model (after ``start()``)."""
+        if self._info is None:
+            raise EngineNotRunningError("the engine has not been started; call `await engine.start()`")
+        return self._info
+
+    async def start(self) -> None:
+        """Load the model (off the event loop), warm it up and start the scheduler. Idempotent.
+
+        Raises:
+            ModelLoadError: The model is missing, corrupt or cannot stream.
+
+        """
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._scheduler is not None:
+                return
+            self._loop = asyncio.get_running_loop()
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemotron-asr")
+            t0 = time.perf_counter()
+            try:
+                self._runner = await self._loop.run_in_executor(self._executor, self._load)
+            except BaseException:
+                self._executor.shutdown(wait=False)
+                self._executor = None
+                raise
+            load_s = time.perf_counter() - t0
+            runner = self._runner
+            self._info = EngineInfo(
+                model=self.config.model,
+                device=str(runner.device),
+                dtype=str(runner.dtype).replace("torch.", ""),
+                latency_modes=tuple(sorted(runner.modes)),
+                cache_bytes_per_stream=runner.slot_bytes,
+                max_streams=self.config.max_streams,
+                load_seconds=load_s,
+            )
+            self._scheduler = Scheduler(
+                runner, self._executor, self.config.max_batch_size, self.config.finalize_mode == "hard"
+            )
+            self._scheduler.start()
+            if self.config.warmup:
+                await self._warmup()
+            logger.info(
+                f"Nemotron ASR engine ready: {self.config.model} on {self._info.device} ({self._info.dtype}), "
+                f"modes {list(self._info.latency_modes)} ms, {self.config.max_streams} slots of "
+                f"{runner.slot_bytes / 1e6:.2f} MB, loaded in {load_s:.1f} s"
+            )
+
+    def _load(self) -> Any:
+        import torch
+
+        from pipecat_nemotron.engine.loading import load_asr_model, resolve_device, resolve_dtype
+        from pipecat_nemotron.engine.runner import ModelRunner
+
+        device = resolve_device(self.config.device)
+        dtype = resolve_dtype(self.config.dtype, device)
+        if device.type == "cpu":
+            torch.set_num_threads(max(1, torch.get_num_threads()))
+        model = load_asr_model(self.config, device, dtype)
+        return ModelRunner(model, self.config.max_streams, device, dtype)
+
+    async def _warmup(self) -> None:
+        rng = np.random.default_rng(0)
+        clip = (rng.standard_normal(int(16000 * _WARMUP_SECONDS)) * 0.01).astype(np.float32)
+        modes = sorted(self._runner.modes)
+        slots = min(len(modes), self.config.max_streams)
+        for start in range(0, len(modes), slots):
+            streams = [self.open_stream(latency_ms=m) for m in modes[start : start + slots]]
+            for s in streams:
+                await s.push(clip)
+            await asyncio.gather(*(s.finalize() for s in streams))
+            for s in streams:
+                await s.close()
+
+    async def stop(self) -> None:
+        """Stop the scheduler, close every stream and release the model thread. Idempotent."""
+        if self._scheduler is not None:
+            await self._scheduler.stop()
+            self._scheduler = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        logger.info("Nemotron ASR engine stopped")
+
+    async def __aenter__(self) -> NemotronEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ---- streams ------------------------------------------------------------------------------------------
+
+    @property
+    def open_streams(self) -> int:
+        """Streams holding a slot (opened and not yet fully closed)."""
+        return len(self._scheduler.streams) if self._scheduler is not None else 0
+
+    @property
+    def steps(self) -> int:
+        """Model steps run so far."""
+        return self._scheduler.steps if self._scheduler is not None else 0
+
+    @property
+    def hop_samples(self) -> int:
+        """Samples (16 kHz) per mel frame."""
+        return self._runner.frontend.hop if self._runner is not None else 160
+
+    def chunk_ms(self, latency_ms: int) -> float:
+        """Audio per regular step in a latency mode, ms."""
+        shape = self._require().runner.shape(latency_ms)
+        return shape.chunk_frames * self._runner.frontend.hop / 16.0
+
+    def add_step_listener(self, listener: Callable[[StepStats], None]) -> None:
+        """Call ``listener`` after every step (benchmarks, metrics). It runs on the event loop: keep it cheap."""
+        self._require().step_listeners.append(listener)
+
+    def _require(self) -> Scheduler:
+        if self._scheduler is None:
+            raise EngineNotRunningError("the engine is not running; call `await engine.start()` first")
+        if self._scheduler.error is not None:
+            raise EngineNotRunningError(f"the engine's scheduler crashed: {self._scheduler.error!r}")
+        return self._scheduler
+
+    def open_stream(self, latency_ms: int | None = None) -> ASRStream:
+        """Open a stream.
+
+        Args:
+            latency_ms: 80, 160, 560 or 1120 (default: the config's ``default_latency_ms``).
+
+        Raises:
+            CapacityError: ``max_streams`` streams are already open (existing streams are unaffected).
+            EngineNotRunningError: ``start()`` has not completed.
+            ValueError: Unsupported latency (names the allowed values).
+
+        """
+        scheduler = self._require()
+        latency = validate_latency_ms(self.config.default_latency_ms if latency_ms is None else latency_ms)
+        if latency not in self._runner.modes:
+            raise ValueError(f"this model supports latency_ms in {sorted(self._runner.modes)}, got {latency}")
+        if len(scheduler.streams) >= self.config.max_streams:
+            raise CapacityError(
+                f"all {self.config.max_streams} ASR stream slots are in use; close a stream or raise "
+                "EngineConfig.max_streams"
+            )
+        state = StreamState(stream_id=next(self._ids), latency_ms=latency)
+        stream = ASRStream(self, state)
+        scheduler.add(state, stream.updates_queue.put, stream.updates_queue.close)
+        return stream
+
+    async def transcribe(
+        self, audio: bytes | np.ndarray, latency_ms: int | None = None, sample_rate: int = 16000
+    ) -> FinalTranscript:
+        """Transcribe a whole clip by streaming it through the engine (batched with live streams).
+
+        Args:
+            audio: int16 PCM bytes or a numpy array (see :meth:`ASRStream.push`).
+            latency_ms: Latency mode to decode with.
+            sample_rate: Rate of ``audio``, Hz.
+
+        """
+        stream = self.open_stream(latency_ms)
+        try:
+            await stream.push(audio, sample_rate=sample_rate)
+            return await stream.finalize()
+        finally:
+            await stream.close()
+
+    # ---- called by ASRStream ------------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.wake()
+
+    def _request_latency(self, state: StreamState, latency_ms: int) -> None:
+        if latency_ms not in self._runner.modes:
+            raise ValueError(
+                f"this model supports latency_ms in {sorted(self._runner.modes)}, got {latency_ms}"
+            )
+        self._require().request_latency(state, latency_ms)
+
+    async def _close_stream(self, state: StreamState, error: BaseException | None = None) -> None:
+        if self._scheduler is None or state.stream_id not in self._scheduler.streams:
+            state.closed = True
+            return
+        await self._scheduler.release(state, error)
+
+    async def _fail_stream(self, state: StreamState, error: BaseException) -> None:
+        logger.error(f"ASR stream {state.stream_id} failed: {error}")
+        await self._close_stream(state, StreamFailedError(str(error)))

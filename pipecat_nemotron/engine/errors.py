@@ -1,0 +1,31 @@
+"""Exceptions raised by the streaming engine."""
+
+from __future__ import annotations
+
+
+class NemotronEngineError(Exception):
+    """Base class of every error the engine raises."""
+
+
+class ModelLoadError(NemotronEngineError):
+    """The model could not be loaded, or it is not a cache-aware streaming model."""
+
+
+class EngineNotRunningError(NemotronEngineError):
+    """The engine was used before ``start()`` or after ``stop()``."""
+
+
+class CapacityError(NemotronEngineError):
+    """All ``max_streams`` stream slots are in use; existing streams are unaffected."""
+
+
+class StreamClosedError(NemotronEngineError):
+    """The stream was used after ``close()`` (or after it failed)."""
+
+
+class InvalidAudioError(NemotronEngineError, ValueError):
+    """Audio that cannot be transcribed: NaN/inf samples, an unsupported format or rate."""
+
+
+class StreamFailedError(NemotronEngineError):
+    """The model step failed for this stream alone; the stream is closed, other streams go on."""

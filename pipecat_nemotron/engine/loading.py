@@ -1,0 +1,194 @@
+"""Loading a cache-aware Nemotron Speech model through NeMo's own loaders, and checking it can stream.
+
+NeMo is imported lazily here (it takes seconds and ~800 MB), never at ``import pipecat_nemotron`` time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging as std_logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+
+from pipecat_nemotron.engine.config import EngineConfig
+from pipecat_nemotron.engine.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    import torch
+
+#: Where a model id's ``.nemo`` file lives on the Hugging Face Hub: ``<repo>/<name>.nemo``.
+_NEMO_SUFFIX = ".nemo"
+
+
+@contextlib.contextmanager
+def quiet_nemo(level: int = std_logging.ERROR) -> Iterator[None]:
+    """Lower NeMo's logging (it prints hundreds of INFO lines to stdout while building) for a block.
+
+    Args:
+        level: The ``logging`` level NeMo uses inside the block; restored afterwards.
+
+    """
+    from nemo.utils import logging as nemo_logging
+
+    previous = nemo_logging.getEffectiveLevel()
+    nemo_logging.setLevel(level)
+    try:
+        yield
+    finally:
+        nemo_logging.setLevel(previous)
+
+
+def resolve_device(device: str) -> torch.device:
+    """Turn ``"auto"``/``"cpu"``/``"cuda"``/``"cuda:N"`` into a :class:`torch.device`.
+
+    Raises:
+        ModelLoadError: A CUDA device was asked for and none is available.
+
+    """
+    import torch
+
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        logger.warning(
+            "No CUDA GPU found: running the ASR model on the CPU. Expect only the tiny model or the 560/1120 ms "
+            "modes to keep up with real time."
+        )
+        return torch.device("cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(
+            f"device={device!r} was requested but torch.cuda.is_available() is False (torch {torch.__version__}). "
+            "Install a CUDA build of torch or use device='cpu' / 'auto'."
+        )
+    return dev
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """Turn the config's dtype name into a :class:`torch.dtype` (``auto``: bf16 on CUDA, fp32 on CPU)."""
+    import torch
+
+    if dtype == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def _resolve_source(config: EngineConfig) -> tuple[str, Path | None]:
+    """Return ``(description, local_path)``; ``local_path`` is None for a hub id without a pinned revision."""
+    model = config.model
+    if model.endswith(_NEMO_SUFFIX) or Path(model).expanduser().exists() or model.startswith((".", "/", "~")):
+        path = Path(model).expanduser()
+        if not path.exists():
+            raise ModelLoadError(
+                f"Model file {str(path)!r} does not exist. Pass the path of a .nemo checkpoint or a model id such "
+                "as 'nvidia/nemotron-speech-streaming-en-0.6b'."
+            )
+        if path.is_dir():
+            raise ModelLoadError(f"Model path {str(path)!r} is a directory; expected a .nemo file.")
+        return str(path), path
+    if config.model_revision is None:
+        return model, None
+    from huggingface_hub import hf_hub_download
+
+    filename = model.rsplit("/", 1)[-1] + _NEMO_SUFFIX
+    try:
+        local = hf_hub_download(repo_id=model, filename=filename, revision=config.model_revision)
+    except Exception as e:
+        raise ModelLoadError(
+            f"Could not fetch {filename!r} of {model!r} at revision {config.model_revision!r}: {e}. "
+            "Check the id and revision, network access, or pass a local .nemo path."
+        ) from e
+    return f"{model}@{config.model_revision}", Path(local)
+
+
+def load_asr_model(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> Any:
+    """Load and validate a cache-aware RNNT model, in eval mode on ``device``.
+
+    The encoder, decoder and joint are cast to ``dtype``; the mel preprocessor stays in fp32 (its STFT needs
+    the range).
+
+    Raises:
+        ModelLoadError: The file is missing or corrupt, or the model cannot stream (names what was expected).
+
+    """
+    description, local_path = _resolve_source(config)
+    logger.info(f"Loading ASR model {description} on {device} ({str(dtype).replace('torch.', '')})")
+    with quiet_nemo():
+        from nemo.collections.asr.models import ASRModel
+
+        try:
+            if local_path is not None:
+                model = ASRModel.restore_from(str(local_path), map_location=device)
+            else:
+                model = ASRModel.from_pretrained(config.model, map_location=device)
+        except ModelLoadError:
+            raise
+        except Exception as e:
+            raise ModelLoadError(
+                f"Could not load ASR model from {description!r}: {type(e).__name__}: {e}. Expected a NeMo .nemo "
+                "checkpoint of a cache-aware FastConformer-RNNT (e.g. nvidia/nemotron-speech-streaming-en-0.6b)."
+            ) from e
+    validate_cache_aware(model, description)
+    _configure_decoding(model)
+    model.eval()
+    model.preprocessor.float()
+    for name in ("encoder", "decoder", "joint"):
+        getattr(model, name).to(dtype=dtype)
+    model.to(device)
+    return model
+
+
+def validate_cache_aware(model: Any, description: str) -> None:
+    """Check that ``model`` is a cache-aware streaming RNNT with a streamable preprocessor.
+
+    Raises:
+        ModelLoadError: Naming the file and what was expected.
+
+    """
+    from nemo.collections.asr.models import EncDecRNNTModel
+    from nemo.collections.asr.parts.mixins.streaming import StreamingEncoder
+
+    problems: list[str] = []
+    if not isinstance(model, EncDecRNNTModel):
+        problems.append(f"an RNNT (Transducer) model, got {type(model).__name__}")
+    encoder = getattr(model, "encoder", None)
+    if not isinstance(encoder, StreamingEncoder):
+        problems.append(f"a streaming (cache-aware) encoder, got {type(encoder).__name__}")
+    elif getattr(encoder, "att_context_style", None) != "chunked_limited":
+        problems.append(
+            f"att_context_style='chunked_limited', got {getattr(encoder, 'att_context_style', None)!r}"
+        )
+    pre_cfg = model.cfg.get("preprocessor", {}) if hasattr(model, "cfg") else {}
+    normalize = pre_cfg.get("normalize", "NA")
+    if normalize not in (None, "NA", "None", False):
+        problems.append(
+            f"a preprocessor with normalize='NA' (per-utterance normalisation cannot stream), got {normalize!r}"
+        )
+    if problems:
+        raise ModelLoadError(
+            f"{description!r} is not a cache-aware streaming model: expected " + "; ".join(problems)
+        )
+
+
+def _configure_decoding(model: Any) -> None:
+    """Select label-looping batched greedy RNNT decoding, with the CUDA-graph decoder off.
+
+    The CUDA-graph decoder is off because it has crashed with this model's streaming path; it can be enabled
+    once tested on the target GPU.
+    """
+    from omegaconf import open_dict
+
+    decoding_cfg = model.cfg.decoding
+    with open_dict(decoding_cfg):
+        decoding_cfg.strategy = "greedy_batch"
+        decoding_cfg.greedy.loop_labels = True
+        decoding_cfg.greedy.use_cuda_graph_decoder = False
+        decoding_cfg.greedy.max_symbols = decoding_cfg.greedy.get("max_symbols", 10) or 10
+        decoding_cfg.fused_batch_size = -1
+    with quiet_nemo():
+        model.change_decoding_strategy(decoding_cfg, verbose=False)

@@ -1,0 +1,247 @@
+"""The batched cache-aware model step. Runs only on the scheduler's single worker thread.
+
+One call of :meth:`ModelRunner.run_step` executes every group of a step: for each group (streams of one
+latency mode and chunk shape) it computes exact mel features, gathers the streams' encoder caches from NeMo's
+slot pool (:class:`~nemo.collections.asr.inference.utils.context_manager.CacheAwareContextManager`), runs one
+batched ``conformer_stream_step`` and writes the caches back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from loguru import logger
+
+from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
+from pipecat_nemotron.engine.features import MelFrontend
+from pipecat_nemotron.engine.state import StreamState
+
+
+@dataclass(frozen=True)
+class ModeShape:
+    """Chunk geometry of one latency mode, read from NeMo's ``encoder.streaming_cfg``.
+
+    Attributes:
+        latency_ms: The mode.
+        right_context: Right attention context, encoder frames.
+        first_chunk_frames: Mel frames of a stream's first chunk (no pre-encode cache).
+        chunk_frames: Mel frames of every later chunk.
+        pre_encode_cache_frames: Mel frames of the previous chunk prepended to later chunks.
+        drop_extra_pre_encoded: Encoder frames dropped from later chunks' subsampling output.
+
+    """
+
+    latency_ms: int
+    right_context: int
+    first_chunk_frames: int
+    chunk_frames: int
+    pre_encode_cache_frames: int
+    drop_extra_pre_encoded: int
+
+
+@dataclass
+class StepItem:
+    """One stream's work in a step.
+
+    Attributes:
+        state: The stream.
+        segment: Audio covering the chunk's frames (see :class:`MelFrontend`).
+        num_frames: Mel frames of the chunk.
+        first: The stream has no encoder context yet: no pre-encode cache, nothing dropped.
+        final: The chunk ends an utterance (partial length allowed).
+        ready_at: Monotonic time its audio had arrived.
+
+    """
+
+    state: StreamState
+    segment: np.ndarray
+    num_frames: int
+    first: bool
+    final: bool
+    ready_at: float
+    new_tokens: list[int] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+@dataclass
+class StepGroup:
+    """Items that share one batched forward: same mode, same chunk kind and length."""
+
+    latency_ms: int
+    items: list[StepItem]
+
+
+class ModelRunner:
+    """Owns the model, the feature frontend and the cache slot pool.
+
+    Args:
+        model: A loaded, validated cache-aware RNNT model (see :func:`~pipecat_nemotron.engine.loading.load_asr_model`).
+        num_slots: Cache slots to preallocate (the engine's ``max_streams``).
+        device: The model's device.
+        dtype: The encoder's dtype.
+
+    """
+
+    def __init__(self, model: Any, num_slots: int, device: torch.device, dtype: torch.dtype) -> None:
+        from nemo.collections.asr.inference.utils.context_manager import CacheAwareContextManager
+
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        self.frontend = MelFrontend(model.preprocessor, device)
+        self.modes: dict[int, ModeShape] = {}
+        supported = [list(c) for c in getattr(model.encoder, "att_context_size_all", [])]
+        for latency_ms, right in LATENCY_MODES.items():
+            if supported and [LEFT_CONTEXT_FRAMES, right] not in supported:
+                continue
+            model.encoder.set_default_att_context_size([LEFT_CONTEXT_FRAMES, right])
+            cfg = model.encoder.streaming_cfg
+            self.modes[latency_ms] = ModeShape(
+                latency_ms=latency_ms,
+                right_context=right,
+                # A first chunk shorter than the pre-encode cache (1 frame in the 80 ms mode) would leave
+                # zero padding in the next chunk's cache and shift its encoder output away from the offline
+                # model's; starting with a chunk that fills the cache keeps streaming equal to offline.
+                first_chunk_frames=max(int(cfg.chunk_size[0]), int(cfg.pre_encode_cache_size[1])),
+                chunk_frames=int(cfg.chunk_size[1]),
+                pre_encode_cache_frames=int(cfg.pre_encode_cache_size[1]),
+                drop_extra_pre_encoded=int(cfg.drop_extra_pre_encoded),
+            )
+        self._active_mode: int | None = None
+        #: Called with ``(stream_ids, encoded [B, D, T], encoded_len [B])`` after every encoder step.
+        self.encoder_output_hook: Callable[[list[int], torch.Tensor, torch.Tensor], None] | None = None
+        self.slots = CacheAwareContextManager(model.encoder, num_slots=num_slots)
+        for name in ("cache_last_channel", "cache_last_time"):
+            setattr(self.slots, name, getattr(self.slots, name).to(device=device, dtype=dtype))
+        self.slot_bytes = sum(
+            t[:, :1].numel() * t.element_size()
+            for t in (self.slots.cache_last_channel, self.slots.cache_last_time)
+        )
+
+    def shape(self, latency_ms: int) -> ModeShape:
+        """Chunk geometry of a latency mode."""
+        return self.modes[latency_ms]
+
+    def chunk_frames(self, state: StreamState) -> int:
+        """Mel frames the stream's next regular chunk needs."""
+        mode = self.modes[state.latency_ms]
+        return mode.chunk_frames if state.encoder_started else mode.first_chunk_frames
+
+    def _set_mode(self, latency_ms: int) -> None:
+        # The attention context is global to the encoder object; only this thread changes it.
+        if self._active_mode != latency_ms:
+            self.model.encoder.set_default_att_context_size(
+                [LEFT_CONTEXT_FRAMES, self.modes[latency_ms].right_context]
+            )
+            self._active_mode = latency_ms
+
+    def release(self, stream_ids: list[int]) -> None:
+        """Zero and free the cache slots of these streams (ids without a slot are ignored)."""
+        held = [sid for sid in stream_ids if sid in self.slots.streamidx2slotidx]
+        if held:
+            self.slots.reset_slots(held, [True] * len(held))
+
+    @torch.inference_mode()
+    def run_step(self, groups: list[StepGroup], releases: list[int]) -> float:
+        """Run one engine step: release slots, then one batched forward per group.
+
+        A group whose batched forward raises is retried one stream at a time, so a stream that fails does so
+        alone (its item gets ``error``); the other streams' results are unaffected.
+
+        Returns:
+            Wall time of the step, ms.
+
+        """
+        start = time.perf_counter()
+        if releases:
+            self.release(releases)
+        for group in groups:
+            try:
+                self._forward(group.latency_ms, group.items)
+            except Exception as batch_error:  # isolate the failing stream(s)
+                if len(group.items) == 1:
+                    group.items[0].error = batch_error
+                    continue
+                logger.warning(f"Batched ASR step failed ({batch_error!r}); retrying its streams one by one")
+                for item in group.items:
+                    try:
+                        self._forward(group.latency_ms, [item])
+                    except Exception as e:
+                        item.error = e
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return (time.perf_counter() - start) * 1000.0
+
+    def _forward(self, latency_ms: int, items: list[StepItem]) -> None:
+        from nemo.collections.asr.inference.utils.context_manager import CacheAwareContext
+        from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
+
+        mode = self.modes[latency_ms]
+        first = items[0].first
+        num_frames = [it.num_frames for it in items]
+        feats = self.frontend.compute([it.segment for it in items], num_frames)
+        if first:
+            signal, lengths, drop = feats, torch.tensor(num_frames, device=self.device), 0
+        else:
+            cache = torch.stack([it.state.pre_encode_cache for it in items])
+            signal = torch.cat((cache, feats), dim=-1)
+            lengths = torch.tensor([cache.size(-1) + n for n in num_frames], device=self.device)
+            drop = mode.drop_extra_pre_encoded
+        stream_ids = [it.state.stream_id for it in items]
+        context, mapping = self.slots.get_context(stream_ids)
+        previous = [
+            Hypothesis(score=0.0, y_sequence=None, dec_state=it.state.dec_state)
+            if it.state.dec_state is not None
+            else None
+            for it in items
+        ]
+        self._set_mode(latency_ms)
+        # The two halves of NeMo's ``conformer_stream_step``, called directly so the encoder output can be
+        # observed (``encoder_output_hook``, used by the streaming-equals-offline tests).
+        encoded, encoded_len, cache_channel, cache_time, cache_channel_len = (
+            self.model.encoder.cache_aware_stream_step(
+                processed_signal=signal.to(self.dtype),
+                processed_signal_length=lengths,
+                cache_last_channel=context.cache_last_channel,
+                cache_last_time=context.cache_last_time,
+                cache_last_channel_len=context.cache_last_channel_len,
+                keep_all_outputs=True,
+                drop_extra_pre_encoded=drop,
+            )
+        )
+        if self.encoder_output_hook is not None:
+            self.encoder_output_hook(stream_ids, encoded, encoded_len)
+        hyps = self.model.decoding.rnnt_decoder_predictions_tensor(
+            encoder_output=encoded,
+            encoded_lengths=encoded_len,
+            return_hypotheses=True,
+            partial_hypotheses=previous,
+        )
+        self.slots.update_cache(
+            stream_ids, CacheAwareContext(cache_channel, cache_time, cache_channel_len), mapping
+        )
+        keep = mode.pre_encode_cache_frames
+        for i, it in enumerate(items):
+            hyp = hyps[i]
+            seq = hyp.y_sequence
+            it.new_tokens = [int(t) for t in (seq.tolist() if isinstance(seq, torch.Tensor) else (seq or []))]
+            st = it.state
+            st.dec_state = hyp.dec_state
+            chunk = feats[i, :, : it.num_frames]
+            prev = st.pre_encode_cache if not first else None
+            merged = chunk if prev is None else torch.cat((prev, chunk), dim=-1)
+            if merged.size(-1) < keep:
+                merged = torch.nn.functional.pad(merged, (keep - merged.size(-1), 0))
+            st.pre_encode_cache = merged[:, -keep:].clone()
+            st.encoder_started = True
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """Text of a token sequence."""
+        if not tokens:
+            return ""
+        return self.model.tokenizer.ids_to_text(tokens)

@@ -1,0 +1,329 @@
+"""The one task that owns the model: collect ready chunks, run one batched step off the loop, resolve results.
+
+Between steps (and only then) the scheduler applies joins, leaves, finalizes and latency changes. While a
+step runs on the worker thread, the event loop keeps accepting audio; that audio is picked up by the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from loguru import logger
+
+from pipecat_nemotron.engine.errors import StreamClosedError, StreamFailedError
+from pipecat_nemotron.engine.runner import ModelRunner, StepGroup, StepItem
+from pipecat_nemotron.engine.state import StreamState
+from pipecat_nemotron.engine.types import FinalTranscript, TranscriptUpdate
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one scheduler step did.
+
+    Attributes:
+        step_ms: Wall time of the model step (all groups), ms.
+        batch_size: Stream chunks in the step.
+        groups: Batched forwards in the step (one per latency mode and chunk shape).
+        queue_ms_max: Longest time a chunk in this step waited for it, ms.
+        open_streams: Streams open when the step ran.
+        finals: Utterances finalized by the step.
+
+    """
+
+    step_ms: float
+    batch_size: int
+    groups: int
+    queue_ms_max: float
+    open_streams: int
+    finals: int
+
+
+class Scheduler:
+    """Continuous batching over all open streams of one engine.
+
+    Args:
+        runner: The model runner (used only from ``executor``'s single thread).
+        executor: A single-thread executor; every model call happens there.
+        max_batch_size: Most chunks per step.
+        hard_reset: Reset caches and decoder state after each final (``finalize_mode="hard"``).
+
+    """
+
+    def __init__(
+        self, runner: ModelRunner, executor: ThreadPoolExecutor, max_batch_size: int, hard_reset: bool
+    ) -> None:
+        self.runner = runner
+        self.executor = executor
+        self.max_batch_size = max_batch_size
+        self.hard_reset = hard_reset
+        self.streams: dict[
+            int,
+            tuple[StreamState, Callable[[TranscriptUpdate], None], Callable[[BaseException | None], None]],
+        ] = {}
+        self.step_listeners: list[Callable[[StepStats], None]] = []
+        self._wake = asyncio.Event()
+        self._pending_releases: dict[int, list[asyncio.Future[None]]] = {}
+        self._reset_slots: set[int] = set()
+        self._task: asyncio.Task[None] | None = None
+        self.steps = 0
+        self.error: BaseException | None = None
+
+    # ---- control, called from the event loop ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the scheduler task."""
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="nemotron-asr-scheduler")
+
+    async def stop(self) -> None:
+        """Stop the task; fail whatever is still pending."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        for state, _push, end in list(self.streams.values()):
+            error = StreamClosedError("the engine was stopped")
+            for pending in state.finals:
+                if not pending.future.done():
+                    pending.future.set_exception(error)
+            state.finals.clear()
+            state.closed = True
+            end(None)
+        self.streams.clear()
+        for futures in self._pending_releases.values():
+            for fut in futures:
+                if not fut.done():
+                    fut.set_result(None)
+        self._pending_releases.clear()
+
+    def wake(self) -> None:
+        """Tell the scheduler there may be work."""
+        self._wake.set()
+
+    def add(
+        self,
+        state: StreamState,
+        push: Callable[[TranscriptUpdate], None],
+        end: Callable[[BaseException | None], None],
+    ) -> None:
+        """Register a stream (its slot is taken on its first step)."""
+        self.streams[state.stream_id] = (state, push, end)
+
+    def release(self, state: StreamState, error: BaseException | None = None) -> asyncio.Future[None]:
+        """Close a stream: fail its pending finals, end its updates, free its slot before the next step."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = self.streams.get(state.stream_id)
+        state.closed = True
+        if error is not None and state.error is None:
+            state.error = error
+        for pending in state.finals:
+            if not pending.future.done():
+                pending.future.set_exception(
+                    StreamFailedError(f"stream {state.stream_id} failed: {error}")
+                    if error is not None
+                    else StreamClosedError(f"stream {state.stream_id} was closed before its final")
+                )
+        state.finals.clear()
+        if entry is None:  # already released
+            fut.set_result(None)
+            return fut
+        entry[2](state.error if error is not None else None)
+        self._pending_releases.setdefault(state.stream_id, []).append(fut)
+        self._wake.set()
+        return fut
+
+    def request_latency(self, state: StreamState, latency_ms: int) -> None:
+        """Change a stream's mode now if its utterance has not started decoding, else at the next boundary."""
+        if state.cursor.next_frame == 0 and not state.finals and not state.in_flight:
+            state.latency_ms = latency_ms
+            state.pending_latency_ms = None
+        else:
+            state.pending_latency_ms = latency_ms
+
+    # ---- the loop ----------------------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while True:
+                    groups, items, immediate, releases = self._collect()
+                    if not groups and not immediate and not releases:
+                        break
+                    step_ms = 0.0
+                    if groups or releases:
+                        step_ms = await loop.run_in_executor(self.executor, self._execute, groups, releases)
+                    self._resolve(items, immediate, releases, step_ms, len(groups))
+                    # Let pushes and other tasks run between steps, even under sustained load.
+                    await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # a bug in the scheduler itself: fail every stream loudly
+            logger.exception(f"ASR scheduler crashed: {e!r}")
+            self.error = e
+            for state, _push, end in list(self.streams.values()):
+                for pending in state.finals:
+                    if not pending.future.done():
+                        pending.future.set_exception(StreamFailedError(f"ASR scheduler crashed: {e!r}"))
+                state.closed = True
+                end(StreamFailedError(f"ASR scheduler crashed: {e!r}"))
+            raise
+
+    def _collect(self) -> tuple[list[StepGroup], list[StepItem], list[StreamState], list[int]]:
+        """Pick this step's work. Runs on the loop, between steps."""
+        releases = list(self._pending_releases) + sorted(self._reset_slots - set(self._pending_releases))
+        self._reset_slots.clear()
+        frontend = self.runner.frontend
+        candidates: list[StepItem] = []
+        immediate: list[StreamState] = []
+        for state, _push, _end in self.streams.values():
+            if state.closed:
+                continue
+            limit, at_boundary = state.segment_limit()
+            frames = self.runner.chunk_frames(state)
+            need = frontend.samples_needed(state.cursor.next_frame, frames)
+            first = not state.encoder_started
+            if need <= limit:
+                ready_at = state.arrival_time(state.segment_origin + need)
+                segment = frontend.chunk_segment(state.cursor, frames)
+                candidates.append(StepItem(state, segment, frames, first, False, ready_at))
+            elif at_boundary:
+                segment, frames = frontend.final_segment(state.cursor, limit)
+                if frames > 0:
+                    ready_at = state.finals[0].requested_at
+                    candidates.append(StepItem(state, segment, frames, first, True, ready_at))
+                else:
+                    immediate.append(state)
+        candidates.sort(key=lambda it: it.ready_at)
+        items = candidates[: self.max_batch_size]
+        by_key: dict[tuple[int, bool, int], list[StepItem]] = {}
+        for it in items:
+            frontend.advance(it.state.cursor, it.num_frames)
+            it.state.utterance_frames += it.num_frames
+            it.state.in_flight = True
+            by_key.setdefault((it.state.latency_ms, it.first, it.num_frames), []).append(it)
+        groups = [StepGroup(key[0], group) for key, group in by_key.items()]
+        return groups, items, immediate, releases
+
+    def _execute(self, groups: list[StepGroup], releases: list[int]) -> float:
+        """Run the step on the worker thread and detokenise the streams whose tokens changed."""
+        step_ms = self.runner.run_step(groups, releases)
+        for group in groups:
+            for it in group.items:
+                if it.error is None and it.new_tokens:
+                    it.state.tokens.extend(it.new_tokens)
+                    it.state.text = self.runner.detokenize(it.state.tokens)
+        return step_ms
+
+    def _resolve(
+        self,
+        items: list[StepItem],
+        immediate: list[StreamState],
+        releases: list[int],
+        step_ms: float,
+        num_groups: int,
+    ) -> None:
+        """Deliver results and apply what happens between steps. Runs on the loop."""
+        now = time.monotonic()
+        for sid in releases:
+            for fut in self._pending_releases.pop(sid, []):
+                if not fut.done():
+                    fut.set_result(None)
+            entry = self.streams.get(sid)
+            if entry is not None and entry[0].closed:
+                del self.streams[sid]
+        queue_max = 0.0
+        finals = 0
+        hop_s = self.runner.frontend.hop / 16000.0
+        for it in items:
+            state = it.state
+            state.in_flight = False
+            entry = self.streams.get(state.stream_id)
+            if entry is None or state.closed:
+                continue
+            if it.error is not None:
+                logger.error(f"ASR stream {state.stream_id} failed in a model step: {it.error!r}")
+                self.release(state, StreamFailedError(f"model step failed: {it.error!r}"))
+                continue
+            push = entry[1]
+            state.audio_seconds += it.num_frames * hop_s
+            queue_ms = max(0.0, (now - it.ready_at) * 1000.0 - step_ms)
+            queue_max = max(queue_max, queue_ms)
+            if it.new_tokens and not it.final:
+                push(
+                    TranscriptUpdate(
+                        text=state.text,
+                        is_final=False,
+                        utterance=state.utterance_index,
+                        latency_ms=state.latency_ms,
+                        queue_ms=queue_ms,
+                        step_ms=step_ms,
+                        lag_ms=(now - it.ready_at) * 1000.0,
+                    )
+                )
+            if it.final:
+                self._finish_utterance(state, push, now, step_ms)
+                finals += 1
+        for state in immediate:
+            entry = self.streams.get(state.stream_id)
+            if entry is not None and not state.closed:
+                self._finish_utterance(state, entry[1], now, 0.0)
+                finals += 1
+        if items:
+            self.steps += 1
+            stats = StepStats(step_ms, len(items), num_groups, queue_max, len(self.streams), finals)
+            for listener in self.step_listeners:
+                listener(stats)
+
+    def _finish_utterance(
+        self, state: StreamState, push: Callable[[TranscriptUpdate], None], now: float, step_ms: float
+    ) -> None:
+        pending = state.finals.popleft()
+        ttf_ms = (now - pending.requested_at) * 1000.0
+        boundary_rel = pending.boundary - state.segment_origin
+        utterance = state.utterance_index
+        final = FinalTranscript(
+            text=state.text,
+            ttf_ms=ttf_ms,
+            audio_ms=boundary_rel / 16.0,
+            utterance=utterance,
+            latency_ms=state.latency_ms,
+            tokens=tuple(state.tokens),
+        )
+        push(
+            TranscriptUpdate(
+                text=state.text,
+                is_final=True,
+                utterance=utterance,
+                latency_ms=state.latency_ms,
+                step_ms=step_ms,
+                ttf_ms=ttf_ms,
+            )
+        )
+        # The next utterance starts a new feature segment at the boundary.
+        state.cursor = state.cursor.split_at(boundary_rel)
+        state.segment_origin = pending.boundary
+        state.tokens = []
+        state.text = ""
+        state.utterance_frames = 0
+        state.utterance_index = utterance + 1
+        if self.hard_reset:
+            state.encoder_started = False
+            state.pre_encode_cache = None
+            state.dec_state = None
+            self._reset_slots.add(state.stream_id)
+        if state.pending_latency_ms is not None:
+            state.latency_ms = state.pending_latency_ms
+            state.pending_latency_ms = None
+        if not pending.future.done():
+            pending.future.set_result(final)
+        if state.cursor.end:
+            self._wake.set()

@@ -1,0 +1,101 @@
+"""Per-stream state. It lives on the stream, never on the shared engine or model objects.
+
+The event loop appends audio and queues control requests; the scheduler's worker thread reads and advances
+the decoding fields only while a step runs, and the scheduler touches them between steps. The two never
+overlap because the scheduler awaits each step before doing anything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipecat_nemotron.engine.audio import AudioInput
+from pipecat_nemotron.engine.features import FeatureCursor
+
+
+@dataclass
+class PendingFinal:
+    """A finalize request: the utterance ends at ``boundary`` (absolute stream sample, 16 kHz)."""
+
+    boundary: int
+    requested_at: float
+    future: asyncio.Future[Any]
+
+
+@dataclass
+class StreamState:
+    """Everything the engine knows about one stream.
+
+    Attributes:
+        stream_id: Engine-unique id (also the key of the stream's cache slot).
+        latency_ms: Current latency mode.
+        pending_latency_ms: Mode to switch to at the next utterance boundary.
+        received: Samples received since the stream opened (16 kHz).
+        segment_origin: Absolute sample where the current feature segment starts.
+        cursor: Audio and frame position inside the current segment.
+        arrivals: ``(absolute sample count, monotonic time)`` of recent pushes, to time chunk lag.
+        finals: Pending finalize requests, oldest first.
+        encoder_started: The stream's cache slot holds context (later chunks carry a pre-encode cache).
+        pre_encode_cache: Last mel frames of the previous chunk, ``[features, n]``.
+        dec_state: RNNT prediction-network state after the last step (None: start of sequence).
+        tokens: Token ids of the current utterance.
+        text: Detokenised ``tokens``.
+        utterance_frames: Mel frames consumed in the current utterance.
+        utterance_index: 0-based index of the current utterance.
+        in_flight: A chunk of this stream is in the step that is running now.
+        audio_seconds: Audio processed by the model, seconds (usage metering).
+
+    """
+
+    stream_id: int
+    latency_ms: int
+    pending_latency_ms: int | None = None
+    input: AudioInput = field(default_factory=AudioInput)
+    received: int = 0
+    segment_origin: int = 0
+    cursor: FeatureCursor = field(default_factory=FeatureCursor)
+    arrivals: deque[tuple[int, float]] = field(default_factory=deque)
+    finals: deque[PendingFinal] = field(default_factory=deque)
+    encoder_started: bool = False
+    pre_encode_cache: Any = None
+    dec_state: Any = None
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    utterance_frames: int = 0
+    utterance_started_at: float | None = None
+    audio_seconds: float = 0.0
+    utterance_index: int = 0
+    in_flight: bool = False
+    closed: bool = False
+    error: BaseException | None = None
+
+    def append_audio(self, samples: np.ndarray) -> None:
+        """Add converted 16 kHz samples and remember when they arrived."""
+        if samples.size == 0:
+            return
+        self.cursor.append(samples)
+        self.received += samples.size
+        self.arrivals.append((self.received, time.monotonic()))
+        if self.utterance_started_at is None:
+            self.utterance_started_at = time.monotonic()
+
+    def arrival_time(self, absolute_sample: int) -> float:
+        """Monotonic time at which sample ``absolute_sample`` had arrived (drops older records)."""
+        while len(self.arrivals) > 1 and self.arrivals[1][0] <= absolute_sample:
+            self.arrivals.popleft()
+        for count, t in self.arrivals:
+            if count >= absolute_sample:
+                return t
+        return self.arrivals[-1][1] if self.arrivals else time.monotonic()
+
+    def segment_limit(self) -> tuple[int, bool]:
+        """Relative sample up to which the current segment may be read, and whether that is an utterance end."""
+        if self.finals:
+            return self.finals[0].boundary - self.segment_origin, True
+        return self.cursor.end, False

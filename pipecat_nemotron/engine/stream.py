@@ -1,0 +1,200 @@
+"""The cheap per-stream handle users hold: push audio, read updates, finalize, change latency, close."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pipecat_nemotron.engine.config import validate_latency_ms
+from pipecat_nemotron.engine.errors import InvalidAudioError, StreamClosedError, StreamFailedError
+from pipecat_nemotron.engine.state import PendingFinal, StreamState
+from pipecat_nemotron.engine.types import FinalTranscript, TranscriptUpdate
+
+if TYPE_CHECKING:
+    from pipecat_nemotron.engine.engine import NemotronEngine
+
+
+class UpdateQueue:
+    """Transcript updates of one stream, in order. Unread partials coalesce; finals are never dropped."""
+
+    def __init__(self) -> None:
+        self._items: deque[TranscriptUpdate] = deque()
+        self._event = asyncio.Event()
+        self._closed = False
+        self._error: BaseException | None = None
+
+    def put(self, update: TranscriptUpdate) -> None:
+        """Queue an update (replacing an unread partial of the same utterance)."""
+        if self._items and not self._items[-1].is_final and not update.is_final:
+            if self._items[-1].utterance == update.utterance:
+                self._items[-1] = update
+                return
+        self._items.append(update)
+        self._event.set()
+
+    def close(self, error: BaseException | None = None) -> None:
+        """End the iteration after the queued updates (raising ``error`` if given)."""
+        self._closed = True
+        self._error = error
+        self._event.set()
+
+    async def get(self) -> TranscriptUpdate | None:
+        """Next update, or None once closed and drained.
+
+        Raises:
+            StreamFailedError: The stream failed; raised after the updates queued before the failure.
+
+        """
+        while not self._items:
+            if self._closed:
+                if self._error is not None:
+                    raise self._error
+                return None
+            self._event.clear()
+            await self._event.wait()
+        return self._items.popleft()
+
+
+class ASRStream:
+    """One audio stream (one user's session) on a shared :class:`NemotronEngine`.
+
+    Create with :meth:`NemotronEngine.open_stream`. All methods must be called from the engine's event loop.
+    """
+
+    def __init__(self, engine: NemotronEngine, state: StreamState) -> None:
+        self._engine = engine
+        self._state = state
+        self.updates_queue = UpdateQueue()
+        self._utterance = 0
+
+    @property
+    def stream_id(self) -> int:
+        """Engine-unique id of this stream."""
+        return self._state.stream_id
+
+    @property
+    def latency_ms(self) -> int:
+        """Latency mode in force (a requested change applies at the next utterance boundary)."""
+        return self._state.latency_ms
+
+    @property
+    def chunk_ms(self) -> float:
+        """Audio per regular model step in the current mode, ms."""
+        return self._engine.chunk_ms(self._state.latency_ms)
+
+    @property
+    def backlog_ms(self) -> float:
+        """Audio received but not yet taken into a model step, ms (grows when the engine falls behind)."""
+        st = self._state
+        consumed = st.segment_origin + st.cursor.next_frame * self._engine.hop_samples
+        return max(0, st.received - consumed) / 16.0
+
+    @property
+    def in_flight(self) -> bool:
+        """A chunk of this stream is in the model step running now."""
+        return self._state.in_flight
+
+    @property
+    def closed(self) -> bool:
+        """True after ``close()`` or a failure."""
+        return self._state.closed
+
+    @property
+    def audio_seconds(self) -> float:
+        """Audio this stream has had transcribed so far, seconds."""
+        return self._state.audio_seconds
+
+    def _check_open(self) -> None:
+        if self._state.error is not None:
+            raise StreamFailedError(
+                f"stream {self.stream_id} failed: {self._state.error}"
+            ) from self._state.error
+        if self._state.closed:
+            raise StreamClosedError(
+                f"stream {self.stream_id} is closed; open a new one with engine.open_stream()"
+            )
+
+    async def push(
+        self,
+        audio: bytes | bytearray | memoryview | np.ndarray,
+        sample_rate: int = 16000,
+        num_channels: int = 1,
+    ) -> None:
+        """Queue audio for transcription. Returns at once; the scheduler processes it in the next steps.
+
+        Args:
+            audio: int16 little-endian PCM bytes, or a numpy int16/float array (see
+                :class:`~pipecat_nemotron.engine.audio.AudioInput`). Empty input is a no-op.
+            sample_rate: Rate of ``audio``, Hz (resampled to 16 kHz if different).
+            num_channels: Interleaved channels (downmixed to mono).
+
+        Raises:
+            StreamClosedError: The stream was closed.
+            InvalidAudioError: The audio is unusable; the stream is failed and its slot freed.
+
+        """
+        self._check_open()
+        try:
+            samples = self._state.input.convert(audio, sample_rate, num_channels)
+        except InvalidAudioError as e:
+            await self._engine._fail_stream(self._state, e)
+            raise
+        if samples.size:
+            self._state.append_audio(samples)
+            self._engine._wake()
+
+    async def finalize(self) -> FinalTranscript:
+        """End the current utterance: flush all audio pushed so far and return its final text.
+
+        Audio pushed after this call belongs to the next utterance. Time-to-final (``ttf_ms``) is measured from
+        this call to the final text being available.
+
+        Raises:
+            StreamClosedError / StreamFailedError: The stream was closed or failed before the final.
+
+        """
+        self._check_open()
+        tail = self._state.input.flush()
+        if tail.size:
+            self._state.append_audio(tail)
+        loop = asyncio.get_running_loop()
+        pending = PendingFinal(self._state.received, time.monotonic(), loop.create_future())
+        self._state.finals.append(pending)
+        self._engine._wake()
+        return await pending.future
+
+    def set_latency(self, latency_ms: int) -> None:
+        """Switch the latency mode (80, 160, 560 or 1120 ms).
+
+        Applies at once if the current utterance has not started being decoded, else at the next utterance
+        boundary (after the next ``finalize()``). The weights are shared; nothing is reloaded.
+
+        Raises:
+            ValueError: Unsupported mode (names the allowed values).
+
+        """
+        self._check_open()
+        self._engine._request_latency(self._state, validate_latency_ms(latency_ms))
+
+    async def close(self) -> None:
+        """Close the stream and free its cache slot (idempotent). Pending finalizes fail."""
+        await self._engine._close_stream(self._state)
+
+    async def updates(self) -> AsyncIterator[TranscriptUpdate]:
+        """Iterate over transcript updates (partials as the text grows, then the final of each utterance).
+
+        Ends when the stream is closed; raises :class:`StreamFailedError` if it failed.
+        """
+        while True:
+            update = await self.updates_queue.get()
+            if update is None:
+                return
+            yield update
+
+    def __aiter__(self) -> AsyncIterator[TranscriptUpdate]:
+        return self.updates()

@@ -1,0 +1,46 @@
+"""Shared fixtures: tiny models of the Nemotron streaming family, built once per test session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Tests run on CPU with two cores; keep torch from oversubscribing them.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+ASSETS = Path(__file__).resolve().parents[1] / "pipecat_nemotron" / "assets"
+TRAINED_MODEL = ASSETS / "tiny_nemotron_asr.nemo"
+
+from openai_server import openai_server  # noqa: E402,F401  (fixture shared by all test files)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip ``gpu``-marked tests where CUDA is absent (and say so)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; run scripts/gpu_check.sh on a GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight 4-layer FastConformer-RNNT (8x dw_striding, chunked_limited x4 lookaheads, causal)."""
+    from pipecat_nemotron.engine.architectures import build_random_model
+
+    return build_random_model(tmp_path_factory.mktemp("models") / "tiny_random.nemo", size="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_quiet_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Like ``tiny_random_model`` with the joint biased towards blank, so decoding costs what a trained model's does."""
+    from pipecat_nemotron.engine.architectures import build_random_model
+
+    return build_random_model(
+        tmp_path_factory.mktemp("models") / "tiny_quiet.nemo", size="tiny", seed=1, blank_bias=6.0
+    )

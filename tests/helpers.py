@@ -1,0 +1,64 @@
+"""Helpers shared by tests (import from tests.helpers)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import torch
+
+from pipecat_nemotron.engine import ASRStream, NemotronEngine
+
+
+def offline_decode(
+    engine: NemotronEngine, audio: np.ndarray, latency_ms: int
+) -> tuple[list[int], torch.Tensor]:
+    """Whole-clip (non-streaming) decode with the same attention context: tokens and encoder output [D, T]."""
+    from pipecat_nemotron.engine.config import LATENCY_MODES
+
+    runner = engine._runner
+    model = runner.model
+    with torch.inference_mode():
+        model.encoder.set_default_att_context_size([70, LATENCY_MODES[latency_ms]])
+        runner._active_mode = None
+        feats, feat_len = model.preprocessor(
+            input_signal=torch.from_numpy(audio)[None], length=torch.tensor([audio.size])
+        )
+        enc, enc_len = model.encoder(audio_signal=feats, length=feat_len)
+        hyp = model.decoding.rnnt_decoder_predictions_tensor(
+            encoder_output=enc, encoded_lengths=enc_len, return_hypotheses=True
+        )[0]
+    return [int(t) for t in hyp.y_sequence.tolist()], enc[0, :, : int(enc_len[0])]
+
+
+async def push_realtime_chunks(
+    stream: ASRStream, pcm: bytes, chunk_bytes: int = 640, pause: float = 0.0
+) -> None:
+    """Push ``pcm`` in small pieces (20 ms at 640 bytes), yielding to the loop between them."""
+    for i in range(0, len(pcm), chunk_bytes):
+        await stream.push(pcm[i : i + chunk_bytes])
+        await asyncio.sleep(pause)
+
+
+async def wait_caught_up(stream: ASRStream, timeout: float = 120.0) -> None:
+    """Wait until the engine has decoded every complete chunk the stream has received."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while stream.backlog_ms >= stream.chunk_ms + 16 or stream.in_flight:
+        if loop.time() > deadline:
+            raise TimeoutError(f"stream still {stream.backlog_ms} ms behind")
+        await asyncio.sleep(0.01)
+
+
+def noise_clip(seconds: float, seed: int = 0, level: float = 0.1) -> np.ndarray:
+    """Deterministic float32 noise, 16 kHz (random weights turn any audio into tokens)."""
+    rng = np.random.default_rng(seed)
+    n = int(16000 * seconds)
+    t = np.arange(n) / 16000.0
+    tone = 0.3 * np.sin(2 * np.pi * (200 + 300 * seed) * t) * (np.sin(2 * np.pi * 1.5 * t) > 0)
+    return (level * rng.standard_normal(n) + tone * level).astype(np.float32)
+
+
+def to_pcm16(x: np.ndarray) -> bytes:
+    """float32 [-1, 1] -> int16 little-endian bytes."""
+    return (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()

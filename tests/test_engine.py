@@ -1,0 +1,338 @@
+"""Engine behaviour users depend on: streaming equals offline, batching changes nothing, finals keep the tail."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+import torch
+from helpers import noise_clip, offline_decode, push_realtime_chunks, to_pcm16, wait_caught_up
+
+from pipecat_nemotron.engine import (
+    CapacityError,
+    EngineConfig,
+    InvalidAudioError,
+    NemotronEngine,
+    StreamClosedError,
+    StreamFailedError,
+)
+
+MODES = (80, 160, 560, 1120)
+
+
+@pytest.fixture
+async def engine(tiny_random_model):
+    eng = NemotronEngine(
+        EngineConfig(
+            model=str(tiny_random_model), device="cpu", max_streams=8, max_batch_size=8, finalize_mode="hard"
+        )
+    )
+    await eng.start()
+    yield eng
+    await eng.stop()
+
+
+@pytest.mark.parametrize("latency_ms", MODES)
+async def test_streaming_equals_offline(engine: NemotronEngine, latency_ms: int) -> None:
+    audio = noise_clip(2.37, seed=latency_ms)
+    offline_tokens, offline_enc = offline_decode(engine, audio, latency_ms)
+
+    captured: list[torch.Tensor] = []
+    stream = engine.open_stream(latency_ms=latency_ms)
+
+    def hook(ids: list[int], enc: torch.Tensor, enc_len: torch.Tensor) -> None:
+        for row, sid in enumerate(ids):
+            if sid == stream.stream_id:
+                captured.append(enc[row, :, : int(enc_len[row])].clone())
+
+    engine._runner.encoder_output_hook = hook
+    try:
+        await push_realtime_chunks(stream, to_pcm16(audio), chunk_bytes=3200)
+        final = await stream.finalize()
+    finally:
+        engine._runner.encoder_output_hook = None
+        await stream.close()
+    # The same int16 rounding as the pushed audio.
+    audio16 = np.frombuffer(to_pcm16(audio), dtype="<i2").astype(np.float32) / 32768.0
+    offline_tokens, offline_enc = offline_decode(engine, audio16, latency_ms)
+    streamed = torch.cat(captured, dim=-1)
+    assert streamed.shape == offline_enc.shape
+    assert (streamed - offline_enc).abs().max().item() < 1e-4
+    assert list(final.tokens) == offline_tokens
+    assert len(offline_tokens) > 10
+
+
+async def test_batched_equals_alone_with_staggered_joins(engine: NemotronEngine) -> None:
+    clips = [noise_clip(1.0 + 0.45 * i, seed=10 + i) for i in range(5)]
+    modes = [160, 160, 80, 560, 160]
+    alone = [list((await engine.transcribe(to_pcm16(c), latency_ms=m)).tokens) for c, m in zip(clips, modes, strict=True)]
+    max_batch = 0
+
+    def on_step(stats) -> None:
+        nonlocal max_batch
+        max_batch = max(max_batch, stats.batch_size)
+
+    engine.add_step_listener(on_step)
+
+    async def run(i: int) -> list[int]:
+        await asyncio.sleep(0.15 * i)  # staggered joins; different lengths make staggered leaves
+        stream = engine.open_stream(latency_ms=modes[i])
+        await push_realtime_chunks(stream, to_pcm16(clips[i]), chunk_bytes=1280, pause=0.002)
+        final = await stream.finalize()
+        await stream.close()
+        return list(final.tokens)
+
+    together = await asyncio.gather(*(run(i) for i in range(5)))
+    assert together == alone
+    assert max_batch >= 3, "the streams were never batched together"
+
+
+async def test_final_keeps_the_tail(engine: NemotronEngine) -> None:
+    # In the 1120 ms mode up to 1.12 s of audio is decoded only when the utterance is finalized.
+    audio = noise_clip(1.9, seed=3)
+    stream = engine.open_stream(latency_ms=1120)
+    partials: list[str] = []
+
+    async def read() -> None:
+        async for update in stream:
+            if not update.is_final:
+                partials.append(update.text)
+
+    reader = asyncio.create_task(read())
+    await stream.push(to_pcm16(audio))
+    await wait_caught_up(stream)
+    last_partial_tokens = len(stream._state.tokens)
+    final = await stream.finalize()
+    await stream.close()
+    await reader
+    offline_tokens, _ = offline_decode(
+        engine, np.frombuffer(to_pcm16(audio), "<i2").astype(np.float32) / 32768, 1120
+    )
+    assert list(final.tokens) == offline_tokens
+    assert len(final.tokens) > last_partial_tokens > 0
+    assert partials and final.text.startswith(partials[-1])
+
+
+async def test_capacity_error_leaves_existing_streams_working(tiny_random_model) -> None:
+    async with NemotronEngine(
+        EngineConfig(model=str(tiny_random_model), device="cpu", max_streams=2, warmup=False)
+    ) as eng:
+        a, b = eng.open_stream(), eng.open_stream()
+        with pytest.raises(CapacityError, match="2 ASR stream slots"):
+            eng.open_stream()
+        await a.push(to_pcm16(noise_clip(0.8, seed=1)))
+        await b.push(to_pcm16(noise_clip(0.8, seed=2)))
+        fa, fb = await asyncio.gather(a.finalize(), b.finalize())
+        assert fa.tokens and fb.tokens
+        await a.close()
+        c = eng.open_stream()  # the freed slot is reusable
+        assert eng.open_streams == 2
+        await c.close()
+        await b.close()
+        assert eng.open_streams == 0
+
+
+async def test_bad_input(engine: NemotronEngine) -> None:
+    stream = engine.open_stream()
+    await stream.push(b"")  # empty push: no-op
+    with pytest.raises(InvalidAudioError, match="sample_rate"):
+        await stream.push(b"\x00\x00", sample_rate=12345)
+    assert stream.closed and engine.open_streams == 0  # bad input fails the stream and frees its slot
+    with pytest.raises(StreamFailedError):
+        await stream.push(b"\x00\x00")
+
+    stream = engine.open_stream()
+    bad = noise_clip(0.5)
+    bad[100] = np.nan
+    with pytest.raises(InvalidAudioError, match="NaN"):
+        await stream.push(bad)
+    assert engine.open_streams == 0
+
+    stream = engine.open_stream()
+    await stream.close()
+    await stream.close()  # idempotent
+    with pytest.raises(StreamClosedError):
+        await stream.push(b"\x00\x00")
+
+
+async def test_odd_bytes_stereo_and_resampling(engine: NemotronEngine) -> None:
+    pcm = to_pcm16(noise_clip(1.3, seed=5))
+    reference = (await engine.transcribe(pcm, latency_ms=160)).tokens
+
+    stream = engine.open_stream(latency_ms=160)
+    for i in range(0, len(pcm), 333):  # odd-sized pieces split samples in half
+        await stream.push(pcm[i : i + 333])
+    assert (await stream.finalize()).tokens == reference
+    await stream.close()
+
+    mono = np.frombuffer(pcm, "<i2")
+    stereo = np.stack([mono, mono], axis=1).reshape(-1).astype("<i2").tobytes()
+    stream = engine.open_stream(latency_ms=160)
+    await stream.push(stereo, num_channels=2)
+    assert (await stream.finalize()).tokens == reference
+    await stream.close()
+
+    import soxr
+
+    audio48 = soxr.resample(mono.astype(np.float32) / 32768, 16000, 48000)
+    final = await engine.transcribe(audio48, latency_ms=160, sample_rate=48000)
+    assert abs(final.audio_ms - 1300) < 40
+    assert final.tokens
+
+
+async def test_no_slot_leak_over_many_open_close_cycles(tiny_random_model) -> None:
+    async with NemotronEngine(
+        EngineConfig(model=str(tiny_random_model), device="cpu", max_streams=4, warmup=False)
+    ) as eng:
+        chunk = to_pcm16(noise_clip(0.05))
+        for i in range(10_000):
+            stream = eng.open_stream()
+            if i % 500 == 0:
+                await stream.push(chunk)  # some streams close mid-utterance, holding audio
+            await stream.close()
+        assert eng.open_streams == 0
+        assert eng._runner.slots.free_slots.qsize() == 4
+        assert not eng._scheduler.streams
+
+
+async def test_latency_change_applies_at_utterance_boundary(engine: NemotronEngine) -> None:
+    stream = engine.open_stream(latency_ms=160)
+    stream.set_latency(560)  # nothing decoded yet: applies at once
+    assert stream.latency_ms == 560 and stream.chunk_ms == 560
+    await stream.push(to_pcm16(noise_clip(1.5, seed=8)))
+    await wait_caught_up(stream)
+    stream.set_latency(80)  # mid-utterance: applies after the final
+    assert stream.latency_ms == 560
+    first = await stream.finalize()
+    assert first.latency_ms == 560 and stream.latency_ms == 80
+    second_audio = noise_clip(1.0, seed=9)
+    await stream.push(to_pcm16(second_audio))
+    second = await stream.finalize()
+    await stream.close()
+    assert second.latency_ms == 80
+    # Hard finalize: the second utterance decodes exactly as the clip alone does.
+    alone = await engine.transcribe(to_pcm16(second_audio), latency_ms=80)
+    assert second.tokens == alone.tokens
+    with pytest.raises(ValueError, match="80, 160, 560, 1120"):
+        stream2 = engine.open_stream()
+        try:
+            stream2.set_latency(200)
+        finally:
+            await stream2.close()
+
+
+async def test_audio_after_finalize_belongs_to_next_utterance(engine: NemotronEngine) -> None:
+    a, b = noise_clip(1.2, seed=21), noise_clip(0.9, seed=22)
+    alone_a = (await engine.transcribe(to_pcm16(a), latency_ms=160)).tokens
+    alone_b = (await engine.transcribe(to_pcm16(b), latency_ms=160)).tokens
+    stream = engine.open_stream(latency_ms=160)
+    await stream.push(to_pcm16(a))
+    pending = asyncio.ensure_future(stream.finalize())
+    await asyncio.sleep(0)
+    await stream.push(to_pcm16(b))  # arrives while the finalize is in flight
+    fa = await pending
+    fb = await stream.finalize()
+    await stream.close()
+    assert (fa.tokens, fb.tokens) == (alone_a, alone_b)
+    assert (fa.utterance, fb.utterance) == (0, 1)
+
+
+async def test_failing_stream_fails_alone(engine: NemotronEngine) -> None:
+    victim = engine.open_stream(latency_ms=160)
+    others = [engine.open_stream(latency_ms=160) for _ in range(3)]
+
+    def hook(ids, enc, enc_len) -> None:
+        if victim.stream_id in ids:
+            raise RuntimeError("simulated CUDA error")
+
+    engine._runner.encoder_output_hook = hook
+    try:
+        clip = to_pcm16(noise_clip(0.6, seed=30))
+        for s in [victim, *others]:
+            await s.push(clip)
+        results = await asyncio.gather(
+            victim.finalize(), *(s.finalize() for s in others), return_exceptions=True
+        )
+    finally:
+        engine._runner.encoder_output_hook = None
+    assert isinstance(results[0], StreamFailedError)
+    assert all(not isinstance(r, BaseException) and r.tokens for r in results[1:])
+    assert victim.closed
+    for s in others:
+        await s.close()
+    assert engine.open_streams == 0
+
+
+async def test_time_to_final_is_flat_in_utterance_length(tiny_quiet_model) -> None:
+    async with NemotronEngine(EngineConfig(model=str(tiny_quiet_model), device="cpu", max_streams=2)) as eng:
+
+        async def ttf(seconds: float, seed: int) -> float:
+            stream = eng.open_stream(latency_ms=160)
+            await stream.push(to_pcm16(noise_clip(seconds, seed=seed)))
+            await wait_caught_up(stream)
+            final = await stream.finalize()
+            await stream.close()
+            return final.ttf_ms
+
+        short, long = [], []
+        for i in range(3):  # interleaved, so machine noise hits both alike
+            short.append(await ttf(2.0, 40 + i))
+            long.append(await ttf(20.0, 50 + i))
+    ratio = float(np.median(long) / np.median(short))
+    print(f"TTF 2 s: {np.median(short):.1f} ms, 20 s: {np.median(long):.1f} ms, ratio {ratio:.2f}")
+    assert ratio < 1.3
+
+
+async def test_model_load_errors(tmp_path) -> None:
+    from pipecat_nemotron.engine import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        await NemotronEngine(EngineConfig(model=str(tmp_path / "missing.nemo"), device="cpu")).start()
+    corrupt = tmp_path / "corrupt.nemo"
+    corrupt.write_bytes(b"not a tar archive" * 100)
+    with pytest.raises(ModelLoadError, match="corrupt.nemo"):
+        await NemotronEngine(EngineConfig(model=str(corrupt), device="cpu")).start()
+    with pytest.raises(ValueError, match="latency_ms must be one of"):
+        EngineConfig(default_latency_ms=100)
+    with pytest.raises(ValueError, match="finalize_mode"):
+        EngineConfig(finalize_mode="medium")  # type: ignore[arg-type]
+
+
+async def test_non_streaming_model_is_rejected(tmp_path) -> None:
+    from omegaconf import OmegaConf
+
+    from pipecat_nemotron.engine import ModelLoadError
+    from pipecat_nemotron.engine.architectures import tiny_config, train_tokenizer
+    from pipecat_nemotron.engine.loading import quiet_nemo
+
+    cfg = tiny_config(str(train_tokenizer(tmp_path / "tok")))
+    cfg["encoder"].update(att_context_style="regular", att_context_size=[-1, -1], conv_context_size=None)
+    cfg["encoder"].pop("att_context_probs")
+    cfg["preprocessor"]["normalize"] = "per_feature"
+    with quiet_nemo():
+        from nemo.collections.asr.models import EncDecRNNTBPEModel
+
+        EncDecRNNTBPEModel(cfg=OmegaConf.create(cfg)).save_to(str(tmp_path / "offline.nemo"))
+    with pytest.raises(
+        ModelLoadError, match=r"offline\.nemo.*not a cache-aware streaming model.*chunked_limited"
+    ):
+        await NemotronEngine(EngineConfig(model=str(tmp_path / "offline.nemo"), device="cpu")).start()
+
+
+async def test_engine_not_started_and_stop_fails_pending(tiny_random_model) -> None:
+    from pipecat_nemotron.engine import EngineNotRunningError
+
+    eng = NemotronEngine(EngineConfig(model=str(tiny_random_model), device="cpu", warmup=False))
+    with pytest.raises(EngineNotRunningError, match="start"):
+        eng.open_stream()
+    await eng.start()
+    stream = eng.open_stream()
+    await stream.push(to_pcm16(noise_clip(0.3)))
+    await eng.stop()
+    with pytest.raises(StreamClosedError):
+        await stream.push(b"\x00\x00")
+    t0 = time.monotonic()
+    await eng.stop()  # idempotent
+    assert time.monotonic() - t0 < 1
