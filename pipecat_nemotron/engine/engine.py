@@ -198,6 +198,12 @@ class NemotronEngine:
         """Samples (16 kHz) per mel frame."""
         return self._runner.frontend.hop if self._runner is not None else 160
 
+    def finalize_ms_percentile(self, q: float = 99.0) -> float | None:
+        """Percentile ``q`` of recent time-to-final values (ms), or None before any final."""
+        if self._scheduler is None or not self._scheduler.recent_ttf_ms:
+            return None
+        return float(np.percentile(np.fromiter(self._scheduler.recent_ttf_ms, dtype=float), q))
+
     def chunk_ms(self, latency_ms: int) -> float:
         """Audio per regular step in a latency mode, ms."""
         shape = self._require().runner.shape(latency_ms)

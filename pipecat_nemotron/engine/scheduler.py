@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ class StepStats:
     queue_ms_max: float
     open_streams: int
     finals: int
+    latency_modes: tuple[int, ...] = ()
 
 
 class Scheduler:
@@ -70,6 +72,8 @@ class Scheduler:
         self._reset_slots: set[int] = set()
         self._task: asyncio.Task[None] | None = None
         self.steps = 0
+        #: Recent time-to-final values, ms (warm-up included), for ``NemotronEngine.finalize_ms_percentile``.
+        self.recent_ttf_ms: deque[float] = deque(maxlen=512)
         self.error: BaseException | None = None
 
     # ---- control, called from the event loop ---------------------------------------------------------------
@@ -161,7 +165,7 @@ class Scheduler:
                     step_ms = 0.0
                     if groups or releases:
                         step_ms = await loop.run_in_executor(self.executor, self._execute, groups, releases)
-                    self._resolve(items, immediate, releases, step_ms, len(groups))
+                    self._resolve(items, immediate, releases, step_ms, tuple(g.latency_ms for g in groups))
                     # Let pushes and other tasks run between steps, even under sustained load.
                     await asyncio.sleep(0)
         except asyncio.CancelledError:
@@ -229,7 +233,7 @@ class Scheduler:
         immediate: list[StreamState],
         releases: list[int],
         step_ms: float,
-        num_groups: int,
+        modes: tuple[int, ...],
     ) -> None:
         """Deliver results and apply what happens between steps. Runs on the loop."""
         now = time.monotonic()
@@ -279,7 +283,7 @@ class Scheduler:
                 finals += 1
         if items:
             self.steps += 1
-            stats = StepStats(step_ms, len(items), num_groups, queue_max, len(self.streams), finals)
+            stats = StepStats(step_ms, len(items), len(modes), queue_max, len(self.streams), finals, modes)
             for listener in self.step_listeners:
                 listener(stats)
 
@@ -288,6 +292,7 @@ class Scheduler:
     ) -> None:
         pending = state.finals.popleft()
         ttf_ms = (now - pending.requested_at) * 1000.0
+        self.recent_ttf_ms.append(ttf_ms)
         boundary_rel = pending.boundary - state.segment_origin
         utterance = state.utterance_index
         final = FinalTranscript(

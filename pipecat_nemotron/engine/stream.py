@@ -158,6 +158,14 @@ class ASRStream:
             StreamClosedError / StreamFailedError: The stream was closed or failed before the final.
 
         """
+        return await self.finalize_nowait()
+
+    def finalize_nowait(self) -> asyncio.Future[FinalTranscript]:
+        """Like :meth:`finalize`, but mark the utterance boundary now and return a future of the final.
+
+        Useful when the caller must not wait (e.g. a frame processor), and to make sure audio pushed right after
+        this call goes to the next utterance. The final also arrives through :meth:`updates`.
+        """
         self._check_open()
         tail = self._state.input.flush()
         if tail.size:
@@ -166,7 +174,7 @@ class ASRStream:
         pending = PendingFinal(self._state.received, time.monotonic(), loop.create_future())
         self._state.finals.append(pending)
         self._engine._wake()
-        return await pending.future
+        return pending.future
 
     def set_latency(self, latency_ms: int) -> None:
         """Switch the latency mode (80, 160, 560 or 1120 ms).

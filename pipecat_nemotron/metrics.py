@@ -1,0 +1,651 @@
+"""Per-turn voice latency: what each stage cost, one record per user turn.
+
+:class:`VoiceLatencyObserver` builds on Pipecat's
+:class:`~pipecat.observers.user_bot_latency_observer.UserBotLatencyObserver`, which
+already times a user turn (voice-to-voice) and collects the services' TTFB metrics
+and a named breakdown of the interval. This module only sorts those numbers by
+stage, adds the one number Pipecat has no metric for (pure ASR finalize time), and
+keeps, writes and summarises them.
+
+Where each value comes from (all need ``PipelineParams(enable_metrics=True)``):
+
+====================  =====================================================================
+Stage                 Source
+====================  =====================================================================
+``v2v_ms``            ``UserBotLatencyObserver``'s ``on_latency_measured``: from speech end
+                      (``VADUserStoppedSpeakingFrame.timestamp - stop_secs``) to
+                      ``BotStartedSpeakingFrame``. Pipecat's definition.
+``ttfs_ms``           The STT service's ``TTFBMetricsData`` (Pipecat's STT "TTFB" *is*
+                      time-to-final-segment: ``STTService`` starts it at speech end on
+                      ``VADUserStoppedSpeakingFrame`` and stops it when it pushes the
+                      ``TranscriptionFrame`` after ``request_finalize()`` /
+                      ``confirm_finalize()``), taken from the breakdown's ``ttfb`` list.
+``asr_finalize_ms``   :class:`ASRFinalizeMetricsData` in a ``MetricsFrame`` pushed by the
+                      STT service (build it with :func:`asr_finalize_metrics_frame`): the
+                      model time to flush the right context and decode the last chunk,
+                      excluding the VAD wait and frame hops. Part of ``ttfs_ms``.
+``llm_ttfb_ms``       The LLM service's ``TTFBMetricsData``: request sent to first streamed
+                      token (content or reasoning).
+``tts_ttfb_ms``       The TTS service's ``TTFBMetricsData``: text sent to first audio.
+====================  =====================================================================
+
+A TTFB is assigned to a stage by the type of the processor that pushed it
+(``STTService`` / ``LLMService`` / ``TTSService``), falling back to its name
+(``STT``/``ASR``, ``LLM``, ``TTS``) or an explicit ``processor_stages`` map. A stage
+that did not report in a turn is ``None``.
+
+Example::
+
+    observer = VoiceLatencyObserver(jsonl_path="turns.jsonl")
+    worker = PipelineWorker(pipeline, params=PipelineParams(enable_metrics=True),
+                            observers=[observer])
+    ...
+    stats = observer.summary()  # also logged at EndFrame/CancelFrame
+
+Then ``python -m pipecat_nemotron.report turns.jsonl -o latency.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+from pipecat.frames.frames import (
+    BotStartedSpeakingFrame,
+    CancelFrame,
+    EndFrame,
+    LLMFullResponseStartFrame,
+    MetricsFrame,
+    TranscriptionFrame,
+    VADUserStartedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.metrics.metrics import ProcessingMetricsData, TTFBMetricsData
+from pipecat.observers.base_observer import FramePushed
+from pipecat.observers.user_bot_latency_observer import LatencyBreakdown, UserBotLatencyObserver
+from pipecat.processors.frame_processor import FrameDirection
+from pipecat.services.llm_service import LLMService
+from pipecat.services.stt_service import STTService
+from pipecat.services.tts_service import TTSService
+
+__all__ = [
+    "ASR_FINALIZE_METRIC",
+    "STAGES",
+    "STAGE_LABELS",
+    "ASRFinalizeMetricsData",
+    "StageStats",
+    "TurnLatency",
+    "VoiceLatencyObserver",
+    "asr_finalize_metrics_frame",
+    "format_summary",
+    "load_turns",
+    "percentile",
+    "summarize",
+]
+
+STAGES: tuple[str, ...] = ("ttfs_ms", "asr_finalize_ms", "llm_ttfb_ms", "tts_ttfb_ms", "v2v_ms")
+"""The per-turn stage fields of :class:`TurnLatency`, in pipeline order."""
+
+STAGE_LABELS: dict[str, str] = {
+    "ttfs_ms": "STT TTFS (speech end -> final)",
+    "asr_finalize_ms": "ASR finalize",
+    "llm_ttfb_ms": "LLM TTFB",
+    "tts_ttfb_ms": "TTS TTFB",
+    "v2v_ms": "voice-to-voice",
+}
+"""Human-readable names of :data:`STAGES`."""
+
+ASR_FINALIZE_METRIC = "asr_finalize"
+"""Marker in :attr:`ASRFinalizeMetricsData.metric` (survives JSON serialisation)."""
+
+_PERCENTILES = (50.0, 90.0, 99.0)
+
+
+# --- the ASR finalize metric --------------------------------------------------------
+
+
+class ASRFinalizeMetricsData(ProcessingMetricsData):
+    """Model time to finalize one utterance in the in-process ASR.
+
+    A :class:`~pipecat.metrics.metrics.ProcessingMetricsData` subclass, so generic
+    consumers (``MetricsLogObserver``, RTVI) report it as processing time of the STT
+    processor, while :class:`VoiceLatencyObserver` recognises it by type (or, after
+    serialisation, by ``metric == "asr_finalize"``).
+
+    Parameters
+    ----------
+        value: Finalize time in seconds (Pipecat's unit for processing metrics).
+        metric: Always :data:`ASR_FINALIZE_METRIC`.
+
+    """
+
+    metric: str = ASR_FINALIZE_METRIC
+
+
+def asr_finalize_metrics_frame(processor: str, model: str | None, value_ms: float) -> MetricsFrame:
+    """Build the ``MetricsFrame`` an STT service pushes after finalizing an utterance.
+
+    Push it downstream after the VAD stop and before (or right after) the final
+    ``TranscriptionFrame``; the observer attributes it to the current user turn.
+
+    Args:
+        processor: Name of the pushing processor (``self.name``).
+        model: Model name, e.g. ``"nvidia/nemotron-speech-streaming-en-0.6b"``.
+        value_ms: Finalize time in milliseconds (flush + last decode), >= 0.
+
+    Returns:
+        A ``MetricsFrame`` holding one :class:`ASRFinalizeMetricsData` (in seconds).
+
+    Raises:
+        ValueError: If ``value_ms`` is negative or not finite.
+
+    """
+    if not math.isfinite(value_ms) or value_ms < 0:
+        raise ValueError(f"ASR finalize time must be a finite number of ms >= 0, got {value_ms!r}")
+    return MetricsFrame(
+        data=[ASRFinalizeMetricsData(processor=processor, model=model, value=value_ms / 1000.0)]
+    )
+
+
+def _is_asr_finalize(data: object) -> bool:
+    if isinstance(data, ASRFinalizeMetricsData):
+        return True
+    return isinstance(data, ProcessingMetricsData) and getattr(data, "metric", None) == ASR_FINALIZE_METRIC
+
+
+# --- records and statistics ----------------------------------------------------------
+
+
+@dataclass
+class TurnLatency:
+    """Latency of one user turn: one JSON line of ``turns.jsonl``.
+
+    Timestamps are Unix seconds (``time.time()``); durations are milliseconds. A
+    stage that did not run or report in this turn is ``None``.
+
+    Attributes:
+        turn: 1-based index of the turn in the session.
+        speech_end_ts: When the user stopped speaking (VAD decision minus ``stop_secs``).
+        vad_stop_ts: When the VAD decided speech had ended.
+        vad_stop_secs: Silence the VAD waited before deciding, seconds.
+        transcript_ts: When the last transcript before the LLM request was observed.
+        bot_started_ts: When the bot started speaking (``BotStartedSpeakingFrame``).
+        ttfs_ms: Speech end to final transcript (STT TTFB metric).
+        asr_finalize_ms: Pure ASR finalize time (:class:`ASRFinalizeMetricsData`).
+        llm_ttfb_ms: LLM request to first token (LLM TTFB metric).
+        tts_ttfb_ms: TTS request to first audio (TTS TTFB metric).
+        v2v_ms: Speech end to bot speaking (Pipecat's voice-to-voice).
+        breakdown_ms: Pipecat's named contributions to ``v2v_ms`` (endpointing_wait,
+            transcription, turn_detection, llm_inference, speech_synthesis,
+            output_transport, pipeline, ...), in time order; they sum to ``v2v_ms``.
+        processors: Processor name that reported each of ``stt``/``llm``/``tts``.
+        transcript: The user's words; only when the observer has ``record_text=True``.
+
+    """
+
+    turn: int
+    speech_end_ts: float | None = None
+    vad_stop_ts: float | None = None
+    vad_stop_secs: float | None = None
+    transcript_ts: float | None = None
+    bot_started_ts: float | None = None
+    ttfs_ms: float | None = None
+    asr_finalize_ms: float | None = None
+    llm_ttfb_ms: float | None = None
+    tts_ttfb_ms: float | None = None
+    v2v_ms: float | None = None
+    breakdown_ms: dict[str, float] = field(default_factory=dict)
+    processors: dict[str, str] = field(default_factory=dict)
+    transcript: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the record as a JSON-ready dict (``transcript`` omitted when None)."""
+        values = asdict(self)
+        if values["transcript"] is None:
+            del values["transcript"]
+        return values
+
+    def to_json(self) -> str:
+        """Return the record as one compact JSON line (no trailing newline)."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> TurnLatency:
+        """Build a record from a dict, ignoring unknown keys and defaulting missing ones.
+
+        Args:
+            values: A decoded JSON line.
+
+        Returns:
+            The record.
+
+        Raises:
+            ValueError: If ``turn`` is missing.
+
+        """
+        known = {f.name for f in fields(cls)}
+        if "turn" not in values:
+            raise ValueError("turn record has no 'turn' field")
+        kwargs = {k: v for k, v in values.items() if k in known}
+        for stage in STAGES:
+            if kwargs.get(stage) is not None:
+                kwargs[stage] = float(kwargs[stage])
+        return cls(**kwargs)
+
+    def stage(self, name: str) -> float | None:
+        """Value of one of :data:`STAGES`, in ms, or None."""
+        return getattr(self, name)
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """Distribution of one stage over turns, in milliseconds.
+
+    Attributes:
+        stage: One of :data:`STAGES`.
+        count: Turns in which the stage reported a value.
+        p50: Median, or None when ``count`` is 0.
+        p90: 90th percentile, or None.
+        p99: 99th percentile, or None.
+        mean: Mean, or None.
+        min: Minimum, or None.
+        max: Maximum, or None.
+
+    """
+
+    stage: str
+    count: int
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Percentile with linear interpolation between order statistics (NumPy's default).
+
+    Args:
+        values: Samples; at least one.
+        q: Percentile in [0, 100].
+
+    Returns:
+        The interpolated percentile.
+
+    Raises:
+        ValueError: If ``values`` is empty or ``q`` is out of range.
+
+    """
+    if not values:
+        raise ValueError("percentile of no values")
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile q must be in [0, 100], got {q}")
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarize(turns: Iterable[TurnLatency], stages: Sequence[str] = STAGES) -> dict[str, StageStats]:
+    """p50/p90/p99 (and mean/min/max) per stage, skipping turns where a stage is None.
+
+    Args:
+        turns: Turn records.
+        stages: Which stage fields to summarise.
+
+    Returns:
+        Stage name to statistics, in ``stages`` order; a stage with no values has
+        ``count == 0`` and None statistics.
+
+    """
+    turns = list(turns)
+    result: dict[str, StageStats] = {}
+    for stage in stages:
+        values = [v for t in turns if (v := t.stage(stage)) is not None and math.isfinite(v)]
+        if not values:
+            result[stage] = StageStats(stage=stage, count=0)
+            continue
+        p50, p90, p99 = (percentile(values, q) for q in _PERCENTILES)
+        result[stage] = StageStats(
+            stage=stage,
+            count=len(values),
+            p50=p50,
+            p90=p90,
+            p99=p99,
+            mean=sum(values) / len(values),
+            min=min(values),
+            max=max(values),
+        )
+    return result
+
+
+def format_summary(stats: Mapping[str, StageStats]) -> str:
+    """Render statistics as a fixed-width table (ms).
+
+    Args:
+        stats: Output of :func:`summarize`.
+
+    Returns:
+        A multi-line table with one row per stage.
+
+    """
+
+    def cell(value: float | None) -> str:
+        return f"{value:8.1f}" if value is not None else f"{'-':>8}"
+
+    width = max([len(STAGE_LABELS.get(s, s)) for s in stats] + [5])
+    lines = [f"{'stage':<{width}}  {'n':>4}  {'p50':>8}  {'p90':>8}  {'p99':>8}  {'max':>8}   (ms)"]
+    for name, s in stats.items():
+        lines.append(
+            f"{STAGE_LABELS.get(name, name):<{width}}  {s.count:>4}  {cell(s.p50)}  {cell(s.p90)}  "
+            f"{cell(s.p99)}  {cell(s.max)}"
+        )
+    return "\n".join(lines)
+
+
+def load_turns(path: str | Path) -> list[TurnLatency]:
+    """Read a JSONL file written by :class:`VoiceLatencyObserver`.
+
+    Args:
+        path: The file; blank lines are skipped.
+
+    Returns:
+        The records in file order.
+
+    Raises:
+        ValueError: If a line is not a JSON object with a ``turn`` field (names the line).
+
+    """
+    turns: list[TurnLatency] = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                values = json.loads(line)
+                if not isinstance(values, dict):
+                    raise ValueError("not a JSON object")
+                turns.append(TurnLatency.from_dict(values))
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"{path}:{number}: bad turn record: {e}") from e
+    return turns
+
+
+# --- the observer ---------------------------------------------------------------------
+
+
+_STAGE_TOKENS = re.compile(r"STT|TTS|ASR|LLM")
+_TOKEN_STAGES = {"STT": "stt", "ASR": "stt", "TTS": "tts", "LLM": "llm"}
+
+
+def _stage_from_name(name: str) -> str | None:
+    """Guess a stage from a processor name: the first STT/ASR/TTS/LLM token, left to right.
+
+    Scanning left to right keeps ``NemotronSTTService`` (whose ``STTS`` also holds
+    ``TTS``) an STT; the case-sensitive pass keeps ``ElevenLabsTTSService`` a TTS.
+    """
+    for candidate in (name, name.upper()):
+        match = _STAGE_TOKENS.search(candidate)
+        if match:
+            return _TOKEN_STAGES[match.group(0)]
+    return None
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 3)
+
+
+class VoiceLatencyObserver(UserBotLatencyObserver):
+    """Records STT/ASR/LLM/TTS/voice-to-voice latency per user turn.
+
+    A :class:`~pipecat.observers.user_bot_latency_observer.UserBotLatencyObserver`
+    (so its ``on_latency_measured``/``on_latency_breakdown`` events and breakdown
+    logic are unchanged) that turns each measured turn into a :class:`TurnLatency`:
+    appended to :attr:`turns`, written as one JSON line to ``jsonl_path`` (appended),
+    logged as one INFO line (no transcript text; that is logged at DEBUG only), and
+    emitted as ``on_turn_latency(observer, turn)``. At ``EndFrame``/``CancelFrame``
+    (or pipeline cleanup) it logs p50/p90/p99 per stage once; :meth:`summary`
+    returns them at any time.
+
+    Only turns the bot answered are recorded (a turn ends at
+    ``BotStartedSpeakingFrame``); the greeting before the first user turn is not.
+    Metrics need ``PipelineParams(enable_metrics=True)``.
+
+    Events:
+        on_turn_latency(observer, turn): A :class:`TurnLatency` was recorded.
+    """
+
+    def __init__(
+        self,
+        *,
+        jsonl_path: str | Path | None = None,
+        record_text: bool = False,
+        processor_stages: Mapping[str, str] | None = None,
+        log_turns: bool = True,
+        time_source: Callable[[], float] = time.time,
+        **kwargs: Any,
+    ) -> None:
+        """Create the observer.
+
+        Args:
+            jsonl_path: File to append one JSON line per turn to (parent folders are
+                created), or None to keep records in memory only.
+            record_text: Whether the JSON records include the user's transcript.
+            processor_stages: Explicit processor name to stage (``"stt"``, ``"llm"``
+                or ``"tts"``) for services the type and name rules do not classify.
+            log_turns: Whether to log one INFO line per turn.
+            time_source: Clock in Unix seconds (shared with the parent observer);
+                tests may pass a fake one.
+            **kwargs: Passed to ``UserBotLatencyObserver``.
+
+        Raises:
+            ValueError: If ``processor_stages`` maps to an unknown stage.
+
+        """
+        super().__init__(time_source=time_source, **kwargs)
+        self._jsonl_path = Path(jsonl_path) if jsonl_path is not None else None
+        self._record_text = record_text
+        self._log_turns = log_turns
+        self._stages_by_processor: dict[str, str] = {}
+        for name, stage in (processor_stages or {}).items():
+            if stage not in ("stt", "llm", "tts"):
+                raise ValueError(f"processor_stages[{name!r}] = {stage!r}: use 'stt', 'llm' or 'tts'")
+        self._explicit_stages = dict(processor_stages or {})
+        self._turns: list[TurnLatency] = []
+        self._summary_logged = False
+
+        # The user cycle being watched (mirrors the parent's, which is private).
+        self._vad_stop_ts: float | None = None
+        self._vad_stop_secs: float | None = None
+        self._finalize_ms: float | None = None
+        self._transcript_ts: float | None = None
+        self._llm_requested = False
+        self._texts: list[str] = []
+        self._bot_started_ts: float | None = None
+        self._pending_v2v: float | None = None
+
+        self._register_event_handler("on_turn_latency")
+
+    # --- public ---------------------------------------------------------------------
+
+    @property
+    def turns(self) -> list[TurnLatency]:
+        """Records of the turns measured so far (a copy)."""
+        return list(self._turns)
+
+    def summary(self, *, log: bool = True) -> dict[str, StageStats]:
+        """p50/p90/p99 per stage over the turns so far.
+
+        Args:
+            log: Whether to log the table at INFO.
+
+        Returns:
+            Stage name to :class:`StageStats` (ms).
+
+        """
+        stats = summarize(self._turns)
+        if log:
+            logger.info(f"{self}: latency over {len(self._turns)} turn(s)\n{format_summary(stats)}")
+        return stats
+
+    # --- frame hooks ------------------------------------------------------------------
+
+    async def on_push_frame(self, data: FramePushed) -> None:
+        """Track the user cycle, then let the parent measure (which may emit a turn).
+
+        Args:
+            data: The frame push event.
+
+        """
+        if data.direction == FrameDirection.DOWNSTREAM:
+            self._track(data)
+        await super().on_push_frame(data)
+        if data.direction == FrameDirection.DOWNSTREAM and isinstance(data.frame, (EndFrame, CancelFrame)):
+            self._log_summary_once()
+
+    async def cleanup(self) -> None:
+        """Log the session summary if no EndFrame/CancelFrame was observed."""
+        self._log_summary_once()
+        await super().cleanup()
+
+    def _track(self, data: FramePushed) -> None:
+        frame = data.frame
+        if isinstance(frame, VADUserStartedSpeakingFrame):
+            # Same reset as the parent: a new VAD segment restarts the measurement.
+            self._vad_stop_ts = None
+            self._vad_stop_secs = None
+            self._finalize_ms = None
+            self._transcript_ts = None
+            self._llm_requested = False
+        elif isinstance(frame, VADUserStoppedSpeakingFrame):
+            self._vad_stop_ts = frame.timestamp
+            self._vad_stop_secs = frame.stop_secs
+            self._llm_requested = False
+        elif isinstance(frame, TranscriptionFrame):
+            if frame.text:
+                self._texts.append(frame.text)
+            if not self._llm_requested:
+                self._transcript_ts = self._now()
+        elif isinstance(frame, LLMFullResponseStartFrame):
+            self._llm_requested = True
+        elif isinstance(frame, MetricsFrame):
+            for metrics in frame.data:
+                if _is_asr_finalize(metrics):
+                    self._finalize_ms = _ms(metrics.value)
+                elif isinstance(metrics, TTFBMetricsData):
+                    self._learn_stage(metrics.processor, data.source)
+        elif isinstance(frame, BotStartedSpeakingFrame):
+            self._bot_started_ts = self._now()
+
+    def _learn_stage(self, processor: str, source: object) -> None:
+        if processor in self._stages_by_processor:
+            return
+        stage: str | None = None
+        if isinstance(source, STTService):
+            stage = "stt"
+        elif isinstance(source, LLMService):
+            stage = "llm"
+        elif isinstance(source, TTSService):
+            stage = "tts"
+        if stage is not None:
+            self._stages_by_processor[processor] = stage
+
+    def _stage_of(self, processor: str) -> str | None:
+        return (
+            self._explicit_stages.get(processor)
+            or self._stages_by_processor.get(processor)
+            or _stage_from_name(processor)
+        )
+
+    # --- the parent's events, handled inline so a turn is recorded deterministically --
+
+    async def _call_event_handler(self, event_name: str, *args: Any, **kwargs: Any) -> None:
+        if event_name == "on_latency_measured" and args:
+            self._pending_v2v = float(args[0])
+        elif event_name == "on_latency_breakdown" and args:
+            turn = self._close_turn(args[0])
+            await super()._call_event_handler(event_name, *args, **kwargs)
+            if turn is not None:
+                await super()._call_event_handler("on_turn_latency", turn)
+            return
+        await super()._call_event_handler(event_name, *args, **kwargs)
+
+    def _close_turn(self, breakdown: LatencyBreakdown) -> TurnLatency | None:
+        v2v, self._pending_v2v = self._pending_v2v, None
+        if v2v is None:
+            # The greeting (measured from client connect), not a user turn.
+            return None
+
+        first: dict[str, tuple[str, float]] = {}
+        for ttfb in breakdown.ttfb:
+            stage = self._stage_of(ttfb.processor)
+            if stage is not None and stage not in first:
+                first[stage] = (ttfb.processor, ttfb.duration_secs)
+
+        contributions: dict[str, float] = {}
+        for c in breakdown.contributions:
+            contributions[c.key] = round(contributions.get(c.key, 0.0) + c.duration_secs * 1000.0, 3)
+
+        turn = TurnLatency(
+            turn=len(self._turns) + 1,
+            speech_end_ts=breakdown.user_turn_start_time,
+            vad_stop_ts=self._vad_stop_ts,
+            vad_stop_secs=self._vad_stop_secs,
+            transcript_ts=self._transcript_ts,
+            bot_started_ts=self._bot_started_ts,
+            ttfs_ms=_ms(first["stt"][1]) if "stt" in first else None,
+            asr_finalize_ms=self._finalize_ms,
+            llm_ttfb_ms=_ms(first["llm"][1]) if "llm" in first else None,
+            tts_ttfb_ms=_ms(first["tts"][1]) if "tts" in first else None,
+            v2v_ms=_ms(v2v),
+            breakdown_ms=contributions,
+            processors={stage: name for stage, (name, _) in first.items()},
+            transcript=" ".join(self._texts) if self._record_text and self._texts else None,
+        )
+        text = " ".join(self._texts)
+        self._texts = []
+        self._finalize_ms = None
+        self._turns.append(turn)
+        self._write(turn)
+        if self._log_turns:
+            logger.info(self._turn_line(turn))
+        if text:
+            logger.debug(f"{self}: turn {turn.turn} transcript: {text!r}")
+        return turn
+
+    def _write(self, turn: TurnLatency) -> None:
+        if self._jsonl_path is None:
+            return
+        try:
+            self._jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+            with self._jsonl_path.open("a", encoding="utf-8") as f:
+                f.write(turn.to_json() + "\n")
+        except OSError as e:
+            logger.error(f"{self}: cannot write turn latency to {self._jsonl_path}: {e}")
+
+    @staticmethod
+    def _turn_line(turn: TurnLatency) -> str:
+        def ms(value: float | None) -> str:
+            return "-" if value is None else f"{value:.0f}"
+
+        return (
+            f"turn {turn.turn}: v2v {ms(turn.v2v_ms)} ms | STT TTFS {ms(turn.ttfs_ms)} "
+            f"(ASR finalize {ms(turn.asr_finalize_ms)}) | LLM TTFB {ms(turn.llm_ttfb_ms)} | "
+            f"TTS TTFB {ms(turn.tts_ttfb_ms)} ms"
+        )
+
+    def _log_summary_once(self) -> None:
+        if self._summary_logged:
+            return
+        self._summary_logged = True
+        if self._turns:
+            self.summary(log=True)

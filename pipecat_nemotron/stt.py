@@ -1,0 +1,383 @@
+"""``NemotronSTTService``: Nemotron Speech streaming ASR running locally, in this process, as a Pipecat STT.
+
+Not to be confused with Pipecat's ``NvidiaSTTService``, which calls a *remote* Riva/NIM server over gRPC.
+This service runs the cache-aware model itself (on the local GPU, or CPU), batched with every other session
+of the process through one shared :class:`~pipecat_nemotron.engine.NemotronEngine`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
+
+from loguru import logger
+from pipecat.frames.frames import (
+    CancelFrame,
+    EndFrame,
+    Frame,
+    InterimTranscriptionFrame,
+    StartFrame,
+    STTMetadataFrame,
+    TranscriptionFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection
+from pipecat.services.settings import NOT_GIVEN, NotGiven, STTSettings, is_given
+from pipecat.services.stt_service import STTService
+from pipecat.transcriptions.language import Language
+from pipecat.utils.time import time_now_iso8601
+from pipecat.utils.tracing.service_decorators import traced_stt
+
+from pipecat_nemotron.engine import (
+    DEFAULT_MODEL,
+    LATENCY_MODES,
+    ASRStream,
+    EngineConfig,
+    FinalTranscript,
+    NemotronEngine,
+    NemotronEngineError,
+    TranscriptUpdate,
+)
+from pipecat_nemotron.engine.config import validate_latency_ms
+from pipecat_nemotron.engine.shared import SharedEngines, shared_engines
+from pipecat_nemotron.metrics import asr_finalize_metrics_frame
+
+#: VAD ``stop_secs`` Pipecat's built-in TTFS values assume, seconds.
+VAD_STOP_SECS = 0.2
+
+#: TTFS p99 used before the engine has measured its own finalize time: 0.2 s of VAD stop plus 50 ms, the
+#: reference finalize p99 on a GPU (24 ms max measured) with margin, seconds.
+NEMOTRON_TTFS_P99 = 0.25
+
+#: Safety factor applied to the engine's measured finalize p99 when deriving ``ttfs_p99_latency``.
+_TTFS_MARGIN = 1.5
+
+
+@dataclass
+class NemotronSTTSettings(STTSettings):
+    """Runtime-updatable settings of :class:`NemotronSTTService` (store and delta mode).
+
+    Parameters
+    ----------
+        latency_ms: Latency mode (80, 160, 560 or 1120 ms). A change applies at once if the user is not
+            mid-utterance, else at the next utterance boundary. The weights are shared; nothing reloads.
+
+    """
+
+    latency_ms: int | NotGiven = field(default_factory=lambda: NOT_GIVEN)
+
+
+class NemotronSTTService(STTService):
+    """Local, in-process NVIDIA Nemotron Speech streaming ASR (cache-aware FastConformer-RNNT) for Pipecat.
+
+    ``run_stt`` only queues audio; partial transcripts are pushed as ``InterimTranscriptionFrame`` whenever
+    the text changes, and at the end of the user's turn (``VADUserStoppedSpeakingFrame``) the utterance is
+    finalized and pushed as one ``TranscriptionFrame`` with ``finalized=True``. Pipecat then reports TTFS
+    (speech end to final); this service also pushes the pure finalize time (finalize call to final text) as
+    an ``asr_finalize`` processing metric.
+
+    Every service in the process naming the same model and device shares one engine (loaded once, batched
+    across sessions). Pass ``engine=`` to use one you created and started yourself.
+
+    Example::
+
+        stt = NemotronSTTService(model="nvidia/nemotron-speech-streaming-en-0.6b", latency_ms=160)
+    """
+
+    Settings = NemotronSTTSettings
+    _settings: NemotronSTTSettings
+
+    def __init__(
+        self,
+        *,
+        model: str = DEFAULT_MODEL,
+        latency_ms: int = 160,
+        device: str = "auto",
+        model_revision: str | None = None,
+        engine: NemotronEngine | None = None,
+        engine_config: EngineConfig | None = None,
+        registry: SharedEngines | None = None,
+        ttfs_p99_latency: float | None = None,
+        settings: NemotronSTTSettings | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Create the service. Nothing is loaded here; the model loads (off the event loop) at ``StartFrame``.
+
+        Args:
+            model: Local ``.nemo`` path or model id (ignored when ``engine`` or ``engine_config`` is given).
+            latency_ms: Initial latency mode: 80, 160, 560 or 1120 ms.
+            device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+            model_revision: Pinned revision of a model id.
+            engine: A started (or startable) engine to use; this service never stops it.
+            engine_config: Full engine settings, shared through ``registry``.
+            registry: Where shared engines live (default: the process-wide one).
+            ttfs_p99_latency: P99 speech-end-to-final time, seconds. Default: ``0.2`` (VAD stop) plus 1.5x the
+                engine's measured finalize p99 once loaded, or :data:`NEMOTRON_TTFS_P99` before that.
+            settings: Runtime settings (``latency_ms``); overrides ``latency_ms`` above.
+            **kwargs: Passed to :class:`~pipecat.services.stt_service.STTService`.
+
+        Raises:
+            ValueError: Unsupported latency or device (the message names the allowed values).
+
+        """
+        validate_latency_ms(latency_ms)
+        if engine is not None:
+            config = engine.config
+        elif engine_config is not None:
+            config = engine_config
+        else:
+            config = EngineConfig(model=model, model_revision=model_revision, device=device)
+        default_settings = NemotronSTTSettings(
+            model=config.model, language=Language.EN, latency_ms=latency_ms
+        )
+        if settings is not None:
+            default_settings.apply_update(settings)
+        validate_latency_ms(default_settings.latency_ms)  # type: ignore[arg-type]
+        super().__init__(ttfs_p99_latency=ttfs_p99_latency, settings=default_settings, **kwargs)
+        self._explicit_ttfs = ttfs_p99_latency is not None
+        self._engine_config = config
+        self._owned_engine = engine
+        self._registry = registry or shared_engines
+        self._engine: NemotronEngine | None = None
+        self._stream: ASRStream | None = None
+        self._connect_task: asyncio.Task[None] | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        # Audio (bytes) and finalize marks (None) received before the engine was ready, in order.
+        self._pending: list[bytes | None] = []
+        self._last_interim = ""
+
+    # ---- properties ---------------------------------------------------------------------------------------
+
+    @property
+    def engine(self) -> NemotronEngine | None:
+        """The engine this session runs on (None until started)."""
+        return self._engine
+
+    @property
+    def stream(self) -> ASRStream | None:
+        """The engine stream of this session (None until connected, and after stop)."""
+        return self._stream
+
+    @property
+    def latency_ms(self) -> int:
+        """Latency mode requested in the settings, ms."""
+        return int(self._settings.latency_ms)  # type: ignore[arg-type]
+
+    def can_generate_metrics(self) -> bool:
+        """Report TTFS and processing metrics."""
+        return True
+
+    def service_metadata_frame(self) -> STTMetadataFrame:
+        """Broadcast a TTFS p99 derived from the engine's measured finalize time (unless given explicitly)."""
+        if not self._explicit_ttfs:
+            self._ttfs_p99_latency = self.measured_ttfs_p99()
+        return super().service_metadata_frame()
+
+    def measured_ttfs_p99(self) -> float:
+        """``VAD_STOP_SECS`` + 1.5x the engine's finalize p99 (at least 20 ms), or the default before any final."""
+        engine = self._engine or self._owned_engine
+        p99_ms = engine.finalize_ms_percentile(99.0) if engine is not None and engine.running else None
+        if p99_ms is None:
+            return NEMOTRON_TTFS_P99
+        return round(VAD_STOP_SECS + max(p99_ms * _TTFS_MARGIN, 20.0) / 1000.0, 3)
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------
+
+    async def start(self, frame: StartFrame) -> None:
+        """Open this session's stream; the engine loads in the background if it is not loaded yet."""
+        await super().start(frame)
+        self._connect_task = self.create_task(self._connect(), name=f"{self}::connect")
+
+    async def _connect(self) -> None:
+        try:
+            if self._owned_engine is not None:
+                await self._owned_engine.start()
+                self._engine = self._owned_engine
+            else:
+                self._engine = await self._registry.acquire(self._engine_config)
+            self._open_stream()
+        except Exception as e:
+            logger.error(f"{self}: could not start the Nemotron ASR engine: {e}")
+            await self.push_error(
+                error_msg=f"Nemotron ASR engine failed to start: {e}",
+                exception=e,
+                force_treat_as_permanent=True,
+            )
+            return
+        pending, self._pending = self._pending, []
+        for item in pending:
+            if item is None:
+                await self._finalize()
+            else:
+                await self._push_audio(item)
+
+    def _open_stream(self) -> None:
+        assert self._engine is not None
+        self._stream = self._engine.open_stream(latency_ms=self.latency_ms)
+        self._last_interim = ""
+        self._reader_task = self.create_task(self._read_updates(self._stream), name=f"{self}::results")
+
+    async def _close(self) -> None:
+        if self._connect_task is not None:
+            await self.cancel_task(self._connect_task)
+            self._connect_task = None
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            await stream.close()
+        if self._reader_task is not None:
+            await self.cancel_task(self._reader_task)
+            self._reader_task = None
+        if self._engine is not None and self._owned_engine is None:
+            await self._registry.release(self._engine)
+        self._engine = None
+        self._pending.clear()
+
+    async def stop(self, frame: EndFrame) -> None:
+        """Finalize what the user said last (if anything), then close the stream and free its slot."""
+        stream = self._stream
+        if stream is not None and not stream.closed and (stream.backlog_ms > 0 or stream._state.tokens):
+            try:
+                final = await asyncio.wait_for(stream.finalize(), timeout=5.0)
+                if final.text:
+                    await self._push_final(final)
+            except (asyncio.TimeoutError, NemotronEngineError) as e:
+                logger.warning(f"{self}: could not finalize at end of session: {e!r}")
+        await self._close()
+        await super().stop(frame)
+
+    async def cancel(self, frame: CancelFrame) -> None:
+        """Close the stream at once, freeing its slot."""
+        await self._close()
+        await super().cancel(frame)
+
+    # ---- audio in -----------------------------------------------------------------------------------------
+
+    async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame | None, None]:
+        """Queue audio for the engine; results are pushed by this service's own results task."""
+        if self._stream is None:
+            self._pending.append(audio)
+        else:
+            await self._push_audio(audio)
+        yield None
+
+    async def _push_audio(self, audio: bytes) -> None:
+        stream = self._stream
+        if stream is None:
+            return
+        try:
+            await stream.push(audio, sample_rate=self.sample_rate, num_channels=1)
+        except NemotronEngineError as e:
+            await self._stream_failed(e)
+
+    async def _stream_failed(self, error: BaseException) -> None:
+        """Report a failed stream (this session only) and continue on a fresh one."""
+        logger.error(f"{self}: ASR stream failed: {error}")
+        await self.push_error(error_msg=f"Nemotron ASR stream failed: {error}", exception=error)
+        old, self._stream = self._stream, None
+        if old is not None:
+            await old.close()
+        if self._reader_task is not None:
+            await self.cancel_task(self._reader_task)
+            self._reader_task = None
+        if self._engine is not None and self._engine.running:
+            self._open_stream()
+
+    # ---- end of turn --------------------------------------------------------------------------------------
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        """Handle frames; on ``VADUserStoppedSpeakingFrame`` finalize the utterance."""
+        await super().process_frame(frame, direction)
+        if isinstance(frame, VADUserStoppedSpeakingFrame):
+            self.request_finalize()
+            if self._stream is None:
+                self._pending.append(None)
+            else:
+                await self._finalize()
+
+    async def _finalize(self) -> None:
+        stream = self._stream
+        if stream is None or stream.closed:
+            return
+        try:
+            future = stream.finalize_nowait()
+        except NemotronEngineError as e:
+            await self._stream_failed(e)
+            return
+        # The final is delivered through the updates iterator; the future only needs its error observed.
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    async def _read_updates(self, stream: ASRStream) -> None:
+        try:
+            async for update in stream.updates():
+                if update.is_final:
+                    await self._on_final(update)
+                elif update.text and update.text != self._last_interim:
+                    self._last_interim = update.text
+                    await self.push_frame(
+                        InterimTranscriptionFrame(update.text, self._user_id, time_now_iso8601(), Language.EN)
+                    )
+        except NemotronEngineError as e:
+            if self._stream is stream:
+                await self._stream_failed(e)
+
+    async def _on_final(self, update: TranscriptUpdate) -> None:
+        self._last_interim = ""
+        ttf_ms = update.ttf_ms or 0.0
+        if not update.text:
+            # No speech in this turn: no empty transcript, and no TTFS to report.
+            self._finalize_requested = False
+            await self._cancel_ttfb_timeout()
+            await self.cancel_ttfb_metrics()
+            logger.debug(f"{self}: utterance {update.utterance} had no speech (finalize {ttf_ms:.1f} ms)")
+            return
+        final = FinalTranscript(
+            text=update.text,
+            ttf_ms=ttf_ms,
+            audio_ms=0.0,
+            utterance=update.utterance,
+            latency_ms=update.latency_ms,
+        )
+        await self._push_final(final)
+
+    async def _push_final(self, final: FinalTranscript) -> None:
+        self.confirm_finalize()
+        await self.emit_stt_usage_metrics()
+        await self.push_frame(TranscriptionFrame(final.text, self._user_id, time_now_iso8601(), Language.EN))
+        await self._handle_transcription(final.text, True, Language.EN)
+        if self.metrics_enabled:
+            await self.push_frame(
+                asr_finalize_metrics_frame(self.name, self._engine_config.model, final.ttf_ms)
+            )
+        logger.info(
+            f"{self}: final for utterance {final.utterance} in {final.ttf_ms:.1f} ms ({final.latency_ms} ms mode)"
+        )
+        logger.debug(f"{self}: final transcript: {final.text!r}")
+
+    @traced_stt
+    async def _handle_transcription(
+        self, transcript: str, is_final: bool, language: Language | None = None
+    ) -> None:
+        """Tracing hook for a final transcript (spans are opened and closed by ``traced_stt``)."""
+
+    # ---- settings -----------------------------------------------------------------------------------------
+
+    async def _update_settings(self, delta: STTSettings) -> dict[str, Any]:
+        """Apply a settings delta: ``latency_ms`` switches this session's mode; other models are refused."""
+        if isinstance(delta, NemotronSTTSettings) and is_given(delta.latency_ms):
+            if delta.latency_ms not in LATENCY_MODES:
+                msg = f"latency_ms must be one of {sorted(LATENCY_MODES)} (ms), got {delta.latency_ms!r}"
+                await self.push_error(error_msg=msg)
+                delta.latency_ms = NOT_GIVEN
+        if is_given(delta.model) and delta.model != self._settings.model:
+            await self.push_error(
+                error_msg=f"the model cannot change at run time (loaded: {self._settings.model})"
+            )
+            delta.model = NOT_GIVEN
+        changed = await super()._update_settings(delta)
+        if "latency_ms" in changed and self._stream is not None and not self._stream.closed:
+            self._stream.set_latency(self.latency_ms)
+            logger.info(f"{self}: latency mode -> {self.latency_ms} ms")
+        self._warn_unhandled_updated_settings(set(changed) - {"latency_ms", "model"})
+        return changed

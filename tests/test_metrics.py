@@ -1,0 +1,351 @@
+"""VoiceLatencyObserver: per-turn stages, JSONL output and percentiles."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from loguru import logger
+from openai_server import FakeOpenAIServer, openai_server  # noqa: F401  (fixture)
+from pipecat.frames.frames import (
+    BotStartedSpeakingFrame,
+    DataFrame,
+    EndFrame,
+    Frame,
+    LLMContextFrame,
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
+    MetricsFrame,
+    TranscriptionFrame,
+    TTSAudioRawFrame,
+    UserStoppedSpeakingFrame,
+    VADUserStartedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.metrics.metrics import ProcessingMetricsData, TTFBMetricsData
+from pipecat.observers.base_observer import FramePushed
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.worker import PipelineParams
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.services.settings import STTSettings
+from pipecat.services.stt_service import STTService
+from pipecat.tests.utils import SleepFrame, run_test
+from pipecat.utils.time import time_now_iso8601
+
+from pipecat_nemotron.llm import create_nemotron_llm
+from pipecat_nemotron.metrics import (
+    ASRFinalizeMetricsData,
+    TurnLatency,
+    VoiceLatencyObserver,
+    asr_finalize_metrics_frame,
+    format_summary,
+    load_turns,
+    percentile,
+    summarize,
+)
+
+
+class FakeClock:
+    def __init__(self, start: float = 1_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+STT = FrameProcessor(name="NemotronStreamingSTTService#0")
+LLM = FrameProcessor(name="NvidiaLLMService#0")
+TTS = FrameProcessor(name="MagpieTTSService#0")
+SINK = FrameProcessor(name="sink")
+
+
+async def push(
+    observer: VoiceLatencyObserver, clock: FakeClock, at: float, source: FrameProcessor, frame: Frame
+):
+    clock.now = at
+    await observer.on_push_frame(
+        FramePushed(
+            source=source, destination=SINK, frame=frame, direction=FrameDirection.DOWNSTREAM, timestamp=0
+        )
+    )
+
+
+async def feed_turn(
+    observer: VoiceLatencyObserver,
+    clock: FakeClock,
+    t0: float,
+    *,
+    stop_secs: float = 0.2,
+    finalize: float = 0.018,
+    ttfs: float = 0.25,
+    llm: float = 0.16,
+    tts: float | None = 0.10,
+    text: str = "what time is it",
+) -> None:
+    """One user turn as Pipecat pushes it; all times in seconds after t0 (speech start)."""
+    speech_end = t0 + 1.0
+    await push(observer, clock, t0, STT, VADUserStartedSpeakingFrame(start_secs=0.2))
+    vad_stop = speech_end + stop_secs
+    await push(
+        observer, clock, vad_stop, STT, VADUserStoppedSpeakingFrame(stop_secs=stop_secs, timestamp=vad_stop)
+    )
+    transcript_at = speech_end + ttfs
+    await push(
+        observer,
+        clock,
+        transcript_at - 0.001,
+        STT,
+        asr_finalize_metrics_frame(STT.name, "asr", finalize * 1000),
+    )
+    await push(
+        observer,
+        clock,
+        transcript_at,
+        STT,
+        MetricsFrame(data=[TTFBMetricsData(processor=STT.name, value=ttfs)]),
+    )
+    await push(
+        observer,
+        clock,
+        transcript_at,
+        STT,
+        TranscriptionFrame(text=text, user_id="u", timestamp=time_now_iso8601(), finalized=True),
+    )
+    await push(observer, clock, transcript_at + 0.005, STT, UserStoppedSpeakingFrame())
+    llm_start = transcript_at + 0.01
+    await push(observer, clock, llm_start, LLM, LLMFullResponseStartFrame())
+    first_token = llm_start + llm
+    await push(
+        observer, clock, first_token, LLM, MetricsFrame(data=[TTFBMetricsData(processor=LLM.name, value=llm)])
+    )
+    await push(observer, clock, first_token, LLM, LLMTextFrame(text="It is noon."))
+    first_audio = first_token + (tts or 0.05)
+    if tts is not None:
+        await push(
+            observer,
+            clock,
+            first_audio,
+            TTS,
+            MetricsFrame(data=[TTFBMetricsData(processor=TTS.name, value=tts)]),
+        )
+    await push(
+        observer,
+        clock,
+        first_audio,
+        TTS,
+        TTSAudioRawFrame(audio=b"\0\0" * 160, sample_rate=16000, num_channels=1),
+    )
+    await push(observer, clock, first_audio + 0.02, TTS, BotStartedSpeakingFrame())
+
+
+def test_asr_finalize_frame() -> None:
+    frame = asr_finalize_metrics_frame("NemotronSTT#0", "nemotron-asr", 18.5)
+    (data,) = frame.data
+    assert isinstance(data, ASRFinalizeMetricsData) and isinstance(data, ProcessingMetricsData)
+    assert data.value == pytest.approx(0.0185)
+    assert data.metric == "asr_finalize" and data.model == "nemotron-asr"
+    with pytest.raises(ValueError):
+        asr_finalize_metrics_frame("x", None, -1.0)
+
+
+async def test_one_turn_hooks(tmp_path) -> None:
+    clock = FakeClock()
+    path = tmp_path / "out" / "turns.jsonl"
+    observer = VoiceLatencyObserver(jsonl_path=path, time_source=clock)
+    lines: list[str] = []
+    sink_id = logger.add(lambda m: lines.append(str(m)), level="INFO", format="{message}")
+    seen: list[TurnLatency] = []
+    observer.add_event_handler("on_turn_latency", lambda obs, turn: seen.append(turn))
+    try:
+        await feed_turn(observer, clock, 1_000.0, text="secret words")
+        await push(observer, clock, 1_010.0, SINK, EndFrame())
+        await asyncio.sleep(0)  # let the event task run
+    finally:
+        logger.remove(sink_id)
+
+    (turn,) = observer.turns
+    assert seen == [turn]
+    assert turn.turn == 1
+    assert turn.speech_end_ts == pytest.approx(1_001.0)
+    assert turn.vad_stop_secs == pytest.approx(0.2)
+    assert turn.ttfs_ms == pytest.approx(250.0)
+    assert turn.asr_finalize_ms == pytest.approx(18.0)
+    assert turn.llm_ttfb_ms == pytest.approx(160.0)
+    assert turn.tts_ttfb_ms == pytest.approx(100.0)
+    # speech end -> transcript (250) -> LLM start (+10) -> token (+160) -> audio (+100) -> bot (+20)
+    assert turn.v2v_ms == pytest.approx(540.0)
+    assert turn.processors == {"stt": STT.name, "llm": LLM.name, "tts": TTS.name}
+    assert 0 < turn.asr_finalize_ms <= turn.ttfs_ms <= turn.v2v_ms
+    assert turn.ttfs_ms + turn.llm_ttfb_ms + turn.tts_ttfb_ms <= turn.v2v_ms
+    assert sum(turn.breakdown_ms.values()) == pytest.approx(turn.v2v_ms, abs=0.01)
+    assert turn.breakdown_ms["endpointing_wait"] == pytest.approx(200.0)
+    assert turn.transcript is None
+
+    (line,) = path.read_text().splitlines()
+    record = json.loads(line)
+    assert record["v2v_ms"] == pytest.approx(540.0) and "transcript" not in record
+    assert load_turns(path) == [turn]
+
+    log = "\n".join(lines)
+    assert "turn 1: v2v 540 ms" in log
+    assert "secret words" not in log  # no transcript text at INFO
+    assert "p50" in log and "voice-to-voice" in log  # session summary at EndFrame
+
+
+async def test_percentiles_and_missing_stage() -> None:
+    clock = FakeClock()
+    observer = VoiceLatencyObserver(time_source=clock, record_text=True, log_turns=False)
+    llm_values = [0.10, 0.20, 0.30, 0.40, 0.90]
+    for i, llm in enumerate(llm_values):
+        await feed_turn(
+            observer, clock, 2_000.0 + 10 * i, llm=llm, tts=None if i == 4 else 0.1, text=f"turn {i}"
+        )
+    turns = observer.turns
+    assert [t.turn for t in turns] == [1, 2, 3, 4, 5]
+    assert turns[4].tts_ttfb_ms is None and turns[4].transcript == "turn 4"
+
+    stats = observer.summary(log=False)
+    llm_ms = [v * 1000 for v in llm_values]
+    for q, value in (
+        (50, stats["llm_ttfb_ms"].p50),
+        (90, stats["llm_ttfb_ms"].p90),
+        (99, stats["llm_ttfb_ms"].p99),
+    ):
+        assert value == pytest.approx(float(np.percentile(llm_ms, q)))
+    assert stats["tts_ttfb_ms"].count == 4
+    assert stats["v2v_ms"].p50 == pytest.approx(float(np.percentile([t.v2v_ms for t in turns], 50)))
+    table = format_summary(stats)
+    assert "LLM TTFB" in table and "ASR finalize" in table
+    assert summarize([])["v2v_ms"].count == 0
+    assert percentile([5.0], 99) == 5.0
+
+
+async def test_interrupted_segment_resets() -> None:
+    """A user pause (VAD stop, then speech again) is not a turn; the last segment is."""
+    clock = FakeClock()
+    observer = VoiceLatencyObserver(time_source=clock, log_turns=False)
+    await push(observer, clock, 10.0, STT, VADUserStartedSpeakingFrame())
+    await push(observer, clock, 11.2, STT, VADUserStoppedSpeakingFrame(stop_secs=0.2, timestamp=11.2))
+    await push(observer, clock, 11.3, STT, asr_finalize_metrics_frame(STT.name, None, 99.0))
+    await feed_turn(observer, clock, 11.5, finalize=0.02)
+    (turn,) = observer.turns
+    assert turn.asr_finalize_ms == pytest.approx(20.0)
+    assert turn.speech_end_ts == pytest.approx(12.5)
+
+
+# --- through a real pipeline ------------------------------------------------------------
+
+
+@dataclass
+class UserSaysFrame(DataFrame):
+    text: str = ""
+
+
+class FakeUser(FrameProcessor):
+    """Turns UserSaysFrame into the VAD frames a transport would push."""
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, UserSaysFrame):
+            await self.push_frame(VADUserStartedSpeakingFrame(start_secs=0.2))
+            await asyncio.sleep(0.05)
+            await self.push_frame(VADUserStoppedSpeakingFrame(stop_secs=0.2, timestamp=time.time()))
+            await self.push_frame(frame)
+        else:
+            await self.push_frame(frame, direction)
+
+
+class FakeStreamingSTT(STTService):
+    """Finalizes on VAD stop the way the Nemotron STT does (request/confirm finalize)."""
+
+    def __init__(self, finalize_s: float = 0.03, **kwargs) -> None:
+        super().__init__(ttfs_p99_latency=0.1, settings=STTSettings(model=None, language=None), **kwargs)
+        self._finalize_s = finalize_s
+
+    def can_generate_metrics(self) -> bool:
+        return True
+
+    async def run_stt(self, audio: bytes):
+        yield None
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        if isinstance(frame, UserSaysFrame):
+            await super().process_frame(frame, direction)
+            self.request_finalize()
+            started = time.perf_counter()
+            await asyncio.sleep(self._finalize_s)
+            self.confirm_finalize()
+            await self.push_frame(
+                asr_finalize_metrics_frame(self.name, "fake-asr", (time.perf_counter() - started) * 1000)
+            )
+            await self.push_frame(
+                TranscriptionFrame(text=frame.text, user_id="u", timestamp=time_now_iso8601())
+            )
+            return
+        await super().process_frame(frame, direction)
+
+
+class RunLLMOnTranscript(FrameProcessor):
+    def __init__(self, context: LLMContext) -> None:
+        super().__init__()
+        self._context = context
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        await self.push_frame(frame, direction)
+        if isinstance(frame, TranscriptionFrame):
+            self._context.add_message({"role": "user", "content": frame.text})
+            await self.push_frame(LLMContextFrame(context=self._context))
+
+
+class FakeTTSOutput(FrameProcessor):
+    """Speaks 50 ms after the first LLM text of a response, reporting a TTS TTFB."""
+
+    def __init__(self) -> None:
+        super().__init__(name="FakeTTSService#0")
+        self._spoke = False
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        await self.push_frame(frame, direction)
+        if isinstance(frame, LLMFullResponseStartFrame):
+            self._spoke = False
+        elif isinstance(frame, LLMTextFrame) and not self._spoke:
+            self._spoke = True
+            await asyncio.sleep(0.05)
+            await self.push_frame(MetricsFrame(data=[TTFBMetricsData(processor=self.name, value=0.05)]))
+            await self.push_frame(BotStartedSpeakingFrame())
+
+
+async def test_real_pipeline(openai_server: FakeOpenAIServer, tmp_path) -> None:  # noqa: F811
+    openai_server.first_token_delay_s = 0.15
+    path = tmp_path / "turns.jsonl"
+    observer = VoiceLatencyObserver(jsonl_path=path, record_text=True)
+    stt = FakeStreamingSTT()
+    llm = create_nemotron_llm(base_url=openai_server.base_url)
+    pipeline = Pipeline([FakeUser(), stt, RunLLMOnTranscript(LLMContext()), llm, FakeTTSOutput()])
+
+    await run_test(
+        pipeline,
+        frames_to_send=[UserSaysFrame(text="hello nemotron"), SleepFrame(sleep=0.6)],
+        observers=[observer],
+        pipeline_params=PipelineParams(enable_metrics=True),
+    )
+
+    (turn,) = observer.turns
+    assert turn.processors == {"stt": stt.name, "llm": llm.name, "tts": "FakeTTSService#0"}
+    assert turn.transcript == "hello nemotron"
+    assert "hello nemotron" in openai_server.last_user_text()
+    # TTFS = VAD stop_secs (0.2) + finalize (0.03) + hops.
+    assert 230 <= turn.ttfs_ms < 600
+    assert 25 <= turn.asr_finalize_ms < turn.ttfs_ms
+    assert 150 <= turn.llm_ttfb_ms < 600
+    assert turn.tts_ttfb_ms == pytest.approx(50.0)
+    assert turn.ttfs_ms + turn.llm_ttfb_ms + turn.tts_ttfb_ms <= turn.v2v_ms + 1.0
+    assert turn.v2v_ms < 2000
+    assert load_turns(path)[0].v2v_ms == turn.v2v_ms

@@ -1,0 +1,214 @@
+"""NemotronSTTService in real Pipecat pipelines: frames, finals, TTFS, latency changes, shared engines."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from helpers import noise_clip, to_pcm16
+from pipecat.frames.frames import (
+    CancelFrame,
+    InputAudioRawFrame,
+    InterimTranscriptionFrame,
+    InterruptionFrame,
+    MetricsFrame,
+    STTUpdateSettingsFrame,
+    TranscriptionFrame,
+    VADUserStartedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.metrics.metrics import TTFBMetricsData
+from pipecat.pipeline.worker import PipelineParams
+from pipecat.tests.utils import SleepFrame, run_test
+
+from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+from pipecat_nemotron.engine.shared import SharedEngines
+from pipecat_nemotron.metrics import ASRFinalizeMetricsData
+from pipecat_nemotron.stt import NemotronSTTService, NemotronSTTSettings
+
+FRAME_BYTES = 640  # 20 ms of 16 kHz int16
+
+
+def audio_frames(pcm: bytes) -> list[InputAudioRawFrame]:
+    return [
+        InputAudioRawFrame(audio=pcm[i : i + FRAME_BYTES], sample_rate=16000, num_channels=1)
+        for i in range(0, len(pcm), FRAME_BYTES)
+    ]
+
+
+def turn(pcm: bytes, wait: float = 1.5) -> list:
+    return [
+        VADUserStartedSpeakingFrame(),
+        *audio_frames(pcm),
+        VADUserStoppedSpeakingFrame(stop_secs=0.2),
+        SleepFrame(sleep=wait),
+    ]
+
+
+@pytest.fixture
+async def engine(tiny_random_model):
+    eng = NemotronEngine(EngineConfig(model=str(tiny_random_model), device="cpu", max_streams=4))
+    await eng.start()
+    yield eng
+    await eng.stop()
+
+
+def finals_of(frames) -> list[TranscriptionFrame]:
+    return [f for f in frames if isinstance(f, TranscriptionFrame)]
+
+
+async def test_frames_in_order_final_equals_engine_and_ttfs(engine: NemotronEngine) -> None:
+    pcm = to_pcm16(noise_clip(1.6, seed=61))
+    expected = await engine.transcribe(pcm, latency_ms=160)
+    stt = NemotronSTTService(engine=engine, latency_ms=160)
+    down, _ = await run_test(
+        stt,
+        frames_to_send=[SleepFrame(sleep=0.2), *turn(pcm)],
+        pipeline_params=PipelineParams(enable_metrics=True),
+        start_timeout=5.0,
+    )
+    finals = finals_of(down)
+    assert len(finals) == 1 and finals[0].finalized
+    assert finals[0].text == expected.text and finals[0].language is not None and finals[0].timestamp
+    interims = [f for f in down if isinstance(f, InterimTranscriptionFrame)]
+    assert interims, "no interim transcripts"
+    final_index = down.index(finals[0])
+    assert all(down.index(i) < final_index for i in interims)
+    lengths = [len(i.text) for i in interims]
+    assert lengths == sorted(lengths)
+    assert all(finals[0].text.startswith(i.text.rstrip()) for i in interims)
+    metrics = [d for f in down if isinstance(f, MetricsFrame) for d in f.data]
+    ttfs = [d for d in metrics if isinstance(d, TTFBMetricsData) and d.processor == stt.name]
+    assert ttfs and ttfs[-1].value > 0
+    finalize = [d for d in metrics if isinstance(d, ASRFinalizeMetricsData)]
+    assert len(finalize) == 1 and 0 < finalize[0].value < ttfs[-1].value + 1
+    assert engine.open_streams == 0
+
+
+async def test_two_turns_with_latency_change_between(engine: NemotronEngine) -> None:
+    a, b = to_pcm16(noise_clip(1.2, seed=62)), to_pcm16(noise_clip(1.4, seed=63))
+    modes: list[int] = []
+    engine.add_step_listener(lambda stats: modes.extend(stats.latency_modes))
+    stt = NemotronSTTService(engine=engine, latency_ms=160)
+    down, _ = await run_test(
+        stt,
+        frames_to_send=[
+            SleepFrame(sleep=0.2),
+            *turn(a),
+            STTUpdateSettingsFrame(delta=NemotronSTTSettings(latency_ms=560)),
+            SleepFrame(sleep=0.1),
+            *turn(b, wait=2.0),
+        ],
+        start_timeout=5.0,
+    )
+    finals = finals_of(down)
+    assert [f.finalized for f in finals] == [True, True]
+    assert stt.latency_ms == 560
+    assert 160 in modes and 560 in modes
+    assert modes.index(560) > modes.index(160)
+    # Each turn is only its own audio.
+    assert finals[0].text and finals[1].text and finals[0].text != finals[1].text
+
+
+async def test_two_sessions_share_one_engine_without_mixing(tiny_random_model) -> None:
+    registry = SharedEngines()
+    config = EngineConfig(model=str(tiny_random_model), device="cpu", max_streams=4)
+    clips = [to_pcm16(noise_clip(1.3, seed=64)), to_pcm16(noise_clip(1.1, seed=65))]
+    services = [NemotronSTTService(engine_config=config, registry=registry) for _ in clips]
+    try:
+        results = await asyncio.gather(
+            *(
+                run_test(s, frames_to_send=[SleepFrame(sleep=0.1), *turn(c, wait=2.5)], start_timeout=5.0)
+                for s, c in zip(services, clips, strict=True)
+            )
+        )
+        assert len(registry.engines) == 1
+        engine = registry.engines[0]
+        assert engine.steps > 0 and engine.open_streams == 0
+        for (down, _), clip in zip(results, clips, strict=True):
+            expected = await engine.transcribe(clip, latency_ms=160)
+            assert [f.text for f in finals_of(down)] == [expected.text]
+    finally:
+        await registry.close_all()
+
+
+async def test_cancel_mid_utterance_frees_the_slot(engine: NemotronEngine) -> None:
+    stt = NemotronSTTService(engine=engine)
+    pcm = to_pcm16(noise_clip(1.0, seed=66))
+    await run_test(
+        stt,
+        frames_to_send=[
+            SleepFrame(sleep=0.2),
+            VADUserStartedSpeakingFrame(),
+            *audio_frames(pcm),
+            SleepFrame(sleep=0.3),
+            CancelFrame(),
+        ],
+        send_end_frame=False,
+        start_timeout=5.0,
+    )
+    assert engine.open_streams == 0
+    assert stt.stream is None
+
+
+async def test_interruption_keeps_the_words(engine: NemotronEngine) -> None:
+    pcm = to_pcm16(noise_clip(1.5, seed=67))
+    expected = await engine.transcribe(pcm, latency_ms=160)
+    frames = audio_frames(pcm)
+    half = len(frames) // 2
+    stt = NemotronSTTService(engine=engine)
+    down, _ = await run_test(
+        stt,
+        frames_to_send=[
+            SleepFrame(sleep=0.2),
+            VADUserStartedSpeakingFrame(),
+            *frames[:half],
+            InterruptionFrame(),
+            *frames[half:],
+            VADUserStoppedSpeakingFrame(stop_secs=0.2),
+            SleepFrame(sleep=1.5),
+        ],
+        start_timeout=5.0,
+    )
+    assert [f.text for f in finals_of(down)] == [expected.text]
+
+
+async def test_turn_without_speech_yields_no_final(tiny_quiet_model) -> None:
+    async with NemotronEngine(EngineConfig(model=str(tiny_quiet_model), device="cpu", max_streams=2)) as eng:
+        silence = np.zeros(16000, dtype=np.int16).tobytes()
+        assert (await eng.transcribe(silence)).text == ""  # precondition: this model hears nothing in silence
+        down, _ = await run_test(
+            NemotronSTTService(engine=eng),
+            frames_to_send=[SleepFrame(sleep=0.2), *turn(silence, wait=1.0)],
+            start_timeout=5.0,
+        )
+    assert finals_of(down) == []
+
+
+async def test_audio_before_the_engine_is_ready_is_kept(tiny_random_model) -> None:
+    registry = SharedEngines()
+    config = EngineConfig(model=str(tiny_random_model), device="cpu", max_streams=2, warmup=False)
+    pcm = to_pcm16(noise_clip(1.0, seed=68))
+    stt = NemotronSTTService(engine_config=config, registry=registry)
+    try:
+        # No sleep: audio and the end of turn arrive while the model is still loading.
+        down, _ = await run_test(stt, frames_to_send=turn(pcm, wait=8.0), start_timeout=5.0)
+        expected = await registry.engines[0].transcribe(pcm, latency_ms=160)
+        assert [f.text for f in finals_of(down)] == [expected.text]
+    finally:
+        await registry.close_all()
+
+
+def test_construction_errors_name_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"\[80, 160, 560, 1120\]"):
+        NemotronSTTService(latency_ms=100)
+    with pytest.raises(ValueError, match="device"):
+        NemotronSTTService(device="tpu")
+    stt = NemotronSTTService(model="/does/not/exist.nemo")  # nothing loads at construction
+    assert stt.latency_ms == 160
+    # The name and docs must make "local, in process" obvious next to Pipecat's remote NvidiaSTTService.
+    import pipecat_nemotron.stt as stt_module
+
+    assert NemotronSTTService.__doc__.startswith("Local, in-process")
+    assert "remote" in stt_module.__doc__ and "NvidiaSTTService" in stt_module.__doc__
