@@ -147,6 +147,7 @@ class NemotronSTTService(STTService):
         # Audio (bytes) and finalize marks (None) received before the engine was ready, in order.
         self._pending: list[bytes | None] = []
         self._last_interim = ""
+        self._ready = asyncio.Event()
 
     # ---- properties ---------------------------------------------------------------------------------------
 
@@ -164,6 +165,10 @@ class NemotronSTTService(STTService):
     def latency_ms(self) -> int:
         """Latency mode requested in the settings, ms."""
         return int(self._settings.latency_ms)  # type: ignore[arg-type]
+
+    async def wait_until_ready(self) -> None:
+        """Wait until the model is loaded and this session's stream is open (after ``StartFrame``)."""
+        await self._ready.wait()
 
     def can_generate_metrics(self) -> bool:
         """Report TTFS and processing metrics."""
@@ -198,6 +203,7 @@ class NemotronSTTService(STTService):
             else:
                 self._engine = await self._registry.acquire(self._engine_config)
             self._open_stream()
+            self._ready.set()
         except Exception as e:
             logger.error(f"{self}: could not start the Nemotron ASR engine: {e}")
             await self.push_error(

@@ -1,0 +1,89 @@
+"""Stream a WAV file in real time through a Pipecat pipeline and print transcripts with TTFS per utterance.
+
+    python examples/transcribe_file.py pipecat_nemotron/assets/demo/two_turns.wav
+    python examples/transcribe_file.py my.wav --model nvidia/nemotron-speech-streaming-en-0.6b --latency-ms 160
+
+Pipeline: WAV (20 ms frames, paced like a microphone) -> Silero VAD (stop_secs 0.2) -> NemotronSTTService
+-> TranscriptCollector. Each utterance ends when the VAD hears 0.2 s of silence; the STT then finalizes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from loguru import logger
+from pipecat.audio.vad.silero import SileroVADAnalyzer
+from pipecat.audio.vad.vad_analyzer import VADParams
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.runner import WorkerRunner
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from pipecat.processors.audio.vad_processor import VADProcessor
+
+from pipecat_nemotron import NemotronSTTService, default_asr_model
+from pipecat_nemotron.transcripts import TranscriptCollector, print_latency_summary
+from pipecat_nemotron.wav_input import feed_wav
+
+
+async def transcribe(path: str, model: str, latency_ms: int, device: str, realtime: bool) -> dict:
+    stt = NemotronSTTService(model=model, latency_ms=latency_ms, device=device)
+    collector = TranscriptCollector(stt.name, out=sys.stdout)
+    vad = VADProcessor(vad_analyzer=SileroVADAnalyzer(params=VADParams(stop_secs=0.2)))
+    worker = PipelineWorker(
+        Pipeline([vad, stt, collector]),
+        params=PipelineParams(enable_metrics=True),
+        cancel_on_idle_timeout=False,
+    )
+    started = asyncio.Event()
+
+    @worker.event_handler("on_pipeline_started")
+    async def _started(_worker, _frame):
+        started.set()
+
+    async def feed() -> None:
+        await started.wait()
+        # Let the model load (first use) before speaking, as a user would wait for the bot to join.
+        await stt.wait_until_ready()
+        await feed_wav(worker, path, realtime=realtime)
+
+    await asyncio.gather(WorkerRunner(handle_sigint=False).run(worker), feed())
+    print()
+    summary = print_latency_summary(collector.utterances)
+    return {"utterances": [u.__dict__ for u in collector.utterances], "summary": summary}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("wav", help="16-bit PCM WAV file (any common rate, mono or stereo)")
+    parser.add_argument(
+        "--model", default=None, help="model id or .nemo path (default: GPU model, else tiny CPU model)"
+    )
+    parser.add_argument("--latency-ms", type=int, default=160, choices=(80, 160, 560, 1120))
+    parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--fast", action="store_true", help="feed audio as fast as possible instead of real time"
+    )
+    parser.add_argument("--json", help="write utterances and the latency summary to this file")
+    args = parser.parse_args()
+    logger.remove()
+    logger.add(sys.stderr, level="INFO")
+    result = asyncio.run(
+        transcribe(
+            args.wav,
+            args.model or default_asr_model(args.device),
+            args.latency_ms,
+            args.device,
+            not args.fast,
+        )
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

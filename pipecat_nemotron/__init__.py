@@ -1,0 +1,33 @@
+"""pipecat-nemotron: NVIDIA Nemotron Speech streaming ASR running in process for Pipecat voice agents.
+
+Heavy modules (Pipecat services, NeMo) load on first attribute access, so ``import pipecat_nemotron`` is cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "NemotronSTTService": "pipecat_nemotron.stt",
+    "NemotronSTTSettings": "pipecat_nemotron.stt",
+    "NemotronEngine": "pipecat_nemotron.engine",
+    "EngineConfig": "pipecat_nemotron.engine",
+    "default_asr_model": "pipecat_nemotron.models",
+    "TINY_MODEL_PATH": "pipecat_nemotron.models",
+    "MagpieTTSService": "pipecat_nemotron.tts",
+    "create_nemotron_llm": "pipecat_nemotron.llm",
+    "NemotronLLMSettings": "pipecat_nemotron.llm",
+    "VoiceLatencyObserver": "pipecat_nemotron.metrics",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pipecat_nemotron' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

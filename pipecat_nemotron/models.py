@@ -1,0 +1,30 @@
+"""Which ASR model to use by default, and where the bundled tiny model and demo audio live."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipecat_nemotron.engine.config import DEFAULT_MODEL
+
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+
+#: The tiny trained model of the Nemotron streaming family shipped with the package (CPU demo, tests).
+TINY_MODEL_PATH = ASSETS_DIR / "tiny_nemotron_asr.nemo"
+
+#: Bundled demo audio (held-out sentences of the tiny model) and its ``transcripts.json``.
+DEMO_AUDIO_DIR = ASSETS_DIR / "demo"
+
+
+def default_asr_model(device: str = "auto") -> str:
+    """The real model on a CUDA machine, else the bundled tiny model (the 600M model is not real time on CPU).
+
+    Args:
+        device: The device the engine will use (``"auto"``, ``"cpu"``, ``"cuda"``...).
+
+    """
+    import torch
+
+    wants_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if wants_gpu or not TINY_MODEL_PATH.exists():
+        return DEFAULT_MODEL
+    return str(TINY_MODEL_PATH)
