@@ -40,7 +40,9 @@ async def run(model: str, latency_ms: int, device: str) -> None:
         Pipeline([transport.input(), vad, stt, collector]), params=PipelineParams(enable_metrics=True)
     )
     try:
-        await WorkerRunner().run(worker)
+        runner = WorkerRunner()
+        await runner.add_workers(worker)
+        await runner.run()
     finally:
         print_latency_summary(collector.utterances)
 

@@ -48,7 +48,9 @@ async def transcribe(path: str, model: str, latency_ms: int, device: str, realti
         await stt.wait_until_ready()
         await feed_wav(worker, path, realtime=realtime)
 
-    await asyncio.gather(WorkerRunner(handle_sigint=False).run(worker), feed())
+    runner = WorkerRunner(handle_sigint=False)
+    await runner.add_workers(worker)
+    await asyncio.gather(runner.run(), feed())
     print()
     summary = print_latency_summary(collector.utterances)
     return {"utterances": [u.__dict__ for u in collector.utterances], "summary": summary}

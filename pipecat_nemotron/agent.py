@@ -1,0 +1,277 @@
+"""One function that assembles the local voice agent so bots stay short.
+
+transport.input() → Silero VAD → NemotronSTTService → user context aggregator → LLM → TTS → transport.output()
+→ assistant context aggregator, with a :class:`~pipecat_nemotron.metrics.VoiceLatencyObserver` attached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipecat.audio.vad.silero import SileroVADAnalyzer
+from pipecat.audio.vad.vad_analyzer import VADParams
+from pipecat.frames.frames import (
+    BotStartedSpeakingFrame,
+    BotStoppedSpeakingFrame,
+    Frame,
+    InterruptionFrame,
+    TTSAudioRawFrame,
+    TTSStoppedFrame,
+)
+from pipecat.observers.base_observer import BaseObserver
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
+from pipecat.processors.audio.vad_processor import VADProcessor
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.services.llm_service import LLMService
+from pipecat.services.stt_service import STTService
+from pipecat.services.tts_service import TTSService
+from pipecat.transports.base_transport import BaseTransport
+
+from pipecat_nemotron.engine.config import validate_latency_ms
+from pipecat_nemotron.metrics import VoiceLatencyObserver
+
+#: VAD silence that ends a user turn, seconds (Pipecat's built-in TTFS values assume 0.2).
+DEFAULT_VAD_STOP_SECS = 0.2
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """Which ASR, LLM and TTS a bot uses; bots build it from ``.env`` with :meth:`from_env`.
+
+    Attributes:
+        asr_model: ASR model id or ``.nemo`` path (None: the GPU model, or the tiny model without a GPU).
+        asr_device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (also used for Magpie in process).
+        asr_latency_ms: 80, 160, 560 or 1120.
+        llm_configured: Whether an LLM endpoint was configured (``NEMOTRON_LLM_BASE_URL`` or ``_BACKEND``).
+        llm_env: The environment the LLM settings are read from (see ``NemotronLLMSettings.from_env``).
+        tts_model: Magpie model id or ``.nemo`` path to run in process (None: none).
+        tts_voice: Magpie voice (john, sofia, aria, jason, leo).
+        tts_nim_server: ``host:port`` of a Magpie NIM (gRPC), used instead of ``tts_model`` when set.
+        tts_nim_voice: NIM voice id.
+
+    """
+
+    asr_model: str | None = None
+    asr_device: str = "auto"
+    asr_latency_ms: int = 160
+    llm_configured: bool = False
+    llm_env: Mapping[str, str] = field(default_factory=dict)
+    tts_model: str | None = None
+    tts_voice: str = "aria"
+    tts_nim_server: str | None = None
+    tts_nim_voice: str = "Magpie-Multilingual.EN-US.Aria"
+
+    def __post_init__(self) -> None:
+        validate_latency_ms(self.asr_latency_ms)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> AgentSettings:
+        """Read the agent's settings from ``environ`` (pass ``os.environ`` after ``load_dotenv()``).
+
+        Keys: ``NEMOTRON_ASR_MODEL``/``_DEVICE``/``_LATENCY_MS``, ``NEMOTRON_LLM_*`` (see ``docs/LLM.md``),
+        ``MAGPIE_TTS_MODEL``/``_VOICE``, ``MAGPIE_NIM_SERVER``/``_VOICE``. Empty values count as unset.
+
+        Raises:
+            ValueError: A value does not parse (the message names the key).
+
+        """
+
+        def get(key: str) -> str | None:
+            value = environ.get(key, "").strip()
+            return value or None
+
+        latency = get("NEMOTRON_ASR_LATENCY_MS") or "160"
+        if not latency.isdigit():
+            raise ValueError(f"NEMOTRON_ASR_LATENCY_MS must be 80, 160, 560 or 1120, got {latency!r}")
+        llm_keys = {
+            k: v for k, v in environ.items() if k.startswith("NEMOTRON_LLM_") or k == "NVIDIA_API_KEY"
+        }
+        return cls(
+            asr_model=get("NEMOTRON_ASR_MODEL"),
+            asr_device=get("NEMOTRON_ASR_DEVICE") or "auto",
+            asr_latency_ms=int(latency),
+            llm_configured=bool(get("NEMOTRON_LLM_BASE_URL") or get("NEMOTRON_LLM_BACKEND")),
+            llm_env=llm_keys,
+            tts_model=get("MAGPIE_TTS_MODEL"),
+            tts_voice=get("MAGPIE_TTS_VOICE") or "aria",
+            tts_nim_server=get("MAGPIE_NIM_SERVER"),
+            tts_nim_voice=get("MAGPIE_NIM_VOICE") or "Magpie-Multilingual.EN-US.Aria",
+        )
+
+    def create_stt(self, **kwargs: Any) -> STTService:
+        """The in-process Nemotron STT service (shared engine)."""
+        from pipecat_nemotron.models import default_asr_model
+        from pipecat_nemotron.stt import NemotronSTTService
+
+        model = self.asr_model or default_asr_model(self.asr_device)
+        return NemotronSTTService(
+            model=model, latency_ms=self.asr_latency_ms, device=self.asr_device, **kwargs
+        )
+
+    def create_llm(self) -> LLMService | None:
+        """The Nemotron Nano LLM service, or None when no endpoint is configured."""
+        if not self.llm_configured:
+            return None
+        from pipecat_nemotron.llm import NemotronLLMSettings, create_nemotron_llm
+
+        return create_nemotron_llm(NemotronLLMSettings.from_env(self.llm_env))
+
+    def create_tts(self) -> TTSService | None:
+        """Magpie as a NIM (Pipecat's ``NvidiaTTSService``) or in process, or None when neither is configured."""
+        if self.tts_nim_server:
+            from pipecat.services.nvidia.tts import NvidiaTTSService
+
+            return NvidiaTTSService(server=self.tts_nim_server, use_ssl=False, voice_id=self.tts_nim_voice)
+        if self.tts_model:
+            from pipecat_nemotron.tts import MagpieTTSService
+
+            return MagpieTTSService(
+                model=self.tts_model,
+                device=self.asr_device,
+                settings=MagpieTTSService.Settings(voice=self.tts_voice),
+            )
+        return None
+
+    def describe(self) -> list[str]:
+        """One line per stage saying what runs, or how to configure it."""
+        lines = [
+            f"ASR: {self.asr_model or 'default'} ({self.asr_latency_ms} ms mode, device {self.asr_device})"
+        ]
+        if self.llm_configured:
+            lines.append(
+                f"LLM: {self.llm_env.get('NEMOTRON_LLM_MODEL') or 'preset model'} at "
+                f"{self.llm_env.get('NEMOTRON_LLM_BASE_URL') or 'the preset URL'}"
+            )
+        else:
+            lines.append(
+                "LLM: not configured (set NEMOTRON_LLM_BASE_URL in .env, see docs/LLM.md) — ASR only"
+            )
+        if self.tts_nim_server:
+            lines.append(f"TTS: Magpie NIM at {self.tts_nim_server}")
+        elif self.tts_model:
+            lines.append(f"TTS: Magpie in process ({self.tts_model}, voice {self.tts_voice})")
+        else:
+            lines.append(
+                "TTS: not configured (set MAGPIE_TTS_MODEL or MAGPIE_NIM_SERVER in .env) — no speech"
+            )
+        return lines
+
+
+class SimulatedPlayback(FrameProcessor):
+    """Stands in for an output transport when there is no speaker (file demo, tests).
+
+    Emits ``BotStartedSpeakingFrame`` (both directions) at the first TTS audio of a response and
+    ``BotStoppedSpeakingFrame`` at its ``TTSStoppedFrame`` or an interruption, the way an output transport does,
+    so voice-to-voice latency is measured. Audio is counted, not played.
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.speaking = False
+        self.audio_seconds = 0.0
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        """Track TTS audio and emit bot speaking frames."""
+        await super().process_frame(frame, direction)
+        if isinstance(frame, TTSAudioRawFrame):
+            self.audio_seconds += len(frame.audio) / (2 * frame.num_channels * frame.sample_rate)
+            if not self.speaking:
+                self.speaking = True
+                await self.broadcast_frame(BotStartedSpeakingFrame)
+        elif isinstance(frame, (TTSStoppedFrame, InterruptionFrame)) and self.speaking:
+            self.speaking = False
+            await self.broadcast_frame(BotStoppedSpeakingFrame)
+        await self.push_frame(frame, direction)
+
+
+@dataclass
+class VoiceAgent:
+    """What :func:`build_voice_agent` assembled.
+
+    Attributes:
+        pipeline: The pipeline.
+        worker: A ``PipelineWorker`` running it with metrics enabled and the observer attached.
+        observer: The latency observer (per-turn records, JSONL, summary).
+        context: The LLM context (None without an LLM).
+        stt: The STT service.
+
+    """
+
+    pipeline: Pipeline
+    worker: PipelineWorker
+    observer: VoiceLatencyObserver
+    context: LLMContext | None
+    stt: STTService
+    processors: list[FrameProcessor] = field(default_factory=list)
+
+
+def build_voice_agent(
+    *,
+    stt: STTService,
+    llm: LLMService | None = None,
+    tts: TTSService | None = None,
+    transport: BaseTransport | None = None,
+    input_processor: FrameProcessor | None = None,
+    output_processor: FrameProcessor | None = None,
+    after_stt: Sequence[FrameProcessor] = (),
+    vad_stop_secs: float = DEFAULT_VAD_STOP_SECS,
+    turns_jsonl: str | Path | None = None,
+    observers: Sequence[BaseObserver] = (),
+    pipeline_params: PipelineParams | None = None,
+    idle_timeout_secs: float | None = 300.0,
+) -> VoiceAgent:
+    """Assemble the agent pipeline and its worker.
+
+    Args:
+        stt: Usually a :class:`~pipecat_nemotron.stt.NemotronSTTService`.
+        llm: E.g. :func:`~pipecat_nemotron.llm.create_nemotron_llm`; None for a transcription-only pipeline.
+        tts: E.g. :class:`~pipecat_nemotron.tts.MagpieTTSService` or Pipecat's ``NvidiaTTSService``; None to
+            stop after the LLM.
+        transport: Supplies ``input()``/``output()`` (Daily, SmallWebRTC, local audio...).
+        input_processor: Used instead of ``transport.input()`` (None with no transport: frames are queued on
+            the worker, e.g. by :func:`~pipecat_nemotron.wav_input.feed_wav`).
+        output_processor: Used instead of ``transport.output()``; with neither, a :class:`SimulatedPlayback`.
+        after_stt: Extra processors placed right after the STT (e.g. a transcript printer).
+        vad_stop_secs: Silence that ends a user turn, seconds.
+        turns_jsonl: Where the observer appends one JSON line per turn.
+        observers: More observers for the worker.
+        pipeline_params: Defaults to ``PipelineParams(enable_metrics=True, enable_usage_metrics=True)``.
+        idle_timeout_secs: Worker idle timeout, seconds (None: never).
+
+    Raises:
+        ValueError: ``tts`` without ``llm`` (nothing would produce text to speak).
+
+    """
+    if tts is not None and llm is None:
+        raise ValueError(
+            "tts needs an llm to speak its replies; pass llm=create_nemotron_llm(...) or drop tts"
+        )
+    source = input_processor or (transport.input() if transport is not None else None)
+    sink = output_processor or (transport.output() if transport is not None else SimulatedPlayback())
+    vad = VADProcessor(vad_analyzer=SileroVADAnalyzer(params=VADParams(stop_secs=vad_stop_secs)))
+    processors: list[FrameProcessor] = [p for p in (source, vad, stt) if p is not None]
+    processors.extend(after_stt)
+    context: LLMContext | None = None
+    if llm is not None:
+        context = LLMContext()
+        aggregators = LLMContextAggregatorPair(context)
+        processors += [aggregators.user(), llm]
+        if tts is not None:
+            processors.append(tts)
+        processors += [sink, aggregators.assistant()]
+    pipeline = Pipeline(processors)
+    observer = VoiceLatencyObserver(jsonl_path=turns_jsonl)
+    worker = PipelineWorker(
+        pipeline,
+        params=pipeline_params or PipelineParams(enable_metrics=True, enable_usage_metrics=True),
+        observers=[observer, *observers],
+        idle_timeout_secs=idle_timeout_secs,
+        cancel_on_idle_timeout=idle_timeout_secs is not None,
+    )
+    return VoiceAgent(pipeline, worker, observer, context, stt, processors)

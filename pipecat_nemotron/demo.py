@@ -1,0 +1,123 @@
+"""The README demo: the real agent pipeline over a bundled WAV, on whatever this machine has.
+
+    python -m pipecat_nemotron.demo [--wav FILE] [--latency-ms 160] [--fast]
+
+ASR: ``nvidia/nemotron-speech-streaming-en-0.6b`` on a CUDA GPU, else the bundled tiny model on the CPU (override
+with ``NEMOTRON_ASR_MODEL`` in ``.env`` or ``--model``). LLM and TTS: whatever ``.env`` configures
+(``NEMOTRON_LLM_BASE_URL`` ...; ``MAGPIE_TTS_MODEL`` or ``MAGPIE_NIM_SERVER``); without them the demo says so and
+runs the stages it can, still printing transcripts and the latency report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from pipecat_nemotron.models import DEMO_AUDIO_DIR, default_asr_model
+
+
+def _default_wav() -> Path | None:
+    wavs = sorted(DEMO_AUDIO_DIR.glob("*.wav"))
+    turns = [w for w in wavs if "turn" in w.name]
+    return (turns or wavs or [None])[0]
+
+
+def _expected_text(wav: Path) -> str | None:
+    manifest = wav.parent / "transcripts.json"
+    if not manifest.exists():
+        return None
+    value = json.loads(manifest.read_text()).get(wav.name)
+    if isinstance(value, list):
+        return " | ".join(value)
+    return value
+
+
+async def run_demo(
+    wav: Path, model: str, latency_ms: int, device: str, realtime: bool, turns_jsonl: Path
+) -> int:
+    """Run the pipeline over ``wav``; return a process exit code."""
+    from pipecat.pipeline.runner import WorkerRunner
+
+    from pipecat_nemotron.agent import AgentSettings, build_voice_agent
+    from pipecat_nemotron.transcripts import TranscriptCollector, print_latency_summary
+    from pipecat_nemotron.wav_input import feed_wav
+
+    settings = replace(
+        AgentSettings.from_env(os.environ), asr_model=model, asr_device=device, asr_latency_ms=latency_ms
+    )
+    print("\n".join(settings.describe()))
+    llm = settings.create_llm()
+    tts = settings.create_tts() if llm is not None else None
+    stt = settings.create_stt()
+    collector = TranscriptCollector(stt.name, out=sys.stdout)
+    agent = build_voice_agent(stt=stt, llm=llm, tts=tts, after_stt=[collector], turns_jsonl=turns_jsonl)
+    started = asyncio.Event()
+
+    @agent.worker.event_handler("on_pipeline_started")
+    async def _started(_worker: Any, _frame: Any) -> None:
+        started.set()
+
+    async def feed() -> None:
+        await started.wait()
+        await stt.wait_until_ready()
+        print(f"\nStreaming {wav.name} {'in real time' if realtime else 'as fast as possible'}...\n")
+        await feed_wav(agent.worker, wav, realtime=realtime, trailing_silence_s=4.0 if llm else 1.5)
+
+    runner = WorkerRunner(handle_sigint=False)
+    await runner.add_workers(agent.worker)
+    await asyncio.gather(runner.run(), feed())
+
+    print("\nPer utterance (speech end → final transcript; finalize call → final text), ms:")
+    print_latency_summary(collector.utterances)
+    expected = _expected_text(wav)
+    if expected is not None:
+        print(f"\nexpected: {expected}\ngot:      {' | '.join(u.text for u in collector.utterances)}")
+    if agent.observer.turns:
+        print(
+            f"\nVoice-to-voice per turn written to {turns_jsonl}; plot: python -m pipecat_nemotron.report {turns_jsonl}"
+        )
+        from pipecat_nemotron.metrics import format_summary
+
+        print(format_summary(agent.observer.summary(log=False)))
+    return 0 if collector.utterances else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--wav", type=Path, default=None, help="16-bit WAV to stream (default: bundled demo)")
+    parser.add_argument("--model", default=None, help="ASR model id or .nemo path")
+    parser.add_argument("--latency-ms", type=int, default=160, choices=(80, 160, 560, 1120))
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--fast", action="store_true", help="feed audio faster than real time")
+    parser.add_argument(
+        "--turns", type=Path, default=Path("runs/demo_turns.jsonl"), help="per-turn latency JSONL"
+    )
+    parser.add_argument("--verbose", action="store_true", help="DEBUG logs")
+    args = parser.parse_args(argv)
+
+    from dotenv import load_dotenv
+
+    load_dotenv()
+    logger.remove()
+    logger.add(sys.stderr, level="DEBUG" if args.verbose else "WARNING")
+    wav = args.wav or _default_wav()
+    if wav is None or not Path(wav).exists():
+        print(f"No WAV to stream: pass --wav FILE (bundled demo audio missing under {DEMO_AUDIO_DIR})")
+        return 2
+    model = args.model or os.environ.get("NEMOTRON_ASR_MODEL") or default_asr_model(args.device)
+    return asyncio.run(run_demo(Path(wav), model, args.latency_ms, args.device, not args.fast, args.turns))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
