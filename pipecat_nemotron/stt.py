@@ -243,7 +243,7 @@ class NemotronSTTService(STTService):
     async def stop(self, frame: EndFrame) -> None:
         """Finalize what the user said last (if anything), then close the stream and free its slot."""
         stream = self._stream
-        if stream is not None and not stream.closed and (stream.backlog_ms > 0 or stream._state.tokens):
+        if stream is not None and not stream.closed and stream.has_pending_speech:
             try:
                 final = await asyncio.wait_for(stream.finalize(), timeout=5.0)
                 if final.text:

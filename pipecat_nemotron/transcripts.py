@@ -59,7 +59,8 @@ class TranscriptCollector(FrameProcessor):
                 if isinstance(data, ASRFinalizeMetricsData) and self.utterances:
                     self.utterances[-1].finalize_ms = data.value * 1000.0
                     self._print_last()
-                elif isinstance(data, TTFBMetricsData) and data.processor == self.stt_name:
+                elif isinstance(data, TTFBMetricsData) and data.processor == self.stt_name and data.value > 0:
+                    # (value 0 is the placeholder every processor reports at pipeline start)
                     self._ttfs_ms = data.value * 1000.0
         elif isinstance(frame, TranscriptionFrame):
             self.utterances.append(UtteranceRecord(frame.text, ttfs_ms=self._ttfs_ms))

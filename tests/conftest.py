@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,16 @@ def tiny_quiet_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_random_model(
         tmp_path_factory.mktemp("models") / "tiny_quiet.nemo", size="tiny", seed=1, blank_bias=6.0
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_magpie(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(magpie .nemo, codec .nemo); the codec is moved away from the path stored in the checkpoint."""
+    from pipecat_nemotron.magpie.tiny import build_tiny_magpie
+
+    root = tmp_path_factory.mktemp("magpie")
+    magpie, codec = build_tiny_magpie(root / "build")
+    moved = root / "codec" / "codec.nemo"
+    moved.parent.mkdir()
+    shutil.move(codec, moved)
+    return magpie, moved

@@ -118,7 +118,14 @@ class ModelRunner:
         self.slots = CacheAwareContextManager(model.encoder, num_slots=num_slots)
         for name in ("cache_last_channel", "cache_last_time"):
             setattr(self.slots, name, getattr(self.slots, name).to(device=device, dtype=dtype))
-        self.slot_bytes = sum(
+        keeps = {m.pre_encode_cache_frames for m in self.modes.values()}
+        if len(keeps) != 1:
+            raise ValueError(f"modes disagree on the pre-encode cache size: {sorted(keeps)}")
+        #: Last mel frames of each slot's previous chunk, prepended to its next chunk: [slots, features, frames].
+        self.pre_encode_cache = torch.zeros(
+            num_slots, self.frontend.num_features, keeps.pop(), device=device, dtype=torch.float32
+        )
+        self.slot_bytes = self.pre_encode_cache[0].numel() * 4 + sum(
             t[:, :1].numel() * t.element_size()
             for t in (self.slots.cache_last_channel, self.slots.cache_last_time)
         )
@@ -185,15 +192,19 @@ class ModelRunner:
         first = items[0].first
         num_frames = [it.num_frames for it in items]
         feats = self.frontend.compute([it.segment for it in items], num_frames)
+        stream_ids = [it.state.stream_id for it in items]
+        context, mapping = self.slots.get_context(stream_ids)  # assigns slots to new streams
+        slot_index = torch.tensor(
+            [self.slots.streamidx2slotidx[sid] for sid in stream_ids], device=self.device, dtype=torch.long
+        )
         if first:
+            cache = None
             signal, lengths, drop = feats, torch.tensor(num_frames, device=self.device), 0
         else:
-            cache = torch.stack([it.state.pre_encode_cache for it in items])
+            cache = self.pre_encode_cache.index_select(0, slot_index)
             signal = torch.cat((cache, feats), dim=-1)
             lengths = torch.tensor([cache.size(-1) + n for n in num_frames], device=self.device)
             drop = mode.drop_extra_pre_encoded
-        stream_ids = [it.state.stream_id for it in items]
-        context, mapping = self.slots.get_context(stream_ids)
         previous = [
             Hypothesis(score=0.0, y_sequence=None, dec_state=it.state.dec_state)
             if it.state.dec_state is not None
@@ -225,23 +236,39 @@ class ModelRunner:
         self.slots.update_cache(
             stream_ids, CacheAwareContext(cache_channel, cache_time, cache_channel_len), mapping
         )
-        keep = mode.pre_encode_cache_frames
-        for i, it in enumerate(items):
-            hyp = hyps[i]
-            seq = hyp.y_sequence
-            it.new_tokens = [int(t) for t in (seq.tolist() if isinstance(seq, torch.Tensor) else (seq or []))]
-            st = it.state
-            st.dec_state = hyp.dec_state
-            chunk = feats[i, :, : it.num_frames]
-            prev = st.pre_encode_cache if not first else None
-            merged = chunk if prev is None else torch.cat((prev, chunk), dim=-1)
-            if merged.size(-1) < keep:
-                merged = torch.nn.functional.pad(merged, (keep - merged.size(-1), 0))
-            st.pre_encode_cache = merged[:, -keep:].clone()
-            st.encoder_started = True
+        # Next pre-encode cache: the last mel frames seen by each stream (all items share num_frames).
+        keep = self.pre_encode_cache.size(-1)
+        chunk = feats[:, :, : num_frames[0]]
+        merged = chunk if cache is None else torch.cat((cache, chunk), dim=-1)
+        if merged.size(-1) < keep:
+            merged = torch.nn.functional.pad(merged, (keep - merged.size(-1), 0))
+        self.pre_encode_cache.index_copy_(0, slot_index, merged[:, :, -keep:])
+        for it, hyp, tokens in zip(items, hyps, _token_lists(hyps), strict=True):
+            it.new_tokens = tokens
+            it.state.dec_state = hyp.dec_state
+            it.state.encoder_started = True
 
     def detokenize(self, tokens: list[int]) -> str:
         """Text of a token sequence."""
         if not tokens:
             return ""
         return self.model.tokenizer.ids_to_text(tokens)
+
+
+def _token_lists(hyps: list[Any]) -> list[list[int]]:
+    """New token ids of each hypothesis, with one device-to-host copy for the whole batch."""
+    sequences = [
+        h.y_sequence.reshape(-1)
+        if isinstance(h.y_sequence, torch.Tensor)
+        else torch.tensor(h.y_sequence or [])
+        for h in hyps
+    ]
+    if not sequences:
+        return []
+    device = sequences[0].device
+    flat = torch.cat([seq.to(device=device, dtype=torch.long) for seq in sequences]).tolist()
+    out, offset = [], 0
+    for seq in sequences:
+        out.append(flat[offset : offset + seq.numel()])
+        offset += seq.numel()
+    return out

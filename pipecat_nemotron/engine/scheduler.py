@@ -322,7 +322,6 @@ class Scheduler:
         state.utterance_index = utterance + 1
         if self.hard_reset:
             state.encoder_started = False
-            state.pre_encode_cache = None
             state.dec_state = None
             self._reset_slots.add(state.stream_id)
         if state.pending_latency_ms is not None:

@@ -42,7 +42,6 @@ class StreamState:
         arrivals: ``(absolute sample count, monotonic time)`` of recent pushes, to time chunk lag.
         finals: Pending finalize requests, oldest first.
         encoder_started: The stream's cache slot holds context (later chunks carry a pre-encode cache).
-        pre_encode_cache: Last mel frames of the previous chunk, ``[features, n]``.
         dec_state: RNNT prediction-network state after the last step (None: start of sequence).
         tokens: Token ids of the current utterance.
         text: Detokenised ``tokens``.
@@ -63,7 +62,6 @@ class StreamState:
     arrivals: deque[tuple[int, float]] = field(default_factory=deque)
     finals: deque[PendingFinal] = field(default_factory=deque)
     encoder_started: bool = False
-    pre_encode_cache: Any = None
     dec_state: Any = None
     tokens: list[int] = field(default_factory=list)
     text: str = ""

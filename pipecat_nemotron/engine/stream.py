@@ -95,6 +95,11 @@ class ASRStream:
         return max(0, st.received - consumed) / 16.0
 
     @property
+    def has_pending_speech(self) -> bool:
+        """Audio or decoded tokens of the current utterance await a final."""
+        return self.backlog_ms > 0 or bool(self._state.tokens)
+
+    @property
     def in_flight(self) -> bool:
         """A chunk of this stream is in the model step running now."""
         return self._state.in_flight

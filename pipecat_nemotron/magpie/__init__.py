@@ -1,0 +1,43 @@
+"""In-process Magpie TTS engine (NeMo ``MagpieTTSModel``), independent of Pipecat.
+
+Importing this package does not import NeMo or torch; the engine loads them on its worker thread.
+"""
+
+from pipecat_nemotron.magpie.engine import (
+    AudioChunk,
+    MagpieEngine,
+    MagpieEngineError,
+    MagpieSynthesisError,
+    SharedMagpieEngines,
+    SynthesisStats,
+    SynthesisStream,
+    shared_magpie_engines,
+)
+from pipecat_nemotron.magpie.loading import TTS_EXTRA_HINT, load_magpie_model
+from pipecat_nemotron.magpie.options import (
+    DEFAULT_MAGPIE_MODEL,
+    LANGUAGES,
+    VOICES,
+    MagpieSynthesisOptions,
+    normalize_language,
+    normalize_voice,
+)
+
+__all__ = [
+    "DEFAULT_MAGPIE_MODEL",
+    "LANGUAGES",
+    "TTS_EXTRA_HINT",
+    "VOICES",
+    "AudioChunk",
+    "MagpieEngine",
+    "MagpieEngineError",
+    "MagpieSynthesisError",
+    "MagpieSynthesisOptions",
+    "SharedMagpieEngines",
+    "SynthesisStats",
+    "SynthesisStream",
+    "load_magpie_model",
+    "normalize_language",
+    "normalize_voice",
+    "shared_magpie_engines",
+]

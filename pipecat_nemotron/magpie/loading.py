@@ -1,0 +1,238 @@
+"""Loading ``MagpieTTSModel`` checkpoints: from the Hugging Face hub by name, or from a local ``.nemo`` file.
+
+Users and tests go through :func:`load_magpie_model`; nothing else in the package calls NeMo's restore API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+TTS_EXTRA_HINT = 'pip install "pipecat-nemotron[tts]"'
+"""The install command named by errors about NeMo's TTS collection."""
+
+_HUB_MODEL_MODULES = ("jieba", "pypinyin", "pypinyin_dict")  # The released checkpoint's Mandarin G2P.
+
+
+class _QuietThreadsFilter(logging.Filter):
+    """Drops NeMo records below WARNING that come from registered threads.
+
+    NeMo logs hundreds of INFO lines while restoring a model and a few per synthesised sentence ("Decoding
+    timestep 0", "End detected ..."). Changing NeMo's process-wide level would also silence the ASR engine running
+    beside us, so records are filtered by the thread that emits them instead.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._counts: dict[int, int] = {}
+
+    def enter(self) -> None:
+        ident = threading.get_ident()
+        with self._lock:
+            self._counts[ident] = self._counts.get(ident, 0) + 1
+
+    def leave(self) -> None:
+        ident = threading.get_ident()
+        with self._lock:
+            count = self._counts.get(ident, 0) - 1
+            if count <= 0:
+                self._counts.pop(ident, None)
+            else:
+                self._counts[ident] = count
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or record.thread not in self._counts
+
+
+_QUIET = _QuietThreadsFilter()
+logging.getLogger("nemo_logger").addFilter(_QUIET)
+
+
+@contextlib.contextmanager
+def quiet_nemo_logging() -> Iterator[None]:
+    """Silence NeMo's INFO/DEBUG records emitted by the calling thread (warnings and errors still show)."""
+    _QUIET.enter()
+    try:
+        yield
+    finally:
+        _QUIET.leave()
+
+
+def is_local_path(model: str) -> bool:
+    """Whether ``model`` names a local checkpoint rather than a hub id.
+
+    Args:
+        model: A hub id such as ``"nvidia/magpie_tts_multilingual_357m"`` or a path to a ``.nemo`` file.
+
+    Returns:
+        True for anything ending in ``.nemo`` or starting like a filesystem path (``/``, ``.``, ``~``).
+
+    """
+    return model.endswith(".nemo") or model.startswith(("/", ".", "~"))
+
+
+def check_tts_dependencies(model: str) -> None:
+    """Fail fast, without importing NeMo, when modules the model needs are missing.
+
+    NeMo's TTS collection ships inside ``nemo_toolkit`` whatever extras were installed, but its tokenizers import
+    their dependencies lazily: the released multilingual checkpoint's Mandarin G2P needs ``jieba`` and ``pypinyin``
+    (and fails with an unhelpful ``NameError`` without them). Hub checkpoints are checked for those here; local
+    ones are checked when loaded.
+
+    Args:
+        model: Hub id or local ``.nemo`` path.
+
+    Raises:
+        ImportError: Naming the missing modules and the install command.
+
+    """
+    needed = ["nemo.collections.tts"]
+    if not is_local_path(model):
+        needed += list(_HUB_MODEL_MODULES)
+    missing = [name for name in needed if not _module_available(name)]
+    if missing:
+        raise ImportError(
+            f"Magpie TTS needs modules that are not installed ({', '.join(missing)}): {TTS_EXTRA_HINT}"
+        )
+
+
+def _module_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # A parent package is missing.
+        return False
+
+
+def check_model_source(model: str, codec_model_path: str | None) -> None:
+    """Validate a model source cheaply (no NeMo import), so mistakes fail at construction.
+
+    Args:
+        model: Hub id or local ``.nemo`` path.
+        codec_model_path: Optional local ``.nemo`` path (or hub id) of the audio codec, overriding the one stored
+            in the Magpie checkpoint.
+
+    Raises:
+        FileNotFoundError: When a local path does not exist, naming the path.
+        ValueError: When ``model`` is empty.
+
+    """
+    if not model:
+        raise ValueError(
+            'model must be a hub id such as "nvidia/magpie_tts_multilingual_357m" or a .nemo path'
+        )
+    if is_local_path(model) and not Path(model).expanduser().is_file():
+        raise FileNotFoundError(
+            f"Magpie checkpoint not found: {model!r}. Pass an existing .nemo file, or a hub id such as "
+            f'"nvidia/magpie_tts_multilingual_357m".'
+        )
+    if (
+        codec_model_path
+        and is_local_path(codec_model_path)
+        and not Path(codec_model_path).expanduser().is_file()
+    ):
+        raise FileNotFoundError(f"Codec checkpoint not found: codec_model_path={codec_model_path!r}.")
+
+
+def resolve_device(device: str) -> str:
+    """Resolve ``"auto"`` to ``"cuda"`` when a GPU is visible, else ``"cpu"``; other values pass through.
+
+    Args:
+        device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+
+    Returns:
+        A torch device string.
+
+    """
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_magpie_model(model: str, device: str = "auto", codec_model_path: str | None = None) -> Any:
+    """Load a ``MagpieTTSModel`` for inference.
+
+    Hub ids go through ``MagpieTTSModel.from_pretrained`` (downloaded once into the Hugging Face cache); local
+    ``.nemo`` files through ``MagpieTTSModel.restore_from``. The codec is not packed inside a Magpie ``.nemo``:
+    NeMo restores it from the ``codecmodel_path`` stored in the checkpoint's config (a hub id, or the absolute path
+    it had on the machine that saved it). ``codec_model_path`` overrides that value.
+
+    Blocking (seconds to minutes): call it from a worker thread, never on the event loop.
+
+    Args:
+        model: Hub id (e.g. ``"nvidia/magpie_tts_multilingual_357m"``) or path to a ``.nemo`` file.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        codec_model_path: Optional codec ``.nemo`` path or hub id overriding the stored ``codecmodel_path``.
+
+    Returns:
+        The model, in eval mode, on ``device``.
+
+    Raises:
+        ImportError: When NeMo's TTS collection or one of the model's tokenizer dependencies is missing.
+        FileNotFoundError: When a local checkpoint or the stored codec path does not exist.
+
+    """
+    import torch
+
+    check_tts_dependencies(model)
+    check_model_source(model, codec_model_path)
+    map_location = torch.device(resolve_device(device))
+    with quiet_nemo_logging():
+        try:
+            from nemo.collections.tts.models import MagpieTTSModel
+        except ImportError as e:
+            raise ImportError(f"Importing NeMo's TTS collection failed ({e}): {TTS_EXTRA_HINT}") from e
+
+        local = is_local_path(model)
+        path = str(Path(model).expanduser()) if local else model
+        load = MagpieTTSModel.restore_from if local else MagpieTTSModel.from_pretrained
+        override = None
+        if local or codec_model_path:
+            # Read the config first: to override the codec, and to name a missing codec before NeMo fails on it.
+            cfg = load(path, return_config=True)
+            if codec_model_path:
+                local_codec = is_local_path(codec_model_path)
+                cfg.codecmodel_path = (
+                    str(Path(codec_model_path).expanduser()) if local_codec else codec_model_path
+                )
+                override = cfg
+            stored_codec = str(cfg.codecmodel_path)
+            if not stored_codec.startswith("nvidia/") and not Path(stored_codec).is_file():
+                raise FileNotFoundError(
+                    f"The codec this Magpie checkpoint refers to is missing: codecmodel_path={stored_codec!r}. "
+                    "Pass codec_model_path= pointing at the codec .nemo file."
+                )
+        try:
+            net = load(path, override_config_path=override, map_location=map_location)
+        except Exception as e:
+            missing = _missing_module(e)
+            if missing is None:
+                raise
+            raise ImportError(
+                f"Loading {model!r} needs the Python module {missing!r} (a NeMo TTS tokenizer dependency): "
+                f"{TTS_EXTRA_HINT}"
+            ) from e
+    net.eval()
+    logger.info(f"Loaded Magpie TTS {model!r} on {map_location} ({net.output_sample_rate} Hz)")
+    return net
+
+
+def _missing_module(error: BaseException) -> str | None:
+    """The module behind an import failure anywhere in ``error``'s chain (Hydra wraps instantiation errors)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ImportError):
+            return current.name or str(current)
+        current = current.__cause__ or current.__context__
+    return None

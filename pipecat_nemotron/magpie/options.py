@@ -1,0 +1,105 @@
+"""Voices, languages and init-only options of the in-process Magpie TTS engine (no Pipecat, no NeMo imports)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DEFAULT_MAGPIE_MODEL = "nvidia/magpie_tts_multilingual_357m"
+"""Hub id of the released multilingual Magpie checkpoint."""
+
+VOICES: dict[str, int] = {"john": 0, "sofia": 1, "aria": 2, "jason": 3, "leo": 4}
+"""Voice name -> baked speaker index of ``magpie_tts_multilingual_357m``."""
+
+LANGUAGES: tuple[str, ...] = ("en", "es", "de", "fr", "it", "vi", "zh")
+"""Languages ``magpie_tts_multilingual_357m`` speaks (ISO 639-1 codes)."""
+
+_LANGUAGE_ALIASES = {"cmn": "zh"}
+
+
+def normalize_voice(voice: str) -> str:
+    """Return the canonical (lower-case) voice name.
+
+    Args:
+        voice: A voice name in any case, e.g. ``"Aria"``.
+
+    Returns:
+        The key of :data:`VOICES`, e.g. ``"aria"``.
+
+    Raises:
+        ValueError: Listing the allowed voices.
+
+    """
+    name = voice.strip().lower() if isinstance(voice, str) else voice
+    if name not in VOICES:
+        raise ValueError(f"Unknown Magpie voice {voice!r}; allowed voices: {', '.join(VOICES)}")
+    return name
+
+
+def normalize_language(language: str) -> str:
+    """Return the ISO 639-1 code Magpie uses for a language.
+
+    Regional variants resolve to their base language (``"en-US"`` -> ``"en"``, ``"zh_CN"`` -> ``"zh"``), which
+    is also how Pipecat ``Language`` values (a ``str`` enum) are accepted.
+
+    Args:
+        language: A language code such as ``"en"``, ``"de-DE"`` or ``Language.ES``.
+
+    Returns:
+        One of :data:`LANGUAGES`.
+
+    Raises:
+        ValueError: Listing the allowed languages.
+
+    """
+    text = str(getattr(language, "value", language)).strip().lower().replace("_", "-")
+    base = text.split("-", 1)[0]
+    base = _LANGUAGE_ALIASES.get(base, base)
+    if base not in LANGUAGES:
+        raise ValueError(
+            f"Unsupported Magpie language {language!r}; allowed languages: {', '.join(LANGUAGES)}"
+        )
+    return base
+
+
+@dataclass(frozen=True)
+class MagpieSynthesisOptions:
+    """Init-only options for each synthesis request (validated on construction).
+
+    Attributes:
+        max_duration_s: Upper bound on the audio one request may produce, in seconds. Synthesis stops there even if
+            the model never emits its end-of-speech token (a runaway or a random-weight model); a warning is logged.
+        first_chunk_frames: Codec frames (about 46 ms each at 22,050 Hz) decoded into the first audio chunk. Lower
+            means earlier first audio.
+        chunk_frames: Codec frames per later audio chunk. Each chunk costs one codec decode call.
+        use_cfg: Classifier-free guidance, as NeMo's ``do_tts`` uses by default (better quality, about twice the
+            decoder compute).
+
+    """
+
+    max_duration_s: float = 20.0
+    first_chunk_frames: int = 2
+    chunk_frames: int = 4
+    use_cfg: bool = True
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_duration_s, (int, float)) and math.isfinite(self.max_duration_s)) or (
+            self.max_duration_s <= 0
+        ):
+            raise ValueError(
+                f"max_duration_s must be a positive number of seconds, got {self.max_duration_s!r}"
+            )
+        for name in ("first_chunk_frames", "chunk_frames"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+    def max_frames(self, sample_rate: int, samples_per_frame: int) -> int:
+        """Codec frames that fit in ``max_duration_s`` (at least one).
+
+        Args:
+            sample_rate: Codec output sample rate, in Hz.
+            samples_per_frame: Audio samples per codec frame.
+
+        """
+        return max(1, math.ceil(self.max_duration_s * sample_rate / samples_per_frame))

@@ -1,0 +1,157 @@
+"""Incremental codec decoding: audio for new codec frames, exactly as a whole-utterance decode would give it.
+
+Magpie's codec decoder is causal: the audio of frame ``t`` depends on frames ``t - R .. t`` only, ``R`` being the
+decoder's receptive field in frames. So a prefix of frames decodes to a prefix of the full decode, and the audio of
+new frames can be produced by decoding them together with the ``R`` frames before them, then keeping the new part.
+Each chunk costs one decode of ``R + chunk`` frames, whatever the utterance length. ``R`` is measured on the loaded
+codec by :func:`measure_decoder_context`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+DecodeFn = Callable[[torch.Tensor], torch.Tensor]
+"""Decodes codes ``(num_codebooks, T)`` to float audio ``(T * samples_per_frame,)``."""
+
+
+@dataclass(frozen=True)
+class DecoderProbe:
+    """What :func:`measure_decoder_context` found out about a codec decoder.
+
+    Attributes:
+        context_frames: Frames before a chunk needed to decode it exactly (the receptive field), or None when it
+            reaches past the probe (decode the whole prefix instead).
+        causal: Whether a frame's audio is independent of later frames (required for exact streaming).
+
+    """
+
+    context_frames: int | None
+    causal: bool
+
+
+def measure_decoder_context(
+    decode: DecodeFn,
+    *,
+    num_codebooks: int,
+    codebook_size: int,
+    samples_per_frame: int,
+    device: torch.device,
+    probe_frames: int = 96,
+    margin_frames: int = 2,
+) -> DecoderProbe:
+    """Measure a codec decoder's receptive field and causality by perturbing single frames.
+
+    Changing frame 0 changes the audio of frames ``0 .. R`` only; changing the last frame must not change earlier
+    audio if the decoder is causal. Audio is compared exactly: beyond the receptive field the computation is the
+    same, so any difference, however small, is a dependency. (A backend whose convolution algorithms spread rounding
+    noise across positions makes the field look unbounded: whole prefixes are then decoded, which is exact but
+    slower, and the engine logs it.)
+
+    Args:
+        decode: The codec decode function.
+        num_codebooks: Codebooks per frame.
+        codebook_size: Codes per codebook (valid ids are below this).
+        samples_per_frame: Audio samples per frame.
+        device: Device to build the probe codes on.
+        probe_frames: Length of the probe sequence, in frames.
+        margin_frames: Frames added to the measured field, in case the probe misses a dependency.
+
+    Returns:
+        The measured :class:`DecoderProbe`.
+
+    """
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, codebook_size, (num_codebooks, probe_frames), generator=generator).to(device)
+    base = decode(codes)
+
+    changed_last = codes.clone()
+    changed_last[:, -1] = (changed_last[:, -1] + 1) % codebook_size
+    earlier = (probe_frames - 1) * samples_per_frame
+    causal = torch.equal(decode(changed_last)[:earlier], base[:earlier])
+
+    changed_first = codes.clone()
+    changed_first[:, 0] = (changed_first[:, 0] + 1) % codebook_size
+    affected = torch.nonzero(decode(changed_first) != base)
+    last_affected_frame = int(affected.max()) // samples_per_frame if affected.numel() else 0
+    context = last_affected_frame + margin_frames
+    return DecoderProbe(context_frames=None if context >= probe_frames - 1 else context, causal=causal)
+
+
+def to_int16(audio: torch.Tensor) -> np.ndarray:
+    """Convert float audio in [-1, 1] (any device) to int16 PCM on the CPU."""
+    return (audio.clamp(-1.0, 1.0) * 32767.0).round().to(torch.int16).cpu().numpy()
+
+
+class StreamingDecoder:
+    """Turns codec frames, pushed one at a time, into int16 audio chunks.
+
+    The first chunk is emitted after ``first_chunk_frames`` frames, later ones every ``chunk_frames`` frames, and
+    :meth:`flush` emits the rest. Concatenated, the chunks equal the decode of all frames at once (to one int16
+    step: float rounding only) when the decoder is causal and ``context_frames`` covers its receptive field.
+    """
+
+    def __init__(
+        self,
+        decode: DecodeFn,
+        *,
+        samples_per_frame: int,
+        context_frames: int | None,
+        first_chunk_frames: int,
+        chunk_frames: int,
+    ) -> None:
+        """Create a decoder for one utterance.
+
+        Args:
+            decode: The codec decode function.
+            samples_per_frame: Audio samples per codec frame.
+            context_frames: Frames of left context decoded with each chunk; None decodes the whole prefix.
+            first_chunk_frames: Frames in the first chunk.
+            chunk_frames: Frames in each later chunk.
+
+        """
+        self._decode = decode
+        self._samples_per_frame = samples_per_frame
+        self._context_frames = context_frames
+        self._first_chunk_frames = first_chunk_frames
+        self._chunk_frames = chunk_frames
+        self._frames: list[torch.Tensor] = []
+        self._emitted = 0
+
+    @property
+    def frames(self) -> int:
+        """Frames pushed so far."""
+        return len(self._frames)
+
+    @property
+    def emitted_frames(self) -> int:
+        """Frames whose audio has been emitted."""
+        return self._emitted
+
+    def push(self, frame: torch.Tensor) -> np.ndarray | None:
+        """Add one frame of codes, shape ``(num_codebooks,)``; return a chunk when one is due.
+
+        Returns:
+            int16 audio of the frames not yet emitted, or None.
+
+        """
+        self._frames.append(frame)
+        due = self._first_chunk_frames if self._emitted == 0 else self._chunk_frames
+        if len(self._frames) - self._emitted >= due:
+            return self.flush()
+        return None
+
+    def flush(self) -> np.ndarray | None:
+        """Decode and return the audio of all frames not yet emitted (None if there are none)."""
+        end = len(self._frames)
+        if end == self._emitted:
+            return None
+        start = 0 if self._context_frames is None else max(0, self._emitted - self._context_frames)
+        audio = self._decode(torch.stack(self._frames[start:end], dim=-1))
+        new_audio = audio[(self._emitted - start) * self._samples_per_frame :]
+        self._emitted = end
+        return to_int16(new_audio)

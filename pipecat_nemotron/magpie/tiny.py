@@ -1,0 +1,183 @@
+"""A tiny, randomly initialised Magpie TTS model for tests and offline demos.
+
+NeMo ships no example configs in its wheel, so the configs below are rebuilt from the constructors of
+``AudioCodecModel`` and ``MagpieTTSModel`` (nemo-toolkit 3.0). The result has the shape of the real
+``nvidia/magpie_tts_multilingual_357m`` — a ``decoder_ce`` model with five baked speakers and an autoregressive
+local transformer over a causal 22,050 Hz codec with 1,024 samples per frame and 8 codebooks of 2,016 codes — but
+is ~1.7M parameters and says nothing intelligible. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipecat_nemotron.magpie._nemo_private import set_baked_speakers
+from pipecat_nemotron.magpie.loading import quiet_nemo_logging
+
+TINY_SAMPLE_RATE = 22050
+"""Codec sample rate of the tiny model, in Hz (the real codec's rate)."""
+
+TINY_SAMPLES_PER_FRAME = 1024
+"""Audio samples per codec frame (about 46 ms at 22,050 Hz)."""
+
+TINY_NUM_SPEAKERS = 5
+"""Baked speakers, matching john/sofia/aria/jason/leo of the real model."""
+
+_FSQ_LEVELS = [8, 7, 6, 6]  # 8 * 7 * 6 * 6 = 2,016 codes per codebook, as in the real codec.
+_NUM_CODEBOOKS = 8
+_WIDTH = 32
+_BAKED_CONTEXT_FRAMES = 10
+
+
+def _codec_config() -> dict[str, Any]:
+    encoded_dim = _NUM_CODEBOOKS * len(_FSQ_LEVELS)
+    return {
+        "sample_rate": TINY_SAMPLE_RATE,
+        "samples_per_frame": TINY_SAMPLES_PER_FRAME,
+        "commit_loss_scale": 0.0,
+        "audio_encoder": {
+            "_target_": "nemo.collections.tts.modules.audio_codec_modules.CausalHiFiGANEncoder",
+            "encoded_dim": encoded_dim,
+            "down_sample_rates": [4, 4, 8, 8],
+            "base_channels": 4,
+            "resblock_kernel_sizes": [3],
+            "resblock_dilation_sizes": [1],
+        },
+        "vector_quantizer": {
+            "_target_": "nemo.collections.tts.modules.audio_codec_modules.GroupFiniteScalarQuantizer",
+            "num_groups": _NUM_CODEBOOKS,
+            "num_levels_per_group": _FSQ_LEVELS,
+        },
+        "audio_decoder": {
+            "_target_": "nemo.collections.tts.modules.audio_codec_modules.CausalHiFiGANDecoder",
+            "input_dim": encoded_dim,
+            "up_sample_rates": [8, 8, 4, 4],
+            "base_channels": 64,
+            "resblock_kernel_sizes": [3, 7],
+            "resblock_dilation_sizes": [1, 3],
+        },
+        "loss_resolutions": [[512, 128, 512]],
+        "mel_loss_dims": [32],
+        "generator_loss": {"_target_": "nemo.collections.tts.losses.audio_codec_loss.GeneratorSquaredLoss"},
+        "discriminator_loss": {
+            "_target_": "nemo.collections.tts.losses.audio_codec_loss.DiscriminatorSquaredLoss"
+        },
+    }
+
+
+def _transformer(
+    n_layers: int, *, causal: bool, xattn: bool, kernel_size: int, max_len: int
+) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "n_layers": n_layers,
+        "d_model": _WIDTH,
+        "d_ffn": _WIDTH * 4,
+        "sa_n_heads": 2,
+        "kernel_size": kernel_size,
+        "p_dropout": 0.0,
+        "p_dropout_out": 0.0,
+        "has_xattn": xattn,
+        "is_causal": causal,
+        "apply_norm_out": True,
+        "max_length_causal_mask": max_len,
+        "use_learnable_pos_emb": True,
+    }
+    if xattn:
+        cfg.update({"xa_d_memory": _WIDTH, "xa_n_heads": 1, "apply_norm_to_cond": True})
+    return cfg
+
+
+def _magpie_config(codec_path: str) -> dict[str, Any]:
+    return {
+        "model_type": "decoder_ce",
+        "codecmodel_path": codec_path,
+        "embedding_dim": _WIDTH,
+        "use_text_conditioning_encoder": False,
+        "context_duration_min": 1.0,
+        "context_duration_max": 1.0,
+        "prior_scaling_factor": 0.5,
+        "prior_end_step": 0,
+        "prior_scaledown_start_step": 0,
+        "alignment_loss_scale": 0.0,
+        "cfg_unconditional_prob": 0.0,
+        "local_transformer_type": "autoregressive",
+        "local_transformer_n_layers": 1,
+        "local_transformer_n_heads": 1,
+        "local_transformer_hidden_dim": _WIDTH,
+        "text_tokenizers": {
+            "english": {
+                "_target_": "nemo.collections.common.tokenizers.text_to_speech.tts_tokenizers.EnglishCharsTokenizer",
+                "punct": True,
+                "apostrophe": True,
+                "pad_with_space": False,
+            }
+        },
+        # Small causal-mask lengths keep the .nemo small: the mask buffers are saved with the weights.
+        "encoder": _transformer(1, causal=True, xattn=False, kernel_size=3, max_len=256),
+        "context_encoder": _transformer(1, causal=False, xattn=False, kernel_size=3, max_len=256),
+        "decoder": _transformer(2, causal=True, xattn=True, kernel_size=1, max_len=512),
+        "optim": {"_target_": "torch.optim.AdamW", "lr": 1e-4},
+    }
+
+
+def set_end_of_speech_bias(model: Any, bias: float) -> None:
+    """Set the logit bias of the end-of-speech token in every codebook head of a loaded model.
+
+    Random weights end speech at random moments; a large negative bias makes a model that never ends (generation is
+    then bounded by ``MagpieSynthesisOptions.max_duration_s``), a large positive one ends speech at the first frame
+    NeMo allows (``min_generated_frames``, 4 by default).
+
+    Args:
+        model: A ``MagpieTTSModel`` with an autoregressive local transformer.
+        bias: Logit bias, in nats (before the sampling temperature).
+
+    """
+    import torch
+
+    tokens = model.num_all_tokens_per_codebook
+    eos = model.audio_eos_id
+    with torch.no_grad():
+        for codebook in range(model.num_audio_codebooks * model.frame_stacking_factor):
+            model.final_proj.bias[codebook * tokens + eos] = bias
+        for projection in model.local_transformer_out_projections:
+            projection.bias[eos] = bias
+
+
+def build_tiny_magpie(
+    out_dir: str | Path, *, seed: int = 0, end_of_speech_bias: float = -30.0
+) -> tuple[Path, Path]:
+    """Build, save and return a tiny random Magpie TTS model and its codec.
+
+    Args:
+        out_dir: Directory to write ``tiny_codec.nemo`` and ``tiny_magpie.nemo`` into (created if missing).
+        seed: Torch seed for the random weights.
+        end_of_speech_bias: See :func:`set_end_of_speech_bias`; the default makes a model that never ends speech on
+            its own, so runs are bounded by ``max_duration_s`` and reproducible in length.
+
+    Returns:
+        ``(magpie_path, codec_path)``. The Magpie ``.nemo`` stores ``codec_path`` as its ``codecmodel_path``;
+        pass ``codec_model_path`` when loading it from elsewhere (NeMo does not pack the codec inside).
+
+    """
+    import torch
+    from omegaconf import OmegaConf
+
+    with quiet_nemo_logging():
+        from nemo.collections.tts.models import AudioCodecModel, MagpieTTSModel
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        codec_path = out / "tiny_codec.nemo"
+        magpie_path = out / "tiny_magpie.nemo"
+
+        torch.manual_seed(seed)
+        codec = AudioCodecModel(cfg=OmegaConf.create(_codec_config()))
+        codec.save_to(str(codec_path))
+
+        model = MagpieTTSModel(cfg=OmegaConf.create(_magpie_config(str(codec_path))))
+        # Baked speaker contexts stand in for the context encoder, as in the released checkpoint.
+        set_baked_speakers(model, torch.randn(TINY_NUM_SPEAKERS, _BAKED_CONTEXT_FRAMES, _WIDTH))
+        set_end_of_speech_bias(model, end_of_speech_bias)
+        model.save_to(str(magpie_path))
+    return magpie_path, codec_path

@@ -1,0 +1,413 @@
+"""MagpieTTSService and its engine, on a tiny random MagpieTTSModel built once per session (CPU, no download)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pipecat.frames.frames import (
+    EndFrame,
+    ErrorFrame,
+    Frame,
+    InterruptionFrame,
+    TTSAudioRawFrame,
+    TTSSpeakFrame,
+    TTSStartedFrame,
+    TTSStoppedFrame,
+    TTSUpdateSettingsFrame,
+)
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.tests.utils import run_test
+from pipecat.transcriptions.language import Language
+from pipecat.workers.runner import WorkerRunner
+
+from pipecat_nemotron.magpie import (
+    LANGUAGES,
+    VOICES,
+    MagpieEngine,
+    MagpieSynthesisOptions,
+    SynthesisStream,
+    normalize_language,
+    normalize_voice,
+    shared_magpie_engines,
+)
+from pipecat_nemotron.magpie import loading as magpie_loading
+from pipecat_nemotron.tts import MagpieTTSService
+
+TEXT = "Hello there, this is a test of streaming speech synthesis."
+SAMPLES_PER_FRAME = 1024
+CODEC_RATE = 22050
+
+
+def options_for(frames: int, **kwargs) -> MagpieSynthesisOptions:
+    """Options whose max_duration_s allows exactly ``frames`` codec frames (the tiny model never ends on its own)."""
+    # ceil((frames - 0.5) frames' worth of seconds * frame rate) == frames, clear of float rounding.
+    return MagpieSynthesisOptions(max_duration_s=(frames - 0.5) * SAMPLES_PER_FRAME / CODEC_RATE, **kwargs)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """The tiny model is latency-bound; one thread avoids oversubscribing a shared 2-core machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_magpie: tuple[Path, Path]):
+    magpie, codec = tiny_magpie
+    engine = MagpieEngine(str(magpie), device="cpu", codec_model_path=str(codec))
+    engine.wait_until_ready(timeout=300)
+    yield engine
+    engine.close()
+
+
+def collect(stream: SynthesisStream) -> np.ndarray:
+    chunks = [chunk.audio for chunk in stream]
+    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
+
+
+# Validation and construction errors.
+
+
+def test_voice_and_language_validation() -> None:
+    assert normalize_voice("Aria") == "aria"
+    assert normalize_language("en-US") == "en"
+    assert normalize_language(Language.ZH_CN) == "zh"
+    assert normalize_language("cmn") == "zh"
+    with pytest.raises(ValueError, match="allowed voices: john, sofia, aria, jason, leo"):
+        normalize_voice("bob")
+    with pytest.raises(ValueError, match="allowed languages: en, es, de, fr, it, vi, zh"):
+        normalize_language("ja")
+    assert set(VOICES) == {"john", "sofia", "aria", "jason", "leo"} and len(LANGUAGES) == 7
+    with pytest.raises(ValueError, match="max_duration_s"):
+        MagpieSynthesisOptions(max_duration_s=0)
+    with pytest.raises(ValueError, match="chunk_frames"):
+        MagpieSynthesisOptions(chunk_frames=0)
+
+
+def test_service_construction_errors(engine: MagpieEngine, tmp_path: Path, monkeypatch) -> None:
+    with pytest.raises(ValueError, match="allowed voices"):
+        MagpieTTSService(engine=engine, settings=MagpieTTSService.Settings(voice="bob"))
+    with pytest.raises(ValueError, match="allowed languages"):
+        MagpieTTSService(engine=engine, settings=MagpieTTSService.Settings(language="ja"))
+    with pytest.raises(ValueError, match=r"MagpieTTSService\(model=\.\.\.\)"):
+        MagpieTTSService(engine=engine, settings=MagpieTTSService.Settings(model="other"))
+    with pytest.raises(TypeError, match="MagpieSynthesisOptions"):
+        MagpieTTSService(engine=engine, options={"max_duration_s": 1.0})  # type: ignore[arg-type]
+    with pytest.raises(FileNotFoundError, match="Magpie checkpoint not found"):
+        MagpieTTSService(model=str(tmp_path / "missing.nemo"))
+    with pytest.raises(FileNotFoundError, match="codec_model_path="):
+        MagpieTTSService(model=str(engine.model_name), codec_model_path=str(tmp_path / "missing_codec.nemo"))
+    find_spec = magpie_loading.importlib.util.find_spec
+    monkeypatch.setattr(
+        magpie_loading.importlib.util, "find_spec", lambda name: None if name == "jieba" else find_spec(name)
+    )
+    with pytest.raises(ImportError, match=r'\(jieba[^)]*\): pip install "pipecat-nemotron\[tts\]"'):
+        MagpieTTSService()  # The released hub checkpoint needs the [tts] extra's Mandarin G2P modules.
+    monkeypatch.setattr(magpie_loading.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ImportError, match=r'pip install "pipecat-nemotron\[tts\]"'):
+        MagpieTTSService(model=str(engine.model_name))
+
+    service = MagpieTTSService(
+        engine=engine, settings=MagpieTTSService.Settings(voice="Leo", language=Language.DE_DE)
+    )
+    assert (service._settings.voice, service._settings.language) == ("leo", "de")
+
+
+def test_loading_names_the_missing_codec(tiny_magpie: tuple[Path, Path]) -> None:
+    magpie, _ = tiny_magpie  # The codec was moved away from the path stored in the checkpoint.
+    with pytest.raises(FileNotFoundError, match="Pass codec_model_path="):
+        magpie_loading.load_magpie_model(str(magpie), "cpu")
+
+
+def test_nim_service_construction() -> None:
+    """The out-of-process alternative: Pipecat's gRPC client for a local Magpie NIM (no server needed to build)."""
+    from pipecat.services.nvidia.tts import NvidiaTTSService
+
+    with pytest.warns(DeprecationWarning):
+        nim = NvidiaTTSService(
+            server="localhost:50051", use_ssl=False, voice_id="Magpie-Multilingual.EN-US.Aria"
+        )
+    assert nim._settings.voice == "Magpie-Multilingual.EN-US.Aria"
+    assert (nim._server, nim._use_ssl) == ("localhost:50051", False)
+    nim = NvidiaTTSService(
+        server="localhost:50051",
+        use_ssl=False,
+        settings=NvidiaTTSService.Settings(voice="Magpie-Multilingual.EN-US.Aria"),
+    )
+    assert nim._settings.voice == "Magpie-Multilingual.EN-US.Aria"
+
+
+# The private NeMo members, isolated in magpie/_nemo_private.py.
+
+
+def test_private_nemo_members_still_work(engine: MagpieEngine) -> None:
+    """Fails loudly when a NeMo upgrade moves what frame-level streaming hooks into."""
+    import torch
+
+    from pipecat_nemotron.magpie import _nemo_private
+
+    model = engine.model
+    _nemo_private.check_compatibility(model)
+    with pytest.raises(_nemo_private.NeMoCompatibilityError, match="nemo_toolkit 3.0"):
+        _nemo_private.check_compatibility(object())
+
+    kept: list[int] = []
+    model.inference_parameters.max_decoder_steps = 6
+    try:
+        with _nemo_private.frame_hook(model, lambda frames: kept.append(frames.shape[-1])) as calls:
+            audio, audio_len = model.do_tts("Hi.", language="en", speaker_index=0)
+    finally:
+        model.inference_parameters.max_decoder_steps = 500
+    assert calls[0] == 6 and kept == [1] * 6, "the hook no longer sees one call per decoding step"
+    assert int(audio_len[0]) == 6 * SAMPLES_PER_FRAME
+    assert "_check_eos_and_update_state" not in vars(model), "the hook was not removed"
+
+    codes = torch.randint(0, model.codebook_size, (model.num_audio_codebooks, 12))
+    assert _nemo_private.codes_to_audio(model, codes).shape == (12 * SAMPLES_PER_FRAME,)
+
+
+# Streaming.
+
+
+def test_prefix_decodes_like_full_decode(engine: MagpieEngine) -> None:
+    """The codec decoder is causal: any prefix of frames decodes to the prefix of the full decode."""
+    import torch
+
+    from pipecat_nemotron.magpie._nemo_private import codes_to_audio
+
+    model = engine.model
+    generator = torch.Generator().manual_seed(1)
+    codes = torch.randint(0, model.codebook_size, (model.num_audio_codebooks, 30), generator=generator)
+    full = codes_to_audio(model, codes)
+    for prefix in (1, 2, 7, 29):
+        prefix_audio = codes_to_audio(model, codes[:, :prefix])
+        # Equal up to float rounding (convolutions of different lengths round differently): ~1e-7, while one int16
+        # step is 3e-5.
+        assert (prefix_audio - full[: prefix * SAMPLES_PER_FRAME]).abs().max() < 1e-6
+    assert engine.decode_context_frames is not None and 0 < engine.decode_context_frames < 30
+
+
+def test_streamed_audio_equals_offline_synthesis(engine: MagpieEngine) -> None:
+    """Chunked streaming gives NeMo's own do_tts output (same seed, same codes), sample for sample."""
+    import torch
+
+    frames = 20
+    torch.manual_seed(123)
+    stream = engine.submit(TEXT, voice="jason", language="en", options=options_for(frames))
+    streamed = collect(stream)
+    assert stream.status == "truncated"  # The tiny model never ends speech on its own.
+
+    model = engine.model
+    torch.manual_seed(123)
+    model.inference_parameters.max_decoder_steps = frames
+    try:
+        offline, offline_len = model.do_tts(TEXT, language="en", speaker_index=VOICES["jason"])
+    finally:
+        model.inference_parameters.max_decoder_steps = 500
+    offline_pcm = (offline[0, : int(offline_len[0])].clamp(-1, 1) * 32767).round().to(torch.int16).numpy()
+
+    assert streamed.dtype == np.int16 and streamed.shape == (frames * SAMPLES_PER_FRAME,)
+    assert np.abs(streamed.astype(np.int32) - offline_pcm.astype(np.int32)).max() <= 1
+
+
+def test_first_audio_arrives_before_the_sentence_is_synthesised(engine: MagpieEngine) -> None:
+    frames = 40
+    stream = engine.submit(TEXT, options=options_for(frames, first_chunk_frames=2, chunk_frames=4))
+    chunks = list(stream)
+    assert [c.num_frames for c in chunks] == [2] + [4] * 9 + [2]
+    assert [c.first_frame for c in chunks] == [0] + list(range(2, 40, 4))
+    assert all(c.sample_rate == CODEC_RATE and c.audio.dtype == np.int16 for c in chunks)
+    stats = stream.stats
+    assert stats.frames == frames and stats.chunks == len(chunks)
+    synthesis_s = stats.finished_at - stats.started_at
+    first_audio_s = stats.first_audio_at - stats.started_at
+    # The first chunk needs 2 of 40 frames: it is ready long before the end (timing-tolerant bound).
+    assert first_audio_s < 0.5 * synthesis_s, (first_audio_s, synthesis_s)
+
+
+def test_end_of_speech_frames_are_dropped(engine: MagpieEngine) -> None:
+    """With the end token forced, NeMo ends at its 4-frame minimum; the end frame carries no audio."""
+    import torch
+
+    from pipecat_nemotron.magpie.tiny import set_end_of_speech_bias
+
+    set_end_of_speech_bias(engine.model, 30.0)
+    try:
+        torch.manual_seed(5)
+        stream = engine.submit("Short.", options=options_for(40))
+        audio = collect(stream)
+        torch.manual_seed(5)
+        offline, offline_len = engine.model.do_tts("Short.", language="en", speaker_index=VOICES["aria"])
+    finally:
+        set_end_of_speech_bias(engine.model, -30.0)
+    assert stream.status == "completed"
+    assert audio.shape == (4 * SAMPLES_PER_FRAME,) == (int(offline_len[0]),)
+
+
+def test_cancel_stops_within_one_frame_and_frees_the_model(engine: MagpieEngine) -> None:
+    stream = engine.submit(TEXT, options=MagpieSynthesisOptions(max_duration_s=20.0))
+    queued = engine.submit("Never spoken.", options=options_for(4))
+    first = next(iter(stream))
+    assert first.first_frame == 0
+    queued.cancel()
+    stream.cancel()
+    frames_at_cancel = stream.stats.frames
+    assert stream.wait(timeout=10)
+    assert stream.status == "cancelled"
+    assert stream.stats.frames <= frames_at_cancel + 1
+    assert stream.stats.frames < 431  # 20 s of frames were allowed.
+    assert queued.wait(timeout=10) and queued.status == "cancelled" and queued.stats.started_at is None
+    assert list(queued) == []
+
+    after = engine.submit("Next please.", options=options_for(3))
+    assert len(collect(after)) == 3 * SAMPLES_PER_FRAME and after.status == "truncated"
+    assert not engine.busy and engine.pending == 0
+
+
+def test_requests_are_served_fifo_one_at_a_time(engine: MagpieEngine) -> None:
+    streams = [engine.submit(f"Session {i}.", options=options_for(3)) for i in range(3)]
+    for stream in streams:
+        assert stream.wait(timeout=30)
+    for earlier, later in zip(streams, streams[1:], strict=False):
+        assert earlier.stats.finished_at <= later.stats.started_at
+
+
+async def test_async_iteration_does_not_block_the_loop(engine: MagpieEngine) -> None:
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.005)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    try:
+        chunks = [chunk async for chunk in engine.submit(TEXT, options=options_for(12))]
+    finally:
+        task.cancel()
+    assert sum(c.num_frames for c in chunks) == 12
+    assert ticks > 3  # The loop kept running while the worker thread synthesised.
+
+
+# The Pipecat service.
+
+
+async def test_service_streams_resampled_audio(engine: MagpieEngine, monkeypatch) -> None:
+    submitted: list[tuple[str, str]] = []
+    original_submit = engine.submit
+
+    def spy(text: str, **kwargs) -> SynthesisStream:
+        submitted.append((kwargs["voice"], kwargs["language"]))
+        return original_submit(text, **kwargs)
+
+    monkeypatch.setattr(engine, "submit", spy)
+    frames = 11
+    service = MagpieTTSService(engine=engine, options=options_for(frames))
+    down, up = await run_test(
+        service,
+        frames_to_send=[
+            TTSUpdateSettingsFrame(delta=MagpieTTSService.Settings(voice="Sofia", language=Language.FR_FR)),
+            TTSUpdateSettingsFrame(delta=MagpieTTSService.Settings(voice="bob")),
+            TTSSpeakFrame(text=TEXT),
+        ],
+        pipeline_params=PipelineParams(audio_out_sample_rate=16000),
+    )
+    assert submitted == [("sofia", "fr")]
+    errors = [f for f in up if isinstance(f, ErrorFrame)]
+    assert len(errors) == 1 and "allowed voices" in errors[0].error
+    audio = [f for f in down if isinstance(f, TTSAudioRawFrame)]
+    assert any(isinstance(f, TTSStartedFrame) for f in down) and any(
+        isinstance(f, TTSStoppedFrame) for f in down
+    )
+    assert (
+        len(audio) > 1
+        and {f.sample_rate for f in audio} == {16000}
+        and {f.num_channels for f in audio} == {1}
+    )
+    total = sum(len(f.audio) for f in audio) // 2
+    assert total == round(frames * SAMPLES_PER_FRAME * 16000 / CODEC_RATE)
+
+
+async def test_service_at_codec_rate_passes_audio_through(engine: MagpieEngine) -> None:
+    service = MagpieTTSService(engine=engine, options=options_for(5), sample_rate=CODEC_RATE)
+    down, _ = await run_test(service, frames_to_send=[TTSSpeakFrame(text="Hi.")])
+    audio = b"".join(f.audio for f in down if isinstance(f, TTSAudioRawFrame))
+    assert len(audio) == 2 * 5 * SAMPLES_PER_FRAME
+
+
+class _Sink(FrameProcessor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.audio_frames = 0
+        self.first_audio = asyncio.Event()
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, TTSAudioRawFrame):
+            self.audio_frames += 1
+            self.first_audio.set()
+        await self.push_frame(frame, direction)
+
+
+async def test_interruption_stops_synthesis_promptly(engine: MagpieEngine, monkeypatch) -> None:
+    streams: list[SynthesisStream] = []
+    original_submit = engine.submit
+
+    def spy(text: str, **kwargs) -> SynthesisStream:
+        streams.append(original_submit(text, **kwargs))
+        return streams[-1]
+
+    monkeypatch.setattr(engine, "submit", spy)
+    service = MagpieTTSService(engine=engine, options=MagpieSynthesisOptions(max_duration_s=20.0))
+    sink = _Sink()
+    worker = PipelineWorker(Pipeline([service, sink]), cancel_on_idle_timeout=False)
+    runner = WorkerRunner()
+    await runner.add_workers(worker)
+    run = asyncio.create_task(runner.run())
+    try:
+        await worker.queue_frame(TTSSpeakFrame(text=TEXT))
+        await asyncio.wait_for(sink.first_audio.wait(), timeout=30)
+        interrupted_at = time.perf_counter()
+        frames_at_interrupt = streams[0].stats.frames
+        await worker.queue_frame(InterruptionFrame())
+        assert await asyncio.to_thread(streams[0].wait, 10)
+        assert streams[0].status == "cancelled"
+        assert streams[0].stats.finished_at - interrupted_at < 2.0
+        # Generation ran on only while the interruption travelled to the service (a frame or two).
+        assert streams[0].stats.frames < frames_at_interrupt + 10 < 431
+        assert not engine.busy
+    finally:
+        await worker.queue_frame(EndFrame())
+        await asyncio.wait_for(run, timeout=30)
+
+
+async def test_services_share_one_engine_per_model(tiny_magpie: tuple[Path, Path], monkeypatch) -> None:
+    magpie, codec = tiny_magpie
+    first = MagpieTTSService(model=str(magpie), device="cpu", codec_model_path=str(codec))
+    second = MagpieTTSService(model=str(magpie), device="cpu", codec_model_path=str(codec))
+    shared = first.engine
+    try:
+        assert second.engine is shared and shared_magpie_engines.refs(shared) == 2
+        await shared.wait_ready()
+        await first.cleanup()
+        await second.cleanup()
+        # A bot server keeps the model loaded between sessions.
+        assert shared_magpie_engines.refs(shared) == 0 and not shared.closed
+        third = MagpieTTSService(model=str(magpie), device="cpu", codec_model_path=str(codec))
+        assert third.engine is shared
+        monkeypatch.setattr(shared_magpie_engines, "unload_when_unused", True)
+        await third.cleanup()
+        assert shared.closed
+    finally:
+        shared_magpie_engines.close_all()
