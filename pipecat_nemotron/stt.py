@@ -8,6 +8,7 @@ of the process through one shared :class:`~pipecat_nemotron.engine.NemotronEngin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
@@ -225,16 +226,27 @@ class NemotronSTTService(STTService):
         self._last_interim = ""
         self._reader_task = self.create_task(self._read_updates(self._stream), name=f"{self}::results")
 
-    async def _close(self) -> None:
+    async def _close(self, drain: bool = False) -> None:
+        """Close the stream and release the engine.
+
+        Args:
+            drain: Let the results task deliver the updates already queued (a final) before it ends.
+
+        """
         if self._connect_task is not None:
             await self.cancel_task(self._connect_task)
             self._connect_task = None
         stream, self._stream = self._stream, None
         if stream is not None:
             await stream.close()
-        if self._reader_task is not None:
-            await self.cancel_task(self._reader_task)
-            self._reader_task = None
+        task, self._reader_task = self._reader_task, None
+        if task is not None:
+            if drain:
+                # The stream is closed, so its updates iterator ends after the queued updates.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(task), timeout=5.0)
+            if not task.done():
+                await self.cancel_task(task)
         if self._engine is not None and self._owned_engine is None:
             await self._registry.release(self._engine)
         self._engine = None
@@ -244,13 +256,13 @@ class NemotronSTTService(STTService):
         """Finalize what the user said last (if anything), then close the stream and free its slot."""
         stream = self._stream
         if stream is not None and not stream.closed and stream.has_pending_speech:
+            self.request_finalize()
             try:
-                final = await asyncio.wait_for(stream.finalize(), timeout=5.0)
-                if final.text:
-                    await self._push_final(final)
+                # The final reaches the pipeline through the results task, like every other final.
+                await asyncio.wait_for(stream.finalize(), timeout=5.0)
             except (asyncio.TimeoutError, NemotronEngineError) as e:
                 logger.warning(f"{self}: could not finalize at end of session: {e!r}")
-        await self._close()
+        await self._close(drain=True)
         await super().stop(frame)
 
     async def cancel(self, frame: CancelFrame) -> None:

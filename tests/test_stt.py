@@ -154,6 +154,21 @@ async def test_cancel_mid_utterance_frees_the_slot(engine: NemotronEngine) -> No
     assert stt.stream is None
 
 
+async def test_end_of_session_finalizes_once(engine: NemotronEngine) -> None:
+    pcm = to_pcm16(noise_clip(1.2, seed=69))
+    expected = await engine.transcribe(pcm, latency_ms=160)
+    stt = NemotronSTTService(engine=engine)
+    # The session ends while the user is still speaking: the last words still arrive, once.
+    down, _ = await run_test(
+        stt,
+        frames_to_send=[SleepFrame(sleep=0.2), VADUserStartedSpeakingFrame(), *audio_frames(pcm)],
+        start_timeout=5.0,
+    )
+    finals = finals_of(down)
+    assert [f.text for f in finals] == [expected.text] and finals[0].finalized
+    assert engine.open_streams == 0
+
+
 async def test_interruption_keeps_the_words(engine: NemotronEngine) -> None:
     pcm = to_pcm16(noise_clip(1.5, seed=67))
     expected = await engine.transcribe(pcm, latency_ms=160)

@@ -1,0 +1,120 @@
+"""The whole local agent on CPU: bundled speech → our STT → a real OpenAI-compatible server on loopback → Magpie."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from openai_server import FakeOpenAIServer
+from pipecat.frames.frames import TranscriptionFrame
+from pipecat.pipeline.runner import WorkerRunner
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+
+from pipecat_nemotron.agent import AgentSettings, SimulatedPlayback, build_voice_agent
+from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+from pipecat_nemotron.llm import create_nemotron_llm
+from pipecat_nemotron.magpie import MagpieEngine, MagpieSynthesisOptions
+from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
+from pipecat_nemotron.stt import NemotronSTTService
+from pipecat_nemotron.tts import MagpieTTSService
+from pipecat_nemotron.wav_input import feed_wav
+
+LLM_DELAY_S = 0.4
+
+
+class FrameRecorder(FrameProcessor):
+    """Passes frames through, keeping the ones a test asks about."""
+
+    def __init__(self, types: tuple[type, ...]) -> None:
+        super().__init__()
+        self.types = types
+        self.frames: list = []
+
+    async def process_frame(self, frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, self.types):
+            self.frames.append(frame)
+        await self.push_frame(frame, direction)
+
+
+@pytest.fixture(scope="module")
+def magpie_engine(tiny_magpie):
+    magpie, codec = tiny_magpie
+    engine = MagpieEngine(str(magpie), device="cpu", codec_model_path=str(codec))
+    engine.wait_until_ready(timeout=300)
+    yield engine
+    engine.close()
+
+
+def single_utterance_wav():
+    names = json.loads((DEMO_AUDIO_DIR / "transcripts.json").read_text())
+    singles = [n for n, text in names.items() if isinstance(text, str)]
+    return DEMO_AUDIO_DIR / sorted(singles)[0], names[sorted(singles)[0]]
+
+
+async def test_full_local_agent_pipeline(openai_server: FakeOpenAIServer, magpie_engine, tmp_path) -> None:
+    wav, expected_text = single_utterance_wav()
+    openai_server.first_token_delay_s = LLM_DELAY_S
+    openai_server.reply = "It is ten past nine."
+    turns_path = tmp_path / "turns.jsonl"
+    async with NemotronEngine(EngineConfig(model=str(TINY_MODEL_PATH), device="cpu", max_streams=2)) as asr:
+        stt = NemotronSTTService(engine=asr, latency_ms=160)
+        tts = MagpieTTSService(engine=magpie_engine, options=MagpieSynthesisOptions(max_duration_s=0.3))
+        finals = FrameRecorder((TranscriptionFrame,))
+        playback = SimulatedPlayback()
+        agent = build_voice_agent(
+            stt=stt,
+            llm=create_nemotron_llm(base_url=openai_server.base_url),
+            tts=tts,
+            output_processor=playback,
+            after_stt=[finals],
+            turns_jsonl=turns_path,
+            idle_timeout_secs=None,
+        )
+        runner = WorkerRunner(handle_sigint=False)
+        await runner.add_workers(agent.worker)
+        started = asyncio.Event()
+
+        @agent.worker.event_handler("on_pipeline_started")
+        async def _started(_w, _f) -> None:
+            started.set()
+
+        async def feed() -> None:
+            await started.wait()
+            await stt.wait_until_ready()
+            await feed_wav(agent.worker, wav, realtime=True, trailing_silence_s=4.0)
+
+        await asyncio.wait_for(asyncio.gather(runner.run(), feed()), timeout=120)
+
+    # The LLM heard what the user said.
+    assert [f.text for f in finals.frames] == [expected_text]
+    assert expected_text in openai_server.last_user_text()
+    assert openai_server.last_request["chat_template_kwargs"] == {"enable_thinking": False}
+    # The bot spoke.
+    assert playback.audio_seconds > 0
+    # One turn, whose parts add up.
+    assert len(agent.observer.turns) == 1
+    turn = agent.observer.turns[0]
+    assert turn.ttfs_ms is not None and turn.v2v_ms is not None
+    assert 0 < turn.ttfs_ms <= turn.v2v_ms
+    assert turn.asr_finalize_ms is not None and 0 < turn.asr_finalize_ms <= turn.ttfs_ms
+    assert turn.llm_ttfb_ms is not None and LLM_DELAY_S * 1000 <= turn.llm_ttfb_ms < LLM_DELAY_S * 1000 + 2000
+    assert turn.tts_ttfb_ms is not None and turn.tts_ttfb_ms > 0
+    assert turn.llm_ttfb_ms + turn.tts_ttfb_ms <= turn.v2v_ms
+    assert len(turns_path.read_text().splitlines()) == 1
+
+
+def test_agent_settings_from_env_and_validation() -> None:
+    settings = AgentSettings.from_env(
+        {"NEMOTRON_ASR_LATENCY_MS": "560", "NEMOTRON_LLM_BASE_URL": "http://127.0.0.1:9/v1", "MAGPIE_NIM_SERVER": ""}
+    )
+    assert settings.asr_latency_ms == 560 and settings.llm_configured and settings.tts_nim_server is None
+    assert any("TTS: not configured" in line for line in settings.describe())
+    assert AgentSettings.from_env({}).create_llm() is None
+    with pytest.raises(ValueError, match="NEMOTRON_ASR_LATENCY_MS"):
+        AgentSettings.from_env({"NEMOTRON_ASR_LATENCY_MS": "fast"})
+    with pytest.raises(ValueError, match="latency_ms must be one of"):
+        AgentSettings.from_env({"NEMOTRON_ASR_LATENCY_MS": "100"})
+    with pytest.raises(ValueError, match="tts needs an llm"):
+        build_voice_agent(stt=NemotronSTTService(model="/nonexistent.nemo"), tts=object())  # type: ignore[arg-type]
