@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # The CPU machines this project is developed on carry torch 2.13.0 as a local CPU wheel; on a GPU
 # machine the same pin resolves to the CUDA build from PyPI.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev
+EXTRAS ?= dev,server,ray
 
 .PHONY: setup demo test lint
 

@@ -1,0 +1,437 @@
+"""Wire protocol ``nemotron-asr.v1``: the JSON messages and close codes of the ASR WebSocket server.
+
+One WebSocket connection is one ASR session (one engine stream). The client sends a ``config`` message
+first, then binary PCM frames and JSON control messages; the server answers ``ready``, then ``partial`` and
+``final`` results, ``latency`` acknowledgements and ``error`` messages. See ``docs/PROTOCOL.md`` for the full
+specification. Every message is a JSON object with a ``"type"`` field; unknown fields are ignored (so fields
+can be added within a version), unknown types are a protocol error.
+
+This module is shared by the server (:mod:`pipecat_nemotron.server.app`), the Pipecat client
+(:mod:`pipecat_nemotron.server_stt`) and the load generator (:mod:`pipecat_nemotron.bench.load`). It imports
+nothing heavy.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from enum import IntEnum
+from typing import Any, ClassVar
+
+#: Protocol name and version. Sent in ``config`` and ``ready``; also offered as the WebSocket subprotocol.
+PROTOCOL_VERSION = "nemotron-asr.v1"
+
+#: Default WebSocket path of a session.
+DEFAULT_PATH = "/v1/asr"
+
+#: The one audio encoding of v1: signed 16-bit little-endian PCM, channels interleaved.
+ENCODING_PCM_S16LE = "pcm_s16le"
+
+#: Input sample rates a session may declare, Hz (audio is resampled to 16 kHz on the server).
+SUPPORTED_SAMPLE_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
+
+#: Latency modes of the protocol (the served model may support a subset; ``ready`` lists them), ms.
+PROTOCOL_LATENCY_MODES = (80, 160, 560, 1120)
+
+
+class CloseCode(IntEnum):
+    """WebSocket close codes the server uses (4000-4999 are application codes, RFC 6455 section 7.4.2).
+
+    Clients should treat ``UNAUTHORIZED``, ``FORBIDDEN_ORIGIN``, ``MESSAGE_TOO_BIG`` and ``PROTOCOL_ERROR`` as
+    permanent (retrying cannot help) and every other non-normal code as retryable with backoff.
+    """
+
+    #: The session ended normally (after a client ``close``).
+    NORMAL = 1000
+    #: The server is shutting down (after draining); reconnect, possibly to another replica.
+    GOING_AWAY = 1001
+    #: Missing or wrong bearer token.
+    UNAUTHORIZED = 4001
+    #: The request's ``Origin`` is not in the server's allow-list.
+    FORBIDDEN_ORIGIN = 4003
+    #: No message from the client within the idle timeout, or the client stopped reading results.
+    IDLE_TIMEOUT = 4008
+    #: A message exceeded the server's size limit.
+    MESSAGE_TOO_BIG = 4009
+    #: Every session slot is in use (existing sessions are unaffected); retry later or elsewhere.
+    CAPACITY = 4013
+    #: The session stayed too far behind real time (engine backlog above the limit for too long).
+    BACKLOG = 4029
+    #: Malformed, unknown or out-of-order message, unsupported config, or unusable audio.
+    PROTOCOL_ERROR = 4400
+    #: The server failed (model step error, bug); retry.
+    INTERNAL = 4500
+    #: The model is still loading, or the server is draining for shutdown; retry later or elsewhere.
+    NOT_READY = 4503
+
+
+#: Close codes a client must not retry on: the same request would fail the same way.
+PERMANENT_CLOSE_CODES = frozenset(
+    {CloseCode.UNAUTHORIZED, CloseCode.FORBIDDEN_ORIGIN, CloseCode.MESSAGE_TOO_BIG, CloseCode.PROTOCOL_ERROR}
+)
+
+#: Short machine-readable reason for each close code (the ``reason`` of ``error`` messages).
+CLOSE_REASONS: dict[int, str] = {
+    CloseCode.NORMAL: "normal",
+    CloseCode.GOING_AWAY: "going_away",
+    CloseCode.UNAUTHORIZED: "unauthorized",
+    CloseCode.FORBIDDEN_ORIGIN: "forbidden_origin",
+    CloseCode.IDLE_TIMEOUT: "idle_timeout",
+    CloseCode.MESSAGE_TOO_BIG: "message_too_big",
+    CloseCode.CAPACITY: "capacity",
+    CloseCode.BACKLOG: "backlog",
+    CloseCode.PROTOCOL_ERROR: "protocol_error",
+    CloseCode.INTERNAL: "internal",
+    CloseCode.NOT_READY: "not_ready",
+}
+
+
+class ProtocolError(ValueError):
+    """A client message violates the protocol (the server closes with :attr:`CloseCode.PROTOCOL_ERROR`)."""
+
+
+# ---- client -> server --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfigMessage:
+    """First message of a session (client to server).
+
+    Attributes:
+        latency_ms: Latency mode: 80, 160, 560 or 1120 ms.
+        sample_rate: Rate of the PCM the client will send, Hz.
+        encoding: Audio encoding; only ``"pcm_s16le"`` in v1.
+        num_channels: Interleaved channels (1 to 8, downmixed to mono on the server).
+        interim_results: Send ``partial`` messages (False: only finals).
+        protocol: Protocol version the client speaks.
+        token: Bearer token, for clients that cannot set an ``Authorization`` header (browsers).
+        client: Free-form client name and version, for logs.
+
+    """
+
+    type: ClassVar[str] = "config"
+    latency_ms: int = 160
+    sample_rate: int = 16000
+    encoding: str = ENCODING_PCM_S16LE
+    num_channels: int = 1
+    interim_results: bool = True
+    protocol: str = PROTOCOL_VERSION
+    token: str | None = None
+    client: str | None = None
+
+    def validate(self) -> ConfigMessage:
+        """Return self if every field is supported.
+
+        Raises:
+            ProtocolError: Naming the field and its allowed values.
+
+        """
+        if self.protocol != PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol must be {PROTOCOL_VERSION!r}, got {self.protocol!r}")
+        if self.encoding != ENCODING_PCM_S16LE:
+            raise ProtocolError(f"encoding must be {ENCODING_PCM_S16LE!r}, got {self.encoding!r}")
+        if not _is_int(self.sample_rate) or self.sample_rate not in SUPPORTED_SAMPLE_RATES:
+            raise ProtocolError(
+                f"sample_rate must be one of {list(SUPPORTED_SAMPLE_RATES)} (Hz), got {self.sample_rate!r}"
+            )
+        if not _is_int(self.num_channels) or not 1 <= self.num_channels <= 8:
+            raise ProtocolError(f"num_channels must be an integer from 1 to 8, got {self.num_channels!r}")
+        _check_latency(self.latency_ms)
+        if not isinstance(self.interim_results, bool):
+            raise ProtocolError(f"interim_results must be true or false, got {self.interim_results!r}")
+        if self.token is not None and not isinstance(self.token, str):
+            raise ProtocolError("token must be a string")
+        return self
+
+    @property
+    def bytes_per_ms(self) -> float:
+        """PCM bytes per millisecond of audio at this config."""
+        return 2 * self.num_channels * self.sample_rate / 1000.0
+
+    def to_json(self) -> str:
+        """Serialize (``token`` and ``client`` are omitted when unset)."""
+        data = {"type": self.type, **asdict(self)}
+        return json.dumps({k: v for k, v in data.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class FinalizeMessage:
+    """End the current utterance (client to server): the server answers with exactly one ``final``.
+
+    Audio sent after this message belongs to the next utterance.
+    """
+
+    type: ClassVar[str] = "finalize"
+
+    def to_json(self) -> str:
+        """Serialize."""
+        return json.dumps({"type": self.type})
+
+
+@dataclass(frozen=True)
+class SetLatencyMessage:
+    """Switch the latency mode (client to server); acknowledged by a ``latency`` message.
+
+    Attributes:
+        latency_ms: 80, 160, 560 or 1120 ms. Applies at once if the current utterance has not started
+            decoding, else after the next ``final``.
+
+    """
+
+    type: ClassVar[str] = "set_latency"
+    latency_ms: int = 160
+
+    def to_json(self) -> str:
+        """Serialize."""
+        return json.dumps({"type": self.type, "latency_ms": self.latency_ms})
+
+
+@dataclass(frozen=True)
+class KeepaliveMessage:
+    """Resets the server's idle timer without sending audio (client to server)."""
+
+    type: ClassVar[str] = "keepalive"
+
+    def to_json(self) -> str:
+        """Serialize."""
+        return json.dumps({"type": self.type})
+
+
+@dataclass(frozen=True)
+class CloseMessage:
+    """End the session (client to server): the server sends the finals still owed, then closes with 1000."""
+
+    type: ClassVar[str] = "close"
+
+    def to_json(self) -> str:
+        """Serialize."""
+        return json.dumps({"type": self.type})
+
+
+ClientMessage = ConfigMessage | FinalizeMessage | SetLatencyMessage | KeepaliveMessage | CloseMessage
+
+
+def parse_client_message(text: str | bytes) -> ClientMessage:
+    """Parse one JSON control message sent by a client.
+
+    Args:
+        text: The text frame.
+
+    Returns:
+        The typed message (unknown fields ignored).
+
+    Raises:
+        ProtocolError: Not JSON, not an object, unknown ``type``, or a field of the wrong type.
+
+    """
+    data = _load_object(text)
+    kind = data.get("type")
+    if kind == "config":
+        known = {f.name: data[f.name] for f in fields(ConfigMessage) if f.name in data}
+        try:
+            msg = ConfigMessage(**known)
+        except TypeError as e:  # pragma: no cover - dataclass kwargs are filtered above
+            raise ProtocolError(f"invalid config: {e}") from e
+        return msg.validate()
+    if kind == "finalize":
+        return FinalizeMessage()
+    if kind == "set_latency":
+        if "latency_ms" not in data:
+            raise ProtocolError("set_latency needs latency_ms")
+        return SetLatencyMessage(latency_ms=_check_latency(data["latency_ms"]))
+    if kind == "keepalive":
+        return KeepaliveMessage()
+    if kind == "close":
+        return CloseMessage()
+    raise ProtocolError(
+        f"unknown message type {kind!r}; expected one of config, finalize, set_latency, keepalive, close"
+    )
+
+
+# ---- server -> client --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReadyMessage:
+    """The session is open (server to client); audio may be sent from now on.
+
+    Attributes:
+        session_id: Server-assigned id (in server logs and metrics).
+        protocol: Protocol version the server speaks.
+        model: Model the server runs.
+        latency_ms: Latency mode in force.
+        latency_modes: Modes the served model supports, ms.
+        chunk_ms: Audio per model step in this mode, ms.
+        limits: Server limits the client should respect: ``max_message_bytes``, ``idle_timeout_s``,
+            ``burst_ms`` (audio the client may send ahead of real time), ``max_backlog_ms``.
+        server_id: Which server process (or Ray Serve replica) holds the session, for logs and debugging.
+
+    """
+
+    type: ClassVar[str] = "ready"
+    session_id: str = ""
+    server_id: str = ""
+    protocol: str = PROTOCOL_VERSION
+    model: str = ""
+    latency_ms: int = 160
+    latency_modes: tuple[int, ...] = PROTOCOL_LATENCY_MODES
+    chunk_ms: float = 0.0
+    limits: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PartialMessage:
+    """The current utterance's text changed (server to client).
+
+    Attributes:
+        utterance: 0-based utterance index within the session (increments after each ``final``).
+        text: The utterance's text so far.
+        latency_ms: Latency mode that produced it.
+        audio_ms: Audio of the session decoded so far when the message was sent, ms from the session start.
+        queue_ms: Time the chunk waited for a model step, ms (server side).
+        step_ms: Duration of the batched model step, ms.
+        lag_ms: From the chunk's last needed sample arriving at the server to this result, ms.
+
+    """
+
+    type: ClassVar[str] = "partial"
+    utterance: int = 0
+    text: str = ""
+    latency_ms: int = 160
+    audio_ms: float = 0.0
+    queue_ms: float = 0.0
+    step_ms: float = 0.0
+    lag_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class FinalMessage:
+    """The final text of one utterance (server to client), one per ``finalize``, in order.
+
+    Attributes:
+        utterance: 0-based utterance index within the session.
+        text: Final text (empty if nothing was said).
+        latency_ms: Latency mode that produced it.
+        audio_ms: Audio of the session decoded so far, ms from the session start.
+        utterance_audio_ms: Audio in this utterance, ms.
+        ttf_ms: Time-to-final on the server: from the ``finalize`` message to the final text, ms.
+        step_ms: Duration of the model step that produced it, ms.
+
+    """
+
+    type: ClassVar[str] = "final"
+    utterance: int = 0
+    text: str = ""
+    latency_ms: int = 160
+    audio_ms: float = 0.0
+    utterance_audio_ms: float = 0.0
+    ttf_ms: float = 0.0
+    step_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class LatencyMessage:
+    """Acknowledges ``set_latency`` (server to client).
+
+    Attributes:
+        latency_ms: The requested mode.
+        applied: ``"now"``, or ``"next_utterance"`` when the current utterance had started decoding.
+
+    """
+
+    type: ClassVar[str] = "latency"
+    latency_ms: int = 160
+    applied: str = "now"
+
+
+@dataclass(frozen=True)
+class ErrorMessage:
+    """Something went wrong (server to client).
+
+    Attributes:
+        code: A :class:`CloseCode` value.
+        reason: Short machine-readable reason (see :data:`CLOSE_REASONS`).
+        message: Human-readable explanation, naming the fix where there is one.
+        fatal: True when the server closes the connection with ``code`` right after this message.
+
+    """
+
+    type: ClassVar[str] = "error"
+    code: int = CloseCode.INTERNAL
+    reason: str = "internal"
+    message: str = ""
+    fatal: bool = True
+
+
+ServerMessage = ReadyMessage | PartialMessage | FinalMessage | LatencyMessage | ErrorMessage
+
+_SERVER_TYPES: dict[str, type[Any]] = {
+    cls.type: cls for cls in (ReadyMessage, PartialMessage, FinalMessage, LatencyMessage, ErrorMessage)
+}
+
+
+def dump_server_message(msg: ServerMessage) -> str:
+    """Serialize a server message to its JSON text."""
+    data = asdict(msg)
+    if isinstance(msg, ReadyMessage):
+        data["latency_modes"] = list(msg.latency_modes)
+    for key in ("audio_ms", "utterance_audio_ms", "queue_ms", "step_ms", "lag_ms", "ttf_ms", "chunk_ms"):
+        if key in data:
+            data[key] = round(float(data[key]), 2)
+    if isinstance(msg, ErrorMessage):
+        data["code"] = int(msg.code)
+    return json.dumps({"type": msg.type, **data})
+
+
+def parse_server_message(text: str | bytes) -> ServerMessage:
+    """Parse one message sent by a server (unknown fields are ignored, for forward compatibility).
+
+    Raises:
+        ProtocolError: Not JSON, not an object, or an unknown ``type``.
+
+    """
+    data = _load_object(text)
+    cls = _SERVER_TYPES.get(str(data.get("type")))
+    if cls is None:
+        raise ProtocolError(f"unknown server message type {data.get('type')!r}")
+    names = {f.name for f in fields(cls)}
+    known = {k: v for k, v in data.items() if k in names}
+    if cls is ReadyMessage and "latency_modes" in known:
+        known["latency_modes"] = tuple(known["latency_modes"])
+    try:
+        return cls(**known)
+    except TypeError as e:  # pragma: no cover - kwargs are filtered above
+        raise ProtocolError(f"invalid {cls.type} message: {e}") from e
+
+
+# ---- helpers -----------------------------------------------------------------------------------------------
+
+
+def close_reason(code: int) -> str:
+    """Short machine-readable reason of a close code (``"unknown"`` for codes this protocol does not define)."""
+    return CLOSE_REASONS.get(int(code), "unknown")
+
+
+def is_permanent(code: int | None) -> bool:
+    """True if a client must not reconnect after the server closed with ``code``."""
+    return code is not None and int(code) in PERMANENT_CLOSE_CODES
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_latency(value: object) -> int:
+    if not _is_int(value) or value not in PROTOCOL_LATENCY_MODES:
+        raise ProtocolError(f"latency_ms must be one of {list(PROTOCOL_LATENCY_MODES)} (ms), got {value!r}")
+    return int(value)  # type: ignore[call-overload]
+
+
+def _load_object(text: str | bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ProtocolError(f"control messages must be JSON text: {e}") from e
+    if not isinstance(data, dict):
+        raise ProtocolError("a control message must be a JSON object with a 'type' field")
+    return data

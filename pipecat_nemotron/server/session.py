@@ -1,0 +1,560 @@
+"""One ASR session: a WebSocket connection bound to one engine stream, independent of the web framework.
+
+The aiohttp server (:mod:`pipecat_nemotron.server.app`) and the Ray Serve deployment
+(:mod:`pipecat_nemotron.server.ray_serve`) both adapt their WebSocket object to :class:`Transport` and run a
+:class:`Session` on it. The session enforces the per-connection limits: config timeout, idle timeout, pacing
+(no more than real time plus a burst), engine-backlog guard, send timeout, and the protocol itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from loguru import logger
+
+from pipecat_nemotron.engine import (
+    ASRStream,
+    CapacityError,
+    EngineNotRunningError,
+    FinalTranscript,
+    InvalidAudioError,
+    NemotronEngineError,
+    StreamClosedError,
+    StreamFailedError,
+    TranscriptUpdate,
+)
+from pipecat_nemotron.server.protocol import (
+    CloseCode,
+    CloseMessage,
+    ConfigMessage,
+    ErrorMessage,
+    FinalizeMessage,
+    FinalMessage,
+    KeepaliveMessage,
+    LatencyMessage,
+    PartialMessage,
+    ProtocolError,
+    ReadyMessage,
+    ServerMessage,
+    SetLatencyMessage,
+    close_reason,
+    dump_server_message,
+    parse_client_message,
+)
+
+if TYPE_CHECKING:
+    from pipecat_nemotron.server.app import ASRService
+
+IncomingKind = Literal["text", "binary", "closed", "too_big", "error"]
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One thing received from a client.
+
+    Attributes:
+        kind: ``text`` / ``binary`` message, ``closed`` (the client closed or vanished), ``too_big`` (over the
+            size limit), ``error`` (a transport error).
+        data: The message (text or bytes) or an error description.
+
+    """
+
+    kind: IncomingKind
+    data: str | bytes = b""
+
+
+class Transport(Protocol):
+    """What a session needs from a WebSocket connection (already accepted)."""
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection is closed or closing."""
+        ...
+
+    async def receive(self, timeout: float | None) -> Incoming:
+        """Next message; raises ``TimeoutError`` after ``timeout`` seconds without one."""
+        ...
+
+    async def send_text(self, text: str) -> None:
+        """Send one text message."""
+        ...
+
+    async def close(self, code: int, reason: str) -> None:
+        """Close the connection with ``code`` (idempotent)."""
+        ...
+
+
+class SessionError(Exception):
+    """Ends a session with a close code and an ``error`` message.
+
+    Args:
+        code: The close code.
+        message: Human-readable explanation (sent to the client).
+
+    """
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = int(code)
+        self.message = message
+
+
+class Session:
+    """Runs one client session to its end. Create through :meth:`ASRService.serve`.
+
+    Args:
+        service: The server core (engine, limits, metrics).
+        transport: The accepted connection.
+        session_id: Server-assigned id.
+        token_checked: True when the connection was already authenticated (or auth is off); otherwise the
+            ``config`` message must carry a valid ``token``.
+        remote: Client address, for logs.
+
+    """
+
+    def __init__(
+        self,
+        service: ASRService,
+        transport: Transport,
+        session_id: str,
+        token_checked: bool,
+        remote: str = "?",
+    ) -> None:
+        self.service = service
+        self.transport = transport
+        self.session_id = session_id
+        self.remote = remote
+        self._token_checked = token_checked
+        self.config: ConfigMessage | None = None
+        self.stream: ASRStream | None = None
+        self.opened_at = time.monotonic()
+        self.audio_ms = 0.0
+        self.finals_requested = 0
+        self.finals_sent = 0
+        self.end_how = "disconnect"
+        self.close_code: int | None = None
+        self._finals_event = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._credit_ms = service.config.burst_ms
+        self._credit_at = time.monotonic()
+        self._send_lock = asyncio.Lock()
+        # Exact audio positions: finals carry the utterance's exact length (samples), decoded frames only
+        # 10 ms resolution, so positions are the sum of exact utterance lengths plus the current utterance's
+        # decoded frames (no error accumulates over utterances).
+        self._final_futures: deque[asyncio.Future[FinalTranscript]] = deque()
+        self._base_ms = 0.0
+        self._decoded_at_final_ms = 0.0
+
+    # ---- public -------------------------------------------------------------------------------------------
+
+    @property
+    def backlog_ms(self) -> float:
+        """Audio received but not yet decoded, ms (0 before the stream opens)."""
+        stream = self.stream
+        return stream.backlog_ms if stream is not None and not stream.closed else 0.0
+
+    async def run(self) -> None:
+        """Serve the session until the client closes, goes away, or breaks a rule; always frees the slot."""
+        cfg = self.service.config
+        try:
+            if self.config is None:
+                self.config = await self._receive_config()
+            self.stream = self._open_stream(self.config)
+            engine = self.service.engine
+            await self._send(
+                ReadyMessage(
+                    session_id=self.session_id,
+                    server_id=self.service.server_id,
+                    model=engine.config.model,
+                    latency_ms=self.stream.latency_ms,
+                    latency_modes=engine.info.latency_modes,
+                    chunk_ms=self.stream.chunk_ms,
+                    limits={
+                        "max_message_bytes": cfg.max_message_bytes,
+                        "idle_timeout_s": cfg.idle_timeout_s,
+                        "burst_ms": cfg.burst_ms,
+                        "max_backlog_ms": cfg.max_backlog_ms,
+                    },
+                )
+            )
+            logger.info(
+                f"ASR session {self.session_id} opened from {self.remote}: {self.config.latency_ms} ms mode, "
+                f"{self.config.sample_rate} Hz x{self.config.num_channels}"
+                + (f", client {self.config.client}" if self.config.client else "")
+            )
+            self._writer = asyncio.get_running_loop().create_task(
+                self._forward_results(self.stream), name=f"asr-session-{self.session_id}-results"
+            )
+            await self._read_loop()
+        except _ClientGone:
+            self.close_code = CloseCode.NORMAL
+        except SessionError as e:
+            await self.fail(e.code, e.message)
+        except asyncio.CancelledError:
+            await self.fail(CloseCode.GOING_AWAY, "the server is shutting down")
+            raise
+        except Exception as e:
+            logger.exception(f"ASR session {self.session_id} crashed: {e!r}")
+            await self.fail(CloseCode.INTERNAL, f"internal server error: {type(e).__name__}")
+        finally:
+            await self._cleanup()
+
+    async def authenticate(self) -> bool:
+        """Read the ``config`` message of a connection without an ``Authorization`` header and check its token.
+
+        Returns:
+            True if the config is valid and carries a valid token (the session may then be admitted and
+            :meth:`run`); False if the connection was refused or went away (already closed).
+
+        """
+        try:
+            self.config = await self._receive_config()
+            return True
+        except _ClientGone:
+            self.close_code = CloseCode.NORMAL
+        except SessionError as e:
+            await self.fail(e.code, e.message)
+        except Exception as e:
+            logger.exception(f"ASR connection {self.session_id} crashed while authenticating: {e!r}")
+            await self.fail(CloseCode.INTERNAL, f"internal server error: {type(e).__name__}")
+        return False
+
+    async def fail(self, code: int, message: str) -> None:
+        """Send an ``error`` message and close the connection with ``code`` (first failure wins)."""
+        if self.close_code is not None:
+            return
+        self.close_code = int(code)
+        reason = close_reason(code)
+        if self.end_how != "refused":
+            self.end_how = "dropped"
+            self.service.metrics.dropped.labels(reason).inc()
+        log = logger.warning if code != CloseCode.GOING_AWAY else logger.info
+        log(f"ASR session {self.session_id} closed with {int(code)} ({reason}): {message}")
+        if not self.transport.closed:
+            try:
+                await asyncio.wait_for(
+                    self._send(ErrorMessage(code=int(code), reason=reason, message=message, fatal=True)), 1.0
+                )
+            except Exception:
+                pass  # the client is gone or not reading; closing is all that is left
+        await self._close_transport(int(code), reason)
+
+    # ---- opening ------------------------------------------------------------------------------------------
+
+    async def _receive_config(self) -> ConfigMessage:
+        cfg = self.service.config
+        try:
+            incoming = await self.transport.receive(timeout=cfg.config_timeout_s)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise SessionError(
+                CloseCode.IDLE_TIMEOUT, f"no config message within {cfg.config_timeout_s:g} s"
+            ) from None
+        if incoming.kind in ("closed", "error"):
+            raise _ClientGone()
+        if incoming.kind == "too_big":
+            raise SessionError(CloseCode.MESSAGE_TOO_BIG, self._too_big_message())
+        if incoming.kind != "text":
+            raise SessionError(CloseCode.PROTOCOL_ERROR, "the first message must be a JSON config message")
+        try:
+            msg = parse_client_message(incoming.data)
+        except ProtocolError as e:
+            raise SessionError(CloseCode.PROTOCOL_ERROR, str(e)) from None
+        if not isinstance(msg, ConfigMessage):
+            raise SessionError(
+                CloseCode.PROTOCOL_ERROR, f"the first message must be 'config', got {msg.type!r}"
+            )
+        if not self._token_checked:
+            if msg.token is None or not self.service.check_token(msg.token):
+                self.service.metrics.refused.labels("unauthorized").inc()
+                self.end_how = "refused"
+                raise SessionError(
+                    CloseCode.UNAUTHORIZED,
+                    "missing or invalid token: send 'Authorization: Bearer <token>' or a config 'token'",
+                )
+            self._token_checked = True
+        return msg
+
+    def _open_stream(self, config: ConfigMessage) -> ASRStream:
+        engine = self.service.engine
+        if config.latency_ms not in engine.info.latency_modes:
+            raise SessionError(
+                CloseCode.PROTOCOL_ERROR,
+                f"this model supports latency_ms in {list(engine.info.latency_modes)}, got {config.latency_ms}",
+            )
+        try:
+            return engine.open_stream(latency_ms=config.latency_ms)
+        except CapacityError as e:
+            self.service.metrics.refused.labels("capacity").inc()
+            self.end_how = "refused"
+            raise SessionError(CloseCode.CAPACITY, str(e)) from None
+        except EngineNotRunningError as e:
+            raise SessionError(CloseCode.NOT_READY, str(e)) from None
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        cfg = self.service.config
+        while True:
+            await self._pace()
+            try:
+                incoming = await self.transport.receive(timeout=cfg.idle_timeout_s)
+            except (asyncio.TimeoutError, TimeoutError):
+                raise SessionError(
+                    CloseCode.IDLE_TIMEOUT,
+                    f"no message for {cfg.idle_timeout_s:g} s; send audio or a keepalive message",
+                ) from None
+            if incoming.kind == "closed":
+                return
+            if incoming.kind == "too_big":
+                raise SessionError(CloseCode.MESSAGE_TOO_BIG, self._too_big_message())
+            if incoming.kind == "error":
+                if self.close_code is None:
+                    logger.info(f"ASR session {self.session_id}: transport error: {incoming.data!r}")
+                return
+            if incoming.kind == "binary":
+                await self._on_audio(incoming.data)  # type: ignore[arg-type]
+                continue
+            try:
+                msg = parse_client_message(incoming.data)
+            except ProtocolError as e:
+                raise SessionError(CloseCode.PROTOCOL_ERROR, str(e)) from None
+            if isinstance(msg, FinalizeMessage):
+                self._on_finalize()
+            elif isinstance(msg, SetLatencyMessage):
+                await self._on_set_latency(msg.latency_ms)
+            elif isinstance(msg, KeepaliveMessage):
+                pass
+            elif isinstance(msg, CloseMessage):
+                await self._close_gracefully()
+                return
+            else:
+                raise SessionError(CloseCode.PROTOCOL_ERROR, "config was already received for this session")
+
+    async def _on_audio(self, data: bytes) -> None:
+        assert self.stream is not None and self.config is not None
+        if not data:
+            return
+        ms = len(data) / self.config.bytes_per_ms
+        self.audio_ms += ms
+        self._credit_ms -= ms
+        self.service.metrics.audio_seconds.inc(ms / 1000.0)
+        try:
+            await self.stream.push(
+                data, sample_rate=self.config.sample_rate, num_channels=self.config.num_channels
+            )
+        except InvalidAudioError as e:
+            raise SessionError(CloseCode.PROTOCOL_ERROR, f"unusable audio: {e}") from None
+        except StreamFailedError as e:
+            raise SessionError(CloseCode.INTERNAL, f"ASR stream failed: {e}") from None
+        except StreamClosedError:
+            raise SessionError(CloseCode.INTERNAL, "the ASR stream was closed by the server") from None
+
+    def _on_finalize(self) -> None:
+        assert self.stream is not None
+        try:
+            future = self.stream.finalize_nowait()
+        except StreamFailedError as e:
+            raise SessionError(CloseCode.INTERNAL, f"ASR stream failed: {e}") from None
+        except StreamClosedError:
+            raise SessionError(CloseCode.INTERNAL, "the ASR stream was closed by the server") from None
+        self.finals_requested += 1
+        self._final_futures.append(future)
+        # The final is delivered through the updates iterator; only observe the future's error here.
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    async def _on_set_latency(self, latency_ms: int) -> None:
+        assert self.stream is not None
+        try:
+            self.stream.set_latency(latency_ms)
+        except ValueError as e:
+            reason = close_reason(CloseCode.PROTOCOL_ERROR)
+            await self._send(
+                ErrorMessage(code=CloseCode.PROTOCOL_ERROR, reason=reason, message=str(e), fatal=False)
+            )
+            return
+        applied = "now" if self.stream.latency_ms == latency_ms else "next_utterance"
+        await self._send(LatencyMessage(latency_ms=latency_ms, applied=applied))
+
+    async def _pace(self) -> None:
+        """Pause reading (TCP backpressure throttles the client) while it is ahead of real time or backlogged.
+
+        A token bucket allows ``burst_ms`` of audio ahead of real time, refilled at ``max_speed`` x real time;
+        separately, reading pauses while the engine holds more than ``max_backlog_ms`` of this session's audio,
+        and the session is dropped (4029) if that lasts ``backlog_timeout_s``. A paused session costs no
+        engine time, so it never slows the others.
+        """
+        cfg = self.service.config
+        now = time.monotonic()
+        self._credit_ms = min(
+            cfg.burst_ms, self._credit_ms + (now - self._credit_at) * 1000.0 * cfg.max_speed
+        )
+        self._credit_at = now
+        if self._credit_ms < 0:
+            wait_s = -self._credit_ms / (1000.0 * cfg.max_speed)
+            self.service.metrics.throttled_seconds.inc(wait_s)
+            await asyncio.sleep(wait_s)
+        if self.backlog_ms > cfg.max_backlog_ms:
+            started = time.monotonic()
+            resume_ms = cfg.max_backlog_ms / 2
+            while self.backlog_ms > resume_ms:
+                waited = time.monotonic() - started
+                if waited > cfg.backlog_timeout_s:
+                    self.service.metrics.throttled_seconds.inc(waited)
+                    raise SessionError(
+                        CloseCode.BACKLOG,
+                        f"the session stayed more than {cfg.max_backlog_ms:g} ms behind real time for "
+                        f"{cfg.backlog_timeout_s:g} s (server overloaded)",
+                    )
+                await asyncio.sleep(0.02)
+            self.service.metrics.throttled_seconds.inc(time.monotonic() - started)
+
+    async def _close_gracefully(self) -> None:
+        """After a client ``close``: send the finals still owed (bounded wait), then close with 1000."""
+        timeout = self.service.config.close_timeout_s
+        deadline = time.monotonic() + timeout
+        while self.finals_sent < self.finals_requested and self.close_code is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                logger.warning(
+                    f"ASR session {self.session_id}: {self.finals_requested - self.finals_sent} final(s) not "
+                    f"ready within {timeout:g} s of close"
+                )
+                break
+            self._finals_event.clear()
+            try:
+                await asyncio.wait_for(self._finals_event.wait(), remaining)
+            except (asyncio.TimeoutError, TimeoutError):
+                pass
+        self.end_how = "client_close"
+        if self.close_code is None:
+            self.close_code = CloseCode.NORMAL
+            await self._close_transport(CloseCode.NORMAL, "normal")
+
+    # ---- writing ------------------------------------------------------------------------------------------
+
+    async def _forward_results(self, stream: ASRStream) -> None:
+        assert self.config is not None
+        metrics = self.service.metrics
+        interim = self.config.interim_results
+        try:
+            async for update in stream.updates():
+                if update.is_final:
+                    await self._send(self._final_message(update, stream))
+                    self.finals_sent += 1
+                    self._finals_event.set()
+                    metrics.finalize_seconds.observe((update.ttf_ms or 0.0) / 1000.0)
+                    logger.debug(
+                        f"ASR session {self.session_id} final {update.utterance} in {update.ttf_ms or 0:.1f} ms: "
+                        f"{update.text!r}"
+                    )
+                else:
+                    metrics.partial_lag_seconds.observe(update.lag_ms / 1000.0)
+                    if interim:
+                        await self._send(
+                            PartialMessage(
+                                utterance=update.utterance,
+                                text=update.text,
+                                latency_ms=update.latency_ms,
+                                audio_ms=self._position_ms(stream),
+                                queue_ms=update.queue_ms,
+                                step_ms=update.step_ms,
+                                lag_ms=update.lag_ms,
+                            )
+                        )
+        except (asyncio.TimeoutError, TimeoutError):
+            await self.fail(
+                CloseCode.IDLE_TIMEOUT,
+                f"the client stopped reading results (a send blocked {self.service.config.send_timeout_s:g} s)",
+            )
+        except StreamFailedError as e:
+            await self.fail(CloseCode.INTERNAL, f"ASR stream failed: {e}")
+        except NemotronEngineError as e:
+            await self.fail(CloseCode.INTERNAL, f"ASR engine error: {e}")
+        except ConnectionError:
+            pass  # the client went away; the reader sees it too
+        except Exception as e:
+            if not self.transport.closed:
+                logger.exception(f"ASR session {self.session_id}: sending results failed: {e!r}")
+                await self.fail(CloseCode.INTERNAL, f"internal server error: {type(e).__name__}")
+
+    def _position_ms(self, stream: ASRStream) -> float:
+        """Session audio decoded so far, ms: exact up to the last final, then 10 ms resolution."""
+        return self._base_ms + max(0.0, stream.audio_seconds * 1000.0 - self._decoded_at_final_ms)
+
+    def _final_message(self, update: TranscriptUpdate, stream: ASRStream) -> FinalMessage:
+        decoded_ms = stream.audio_seconds * 1000.0
+        utterance_ms = max(0.0, decoded_ms - self._decoded_at_final_ms)
+        future = self._final_futures.popleft() if self._final_futures else None
+        if future is not None and future.done() and not future.cancelled() and future.exception() is None:
+            utterance_ms = future.result().audio_ms
+        self._base_ms += utterance_ms
+        self._decoded_at_final_ms = decoded_ms
+        return FinalMessage(
+            utterance=update.utterance,
+            text=update.text,
+            latency_ms=update.latency_ms,
+            audio_ms=self._base_ms,
+            utterance_audio_ms=utterance_ms,
+            ttf_ms=update.ttf_ms or 0.0,
+            step_ms=update.step_ms,
+        )
+
+    async def _send(self, msg: ServerMessage) -> None:
+        text = dump_server_message(msg)
+        async with self._send_lock:
+            await asyncio.wait_for(self.transport.send_text(text), self.service.config.send_timeout_s)
+
+    # ---- closing ------------------------------------------------------------------------------------------
+
+    async def _close_transport(self, code: int, reason: str) -> None:
+        try:
+            await asyncio.wait_for(self.transport.close(code, reason), 2.0)
+        except Exception as e:  # noqa: BLE001 - a broken connection cannot be closed more cleanly
+            logger.debug(f"ASR session {self.session_id}: close failed: {e!r}")
+
+    def _too_big_message(self) -> str:
+        limit = self.service.config.max_message_bytes
+        return f"a message exceeded {limit} bytes; send audio in frames of at most {limit} bytes (e.g. 20 ms)"
+
+    async def _cleanup(self) -> None:
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            try:
+                await stream.close()
+            except Exception as e:  # noqa: BLE001 - the engine may be stopping
+                logger.debug(f"ASR session {self.session_id}: stream close failed: {e!r}")
+        writer, self._writer = self._writer, None
+        if writer is not None and not writer.done():
+            # The updates iterator ends with the stream; give a blocked send a moment, then cancel.
+            try:
+                await asyncio.wait_for(asyncio.shield(writer), 0.5)
+            except (asyncio.TimeoutError, TimeoutError):
+                writer.cancel()
+            except Exception:
+                pass
+        if self.close_code is None:
+            self.close_code = CloseCode.NORMAL
+            await self._close_transport(CloseCode.NORMAL, "normal")
+        duration = time.monotonic() - self.opened_at
+        logger.info(
+            f"ASR session {self.session_id} ended ({self.end_how}, code {self.close_code}) after {duration:.1f} s, "
+            f"{self.audio_ms / 1000.0:.1f} s of audio, {self.finals_sent} final(s)"
+        )
+
+
+class _ClientGone(SessionError):
+    """The client closed before sending its config (not an error worth a message)."""
+
+    def __init__(self) -> None:
+        super().__init__(CloseCode.NORMAL, "")
+
+
+def remote_of(peer: object) -> str:
+    """Format a peer address (tuple or string) for logs."""
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer) if peer else "?"

@@ -1,0 +1,591 @@
+"""``NemotronServerSTTService``: Pipecat STT that streams to a remote Nemotron ASR server (``pipecat-nemotron serve``).
+
+The client side of the scale-out deployment: many bot processes (each without a GPU) stream their users'
+audio over WebSockets (protocol ``nemotron-asr.v1``, ``docs/PROTOCOL.md``) to one GPU server that batches
+every session into one model step. It pushes the same frames as the in-process
+:class:`~pipecat_nemotron.stt.NemotronSTTService`: ``InterimTranscriptionFrame`` as the text grows, one
+finalized ``TranscriptionFrame`` per user turn (finalized on ``VADUserStoppedSpeakingFrame``), the
+``asr_finalize`` metric, and ``STTUpdateSettingsFrame(delta=NemotronSTTSettings(latency_ms=...))`` switches
+the latency mode.
+
+Reconnection never loses a finalized turn: the audio of every utterance whose final has not arrived yet is
+kept client-side (bounded) and replayed, with its ``finalize``, on the new session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import deque
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
+
+from loguru import logger
+from pipecat.frames.frames import (
+    CancelFrame,
+    EndFrame,
+    ErrorFrame,
+    Frame,
+    InterimTranscriptionFrame,
+    StartFrame,
+    STTMetadataFrame,
+    TranscriptionFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection
+from pipecat.services.settings import NOT_GIVEN, STTSettings, is_given
+from pipecat.services.stt_service import WebsocketSTTService
+from pipecat.transcriptions.language import Language
+from pipecat.utils.time import time_now_iso8601
+from pipecat.utils.tracing.service_decorators import traced_stt
+from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
+
+from pipecat_nemotron.engine.config import LATENCY_MODES, validate_latency_ms
+from pipecat_nemotron.metrics import asr_finalize_metrics_frame
+from pipecat_nemotron.server.protocol import (
+    DEFAULT_PATH,
+    PROTOCOL_VERSION,
+    ConfigMessage,
+    ErrorMessage,
+    FinalizeMessage,
+    FinalMessage,
+    KeepaliveMessage,
+    LatencyMessage,
+    PartialMessage,
+    ProtocolError,
+    ReadyMessage,
+    SetLatencyMessage,
+    close_reason,
+    is_permanent,
+    parse_server_message,
+)
+from pipecat_nemotron.stt import NEMOTRON_TTFS_P99, VAD_STOP_SECS, NemotronSTTSettings
+
+#: Default server URL (a server on this machine).
+DEFAULT_URL = f"ws://127.0.0.1:8765{DEFAULT_PATH}"
+
+#: Environment variable holding the bearer token when ``token`` is not passed.
+TOKEN_ENV = "NEMOTRON_ASR_TOKEN"
+
+_TTFS_MARGIN = 1.5
+
+
+class ServerRefusedError(ConnectionError):
+    """The server refused or closed the session with a close code.
+
+    Attributes:
+        code: The WebSocket close code (see :class:`~pipecat_nemotron.server.protocol.CloseCode`).
+
+    """
+
+    def __init__(self, code: int | None, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _Segment:
+    """Audio of one utterance not yet confirmed by its final, kept for replay after a reconnect."""
+
+    chunks: deque[bytes] = field(default_factory=deque)
+    nbytes: int = 0
+    finalized: bool = False
+    finalize_sent_at: float | None = None
+
+    def append(self, audio: bytes) -> None:
+        self.chunks.append(audio)
+        self.nbytes += len(audio)
+
+    def drop_front(self, nbytes: int) -> int:
+        """Drop whole chunks from the front until at least ``nbytes`` are gone (or empty); return bytes dropped."""
+        dropped = 0
+        while self.chunks and dropped < nbytes:
+            chunk = self.chunks.popleft()
+            dropped += len(chunk)
+        self.nbytes -= dropped
+        return dropped
+
+
+class NemotronServerSTTService(WebsocketSTTService):
+    """Remote NVIDIA Nemotron Speech streaming ASR: a Pipecat STT client of a ``pipecat-nemotron serve`` server.
+
+    Use it instead of the in-process :class:`~pipecat_nemotron.stt.NemotronSTTService` when bots run on
+    machines without a GPU (or to pack every bot's audio into one GPU's batches). Same frames, same settings.
+
+    Example::
+
+        stt = NemotronServerSTTService(url="wss://asr.internal/v1/asr", token=os.environ["NEMOTRON_ASR_TOKEN"])
+
+    On a dropped connection it reconnects with exponential backoff (not after a permanent refusal such as
+    a wrong token, 4001) and replays the audio of every utterance whose final has not arrived, so no finalized
+    text is lost. Between turns (user not speaking) only the last ``replay_preroll_s`` of audio is kept.
+    """
+
+    Settings = NemotronSTTSettings
+    _settings: NemotronSTTSettings
+
+    def __init__(
+        self,
+        *,
+        url: str = DEFAULT_URL,
+        token: str | None = None,
+        latency_ms: int = 160,
+        extra_headers: dict[str, str] | None = None,
+        connect_timeout_s: float = 10.0,
+        replay_max_s: float = 60.0,
+        replay_preroll_s: float = 1.0,
+        final_timeout_s: float = 5.0,
+        max_reconnect_attempts: int = 10,
+        reconnect_backoff_min_wait: float = 0.5,
+        reconnect_backoff_max_wait: float = 5.0,
+        keepalive_timeout: float | None = 10.0,
+        keepalive_interval: float = 5.0,
+        ttfs_p99_latency: float | None = None,
+        settings: NemotronSTTSettings | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Create the service. It connects at ``StartFrame``.
+
+        Args:
+            url: Session WebSocket URL of the server (``ws://`` or ``wss://``, path ``/v1/asr``).
+            token: Bearer token (default: the ``NEMOTRON_ASR_TOKEN`` environment variable; None for a server
+                run with ``--insecure``).
+            latency_ms: Initial latency mode: 80, 160, 560 or 1120 ms.
+            extra_headers: More headers for the WebSocket handshake.
+            connect_timeout_s: Time allowed to connect and get ``ready``, s.
+            replay_max_s: Most audio kept for replay after a reconnect, s (older audio is dropped, with a
+                warning, if utterances go unconfirmed for longer).
+            replay_preroll_s: Audio kept for replay while the user is not speaking, s (covers the VAD's
+                start delay).
+            final_timeout_s: At ``EndFrame``, wait this long for the finals still owed, s.
+            max_reconnect_attempts: Reconnect attempts after a drop before giving up (permanently).
+            reconnect_backoff_min_wait: First backoff between attempts, s.
+            reconnect_backoff_max_wait: Largest backoff between attempts, s.
+            keepalive_timeout: Send a keepalive message after this long without audio (muted user), s; None
+                disables it (the server closes idle sessions after its idle timeout, 30 s by default).
+            keepalive_interval: How often to check for keepalive, s.
+            ttfs_p99_latency: P99 speech-end-to-final time, s. Default: 0.2 s (VAD stop) plus 1.5x the
+                measured finalize round trip once measured, or ``NEMOTRON_TTFS_P99`` before that.
+            settings: Runtime settings (``latency_ms``); overrides ``latency_ms`` above.
+            **kwargs: Passed to :class:`~pipecat.services.stt_service.WebsocketSTTService`.
+
+        Raises:
+            ValueError: Unsupported latency, or a URL that is not ``ws://`` / ``wss://``.
+
+        """
+        validate_latency_ms(latency_ms)
+        if not url.startswith(("ws://", "wss://")):
+            raise ValueError(f"url must start with ws:// or wss://, got {url!r}")
+        default_settings = NemotronSTTSettings(model=None, language=Language.EN, latency_ms=latency_ms)
+        if settings is not None:
+            default_settings.apply_update(settings)
+        validate_latency_ms(default_settings.latency_ms)  # type: ignore[arg-type]
+        super().__init__(
+            ttfs_p99_latency=ttfs_p99_latency,
+            settings=default_settings,
+            keepalive_timeout=keepalive_timeout,
+            keepalive_interval=keepalive_interval,
+            reconnect_backoff_min_wait=reconnect_backoff_min_wait,
+            reconnect_backoff_max_wait=reconnect_backoff_max_wait,
+            **kwargs,
+        )
+        self._url = url
+        self._token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self._extra_headers = dict(extra_headers or {})
+        self._connect_timeout_s = connect_timeout_s
+        self._replay_max_s = replay_max_s
+        self._replay_preroll_s = replay_preroll_s
+        self._final_timeout_s = final_timeout_s
+        self._max_reconnect_attempts = max_reconnect_attempts
+        self._explicit_ttfs = ttfs_p99_latency is not None
+        self._receive_task: asyncio.Task[None] | None = None
+        self._send_lock = asyncio.Lock()
+        self._segments: deque[_Segment] = deque([_Segment()])
+        self._finals_done = asyncio.Event()
+        self._finals_done.set()
+        self._ready: ReadyMessage | None = None
+        self._server_model: str | None = None
+        self._last_interim = ""
+        self._finalize_rtts_ms: deque[float] = deque(maxlen=512)
+        self._dropped_replay_ms = 0.0
+        self._fatal_error: ErrorMessage | None = None
+        self.sessions_opened = 0
+
+    # ---- properties ---------------------------------------------------------------------------------------
+
+    @property
+    def latency_ms(self) -> int:
+        """Latency mode requested in the settings, ms."""
+        return int(self._settings.latency_ms)  # type: ignore[arg-type]
+
+    @property
+    def ready(self) -> ReadyMessage | None:
+        """The current session's ``ready`` message (None while disconnected)."""
+        return self._ready
+
+    @property
+    def pending_replay_ms(self) -> float:
+        """Audio held for replay (utterances not yet confirmed by a final), ms."""
+        return sum(s.nbytes for s in self._segments) / self._bytes_per_ms
+
+    @property
+    def _bytes_per_ms(self) -> float:
+        return 2 * (self.sample_rate or 16000) / 1000.0
+
+    def can_generate_metrics(self) -> bool:
+        """Report TTFS and processing metrics."""
+        return True
+
+    def service_metadata_frame(self) -> STTMetadataFrame:
+        """Broadcast a TTFS p99 derived from the measured finalize round trips (unless given explicitly)."""
+        if not self._explicit_ttfs:
+            self._ttfs_p99_latency = self.measured_ttfs_p99()
+        return super().service_metadata_frame()
+
+    def measured_ttfs_p99(self) -> float:
+        """``VAD_STOP_SECS`` + 1.5x the finalize round-trip p99 (at least 20 ms), or the default before any."""
+        if not self._finalize_rtts_ms:
+            return NEMOTRON_TTFS_P99
+        ordered = sorted(self._finalize_rtts_ms)
+        p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+        return round(VAD_STOP_SECS + max(p99 * _TTFS_MARGIN, 20.0) / 1000.0, 3)
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------
+
+    async def start(self, frame: StartFrame) -> None:
+        """Connect to the server (a failure is reported and retried in the background)."""
+        await super().start(frame)
+        await self._connect()
+
+    async def stop(self, frame: EndFrame) -> None:
+        """Finalize what the user said last (if anything), wait for the finals still owed, then disconnect."""
+        await self._flush_finals()
+        await super().stop(frame)
+
+    async def cancel(self, frame: CancelFrame) -> None:
+        """Disconnect at once (the server frees the session's slot)."""
+        await super().cancel(frame)
+        self._segments = deque([_Segment()])
+        self._finals_done.set()
+
+    async def _connect(self) -> None:
+        await super()._connect()
+        try:
+            await self._connect_websocket()
+        except Exception as e:
+            logger.warning(f"{self}: could not connect to the ASR server at {self._url}: {e}")
+        if self._receive_task is None:
+            self._receive_task = self.create_task(self._receive_task_handler(self._report_error))
+
+    async def _disconnect(self) -> None:
+        await super()._disconnect()
+        if self._receive_task is not None:
+            await self.cancel_task(self._receive_task)
+            self._receive_task = None
+        await self._disconnect_websocket()
+
+    async def _try_reconnect(self, max_retries: int = 3, report_error: Any = None) -> bool:
+        return await super()._try_reconnect(
+            max_retries=self._max_reconnect_attempts, report_error=report_error
+        )
+
+    async def _connect_websocket(self) -> None:
+        """Open a session: connect, send ``config``, wait for ``ready``, replay unconfirmed audio.
+
+        Raises:
+            ServerRefusedError: The server refused the session (a permanent refusal is also reported as a
+                permanent error, which stops reconnection).
+            OSError / TimeoutError: The server is unreachable.
+
+        """
+        if self._websocket is not None and self._websocket.state is State.OPEN and self._ready is not None:
+            return
+        headers = dict(self._extra_headers)
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        logger.debug(f"{self}: connecting to {self._url}")
+        ws = await asyncio.wait_for(
+            self._websocket_connect(
+                self._url,
+                additional_headers=headers or None,
+                subprotocols=[PROTOCOL_VERSION],
+                open_timeout=self._connect_timeout_s,
+            ),
+            self._connect_timeout_s + 1.0,
+        )
+        self._websocket = ws
+        config = ConfigMessage(
+            latency_ms=self.latency_ms,
+            sample_rate=self.sample_rate,
+            num_channels=1,
+            client="pipecat-nemotron/NemotronServerSTTService",
+        )
+        try:
+            await ws.send(config.to_json())
+            first = await asyncio.wait_for(ws.recv(), self._connect_timeout_s)
+            msg = parse_server_message(first)
+            if isinstance(msg, ErrorMessage):
+                try:
+                    await asyncio.wait_for(ws.wait_closed(), 2.0)
+                except (asyncio.TimeoutError, TimeoutError):
+                    pass
+                raise ServerRefusedError(msg.code, f"{msg.reason}: {msg.message}")
+            if not isinstance(msg, ReadyMessage):
+                raise ServerRefusedError(None, f"expected 'ready', got {msg.type!r}")
+        except ConnectionClosed as e:
+            code = e.rcvd.code if e.rcvd is not None else None
+            reason = e.rcvd.reason if e.rcvd is not None else ""
+            await self._on_refused(ServerRefusedError(code, f"{close_reason(code or 0)}: {reason}"))
+            raise ServerRefusedError(code, f"the server closed the connection with {code}: {reason}") from e
+        except ServerRefusedError as e:
+            await self._on_refused(e)
+            raise
+        except BaseException:
+            self._websocket = None
+            await ws.close()
+            raise
+        await self._on_ready(ws, msg)
+
+    async def _on_refused(self, error: ServerRefusedError) -> None:
+        self._websocket = None
+        if is_permanent(error.code):
+            msg = f"the Nemotron ASR server refused the session ({error.code}): {error}"
+            logger.error(f"{self}: {msg}")
+            await self._report_error(ErrorFrame(msg, exception=error), force_treat_as_permanent=True)
+        else:
+            logger.warning(f"{self}: the Nemotron ASR server refused the session ({error.code}): {error}")
+
+    async def _on_ready(self, ws: Any, ready: ReadyMessage) -> None:
+        """Replay unconfirmed audio (and finalizes), then let live audio through."""
+        max_bytes = int(ready.limits.get("max_message_bytes", 65536)) if ready.limits else 65536
+        max_bytes = max(2048, min(max_bytes, 65536)) // 2 * 2
+        async with self._send_lock:
+            replay_ms = self.pending_replay_ms
+            for seg in self._segments:
+                buf = bytearray()
+                for chunk in seg.chunks:
+                    if len(buf) + len(chunk) > max_bytes and buf:
+                        await ws.send(bytes(buf))
+                        buf.clear()
+                    buf += chunk
+                if buf:
+                    await ws.send(bytes(buf))
+                if seg.finalized:
+                    await ws.send(FinalizeMessage().to_json())
+                    seg.finalize_sent_at = time.monotonic()
+            self._ready = ready
+            self._server_model = ready.model
+            self._settings.model = ready.model
+            self._fatal_error = None
+        self.sessions_opened += 1
+        if self.sessions_opened > 1 and replay_ms > 0:
+            logger.info(
+                f"{self}: reconnected (session {ready.session_id}); replayed {replay_ms:.0f} ms of audio"
+            )
+        else:
+            logger.info(
+                f"{self}: connected to the Nemotron ASR server (session {ready.session_id}, {ready.model})"
+            )
+        await self._call_event_handler("on_connected")
+
+    async def _disconnect_websocket(self) -> None:
+        ws, self._websocket = self._websocket, None
+        self._ready = None
+        if ws is None:
+            return
+        try:
+            if ws.state is State.OPEN:
+                await ws.close()
+        except Exception as e:
+            logger.debug(f"{self}: error closing the websocket: {e!r}")
+        finally:
+            await self._call_event_handler("on_disconnected")
+
+    async def _receive_messages(self) -> None:
+        ws = self._websocket
+        if ws is None or self._ready is None:
+            raise ConnectionError(f"{self}: not connected to the ASR server")
+        try:
+            async for message in ws:
+                if isinstance(message, bytes):
+                    continue
+                try:
+                    msg = parse_server_message(message)
+                except ProtocolError as e:
+                    logger.warning(f"{self}: ignoring a malformed server message: {e}")
+                    continue
+                await self._handle_message(msg)
+        except ConnectionClosed:
+            pass
+        self._ready = None
+        if self._disconnecting:
+            return
+        code = ws.close_code
+        reason = self._fatal_error.message if self._fatal_error else (ws.close_reason or "")
+        if is_permanent(code):
+            msg = f"the Nemotron ASR server closed the session ({code} {close_reason(code or 0)}): {reason}"
+            logger.error(f"{self}: {msg}")
+            await self._report_error(ErrorFrame(msg), force_treat_as_permanent=True)
+            return
+        raise ConnectionError(
+            f"the ASR server closed the session with {code} ({close_reason(code or 0)}): {reason}"
+        )
+
+    async def _handle_message(self, msg: Any) -> None:
+        if isinstance(msg, PartialMessage):
+            if msg.text and msg.text != self._last_interim:
+                self._last_interim = msg.text
+                await self.push_frame(
+                    InterimTranscriptionFrame(msg.text, self._user_id, time_now_iso8601(), Language.EN)
+                )
+        elif isinstance(msg, FinalMessage):
+            await self._on_final(msg)
+        elif isinstance(msg, LatencyMessage):
+            logger.debug(f"{self}: latency mode {msg.latency_ms} ms applies {msg.applied}")
+        elif isinstance(msg, ErrorMessage):
+            if msg.fatal:
+                self._fatal_error = msg
+                logger.warning(f"{self}: server error {msg.code} ({msg.reason}): {msg.message}")
+            else:
+                await self.push_error(error_msg=f"Nemotron ASR server: {msg.message}")
+
+    # ---- audio in -----------------------------------------------------------------------------------------
+
+    async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame | None, None]:
+        """Keep the audio for replay and send it if a session is open (else it is sent after reconnecting)."""
+        async with self._send_lock:
+            self._segments[-1].append(audio)
+            self._trim_replay()
+            if self._ready is not None and self._websocket is not None:
+                try:
+                    await self._websocket.send(audio)
+                except Exception as e:  # the receive loop notices the drop and reconnects
+                    logger.debug(f"{self}: audio send failed: {e!r}")
+        yield None
+
+    async def _send_keepalive(self, silence: bytes) -> None:
+        """Keep a session alive while no audio flows (muted user) with a keepalive message, not silence."""
+        if self._ready is not None and self._websocket is not None:
+            await self._websocket.send(KeepaliveMessage().to_json())
+
+    def _is_keepalive_ready(self) -> bool:
+        return self._ready is not None and self._websocket is not None and self._websocket.state is State.OPEN
+
+    def _trim_replay(self) -> None:
+        """Bound the replay buffer: preroll only between turns, ``replay_max_s`` in total."""
+        open_seg = self._segments[-1]
+        if not self._user_speaking:
+            keep = int(self._replay_preroll_s * 1000 * self._bytes_per_ms)
+            if open_seg.nbytes > keep + 8192:
+                open_seg.drop_front(open_seg.nbytes - keep)
+        limit = int(self._replay_max_s * 1000 * self._bytes_per_ms)
+        total = sum(s.nbytes for s in self._segments)
+        while total > limit:
+            seg = next((s for s in self._segments if s.nbytes > 0), None)
+            if seg is None:
+                break
+            dropped = seg.drop_front(total - limit)
+            total -= dropped
+            self._dropped_replay_ms += dropped / self._bytes_per_ms
+            logger.warning(
+                f"{self}: replay buffer over {self._replay_max_s:g} s; dropped {dropped / self._bytes_per_ms:.0f} ms "
+                "of unconfirmed audio (a reconnect now would lose it)"
+            )
+
+    # ---- end of turn --------------------------------------------------------------------------------------
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        """Handle frames; on ``VADUserStoppedSpeakingFrame`` finalize the utterance."""
+        await super().process_frame(frame, direction)
+        if isinstance(frame, VADUserStoppedSpeakingFrame):
+            self.request_finalize()
+            await self._finalize()
+
+    async def _finalize(self) -> None:
+        async with self._send_lock:
+            seg = self._segments[-1]
+            seg.finalized = True
+            self._segments.append(_Segment())
+            self._finals_done.clear()
+            if self._ready is not None and self._websocket is not None:
+                seg.finalize_sent_at = time.monotonic()
+                try:
+                    await self._websocket.send(FinalizeMessage().to_json())
+                except Exception as e:  # replayed after the reconnect
+                    logger.debug(f"{self}: finalize send failed: {e!r}")
+
+    async def _flush_finals(self) -> None:
+        """At the end of the session: finalize an unfinished utterance and wait for every final owed."""
+        if self._segments[-1].nbytes > 0 and self._ready is not None:
+            await self._finalize()
+        if any(s.finalized for s in self._segments):
+            try:
+                await asyncio.wait_for(self._finals_done.wait(), self._final_timeout_s)
+            except (asyncio.TimeoutError, TimeoutError):
+                logger.warning(
+                    f"{self}: finals still owed {self._final_timeout_s:g} s after the end of the session"
+                )
+
+    async def _on_final(self, msg: FinalMessage) -> None:
+        self._last_interim = ""
+        seg = self._segments[0] if self._segments and self._segments[0].finalized else None
+        if seg is None:
+            logger.warning(f"{self}: unexpected final for utterance {msg.utterance} (no finalize pending)")
+        else:
+            self._segments.popleft()
+            if seg.finalize_sent_at is not None:
+                self._finalize_rtts_ms.append((time.monotonic() - seg.finalize_sent_at) * 1000.0)
+        if not any(s.finalized for s in self._segments):
+            self._finals_done.set()
+        if not msg.text:
+            # No speech in this turn: no empty transcript, and no TTFS to report.
+            self._finalize_requested = False
+            await self._cancel_ttfb_timeout()
+            await self.cancel_ttfb_metrics()
+            logger.debug(f"{self}: utterance {msg.utterance} had no speech (finalize {msg.ttf_ms:.1f} ms)")
+            return
+        self.confirm_finalize()
+        await self.emit_stt_usage_metrics()
+        await self.push_frame(TranscriptionFrame(msg.text, self._user_id, time_now_iso8601(), Language.EN))
+        await self._handle_transcription(msg.text, True, Language.EN)
+        if self.metrics_enabled:
+            await self.push_frame(asr_finalize_metrics_frame(self.name, self._server_model, msg.ttf_ms))
+        rtt = f", round trip {self._finalize_rtts_ms[-1]:.1f} ms" if seg and seg.finalize_sent_at else ""
+        logger.info(
+            f"{self}: final for utterance {msg.utterance} in {msg.ttf_ms:.1f} ms on the server{rtt} "
+            f"({msg.latency_ms} ms mode)"
+        )
+        logger.debug(f"{self}: final transcript: {msg.text!r}")
+
+    @traced_stt
+    async def _handle_transcription(
+        self, transcript: str, is_final: bool, language: Language | None = None
+    ) -> None:
+        """Tracing hook for a final transcript (spans are opened and closed by ``traced_stt``)."""
+
+    # ---- settings -----------------------------------------------------------------------------------------
+
+    async def _update_settings(self, delta: STTSettings) -> dict[str, Any]:
+        """Apply a settings delta: ``latency_ms`` switches the session's mode; the model cannot change."""
+        if isinstance(delta, NemotronSTTSettings) and is_given(delta.latency_ms):
+            if delta.latency_ms not in LATENCY_MODES:
+                msg = f"latency_ms must be one of {sorted(LATENCY_MODES)} (ms), got {delta.latency_ms!r}"
+                await self.push_error(error_msg=msg)
+                delta.latency_ms = NOT_GIVEN
+        if is_given(delta.model) and delta.model != self._settings.model:
+            await self.push_error(error_msg="the model is chosen by the ASR server and cannot change here")
+            delta.model = NOT_GIVEN
+        changed = await super()._update_settings(delta)
+        if "latency_ms" in changed:
+            async with self._send_lock:
+                if self._ready is not None and self._websocket is not None:
+                    try:
+                        await self._websocket.send(SetLatencyMessage(latency_ms=self.latency_ms).to_json())
+                    except Exception as e:  # the reconnect's config carries the new mode
+                        logger.debug(f"{self}: set_latency send failed: {e!r}")
+            logger.info(f"{self}: latency mode -> {self.latency_ms} ms")
+        self._warn_unhandled_updated_settings(set(changed) - {"latency_ms", "model"})
+        return changed

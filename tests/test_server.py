@@ -1,0 +1,706 @@
+"""The ASR WebSocket server (nemotron-asr.v1), its Pipecat client, the load test and the Ray Serve deployment.
+
+Everything runs on loopback with a tiny model on CPU: the trained one when it exists, else a random-weight
+tiny model whose joint is biased towards blank (a random joint emits ~10 tokens per frame, which makes the
+CPU too slow for a multi-session real-time test; a bias of 0.8 gives a few tokens per second, like speech).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import wave
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+import pytest_asyncio
+import websockets
+from helpers import noise_clip, push_realtime_chunks, to_pcm16
+from pipecat.frames.frames import (
+    ErrorFrame,
+    InputAudioRawFrame,
+    InterimTranscriptionFrame,
+    MetricsFrame,
+    STTUpdateSettingsFrame,
+    TranscriptionFrame,
+    VADUserStartedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.metrics.metrics import TTFBMetricsData
+from pipecat.pipeline.worker import PipelineParams
+from pipecat.tests.utils import SleepFrame, run_test
+from websockets.exceptions import ConnectionClosed
+
+from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+from pipecat_nemotron.metrics import ASRFinalizeMetricsData
+from pipecat_nemotron.server.app import ASRServer, ServerConfig, is_loopback, tokens_from
+from pipecat_nemotron.server.protocol import (
+    PROTOCOL_VERSION,
+    CloseCode,
+    ConfigMessage,
+    ErrorMessage,
+    FinalMessage,
+    LatencyMessage,
+    PartialMessage,
+    ProtocolError,
+    ReadyMessage,
+    SetLatencyMessage,
+    dump_server_message,
+    is_permanent,
+    parse_client_message,
+    parse_server_message,
+)
+from pipecat_nemotron.server_stt import NemotronServerSTTService
+from pipecat_nemotron.stt import NemotronSTTSettings
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+SYNC = pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")
+
+ASSETS = Path(__file__).resolve().parents[1] / "pipecat_nemotron" / "assets"
+TRAINED_MODEL = ASSETS / "tiny_nemotron_asr.nemo"
+DEMO = ASSETS / "demo"
+TOKEN = "test-token-0123456789abcdef"
+FRAME_BYTES = 640  # 20 ms of 16 kHz int16
+
+
+def clip(name: str = "demo_math.wav", seed: int = 61, seconds: float = 1.6) -> bytes:
+    """A bundled demo utterance (16 kHz int16), or deterministic noise where the demo WAVs are absent."""
+    path = DEMO / name
+    if path.exists():
+        from pipecat_nemotron.bench.load import read_wav
+
+        return read_wav(path)
+    return to_pcm16(noise_clip(seconds, seed=seed))
+
+
+# ---- fixtures ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread: on 2 busy cores, OpenMP threads spinning at barriers make steps ~10x slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def asr_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if TRAINED_MODEL.exists():
+        return TRAINED_MODEL
+    from pipecat_nemotron.engine.architectures import build_random_model
+
+    return build_random_model(
+        tmp_path_factory.mktemp("server_models") / "tiny_b08.nemo", size="tiny", seed=1, blank_bias=0.8
+    )
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine(asr_model: Path, one_torch_thread):
+    eng = NemotronEngine(EngineConfig(model=str(asr_model), device="cpu", max_streams=10, max_batch_size=10))
+    await eng.start()
+    yield eng
+    await eng.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def server(engine: NemotronEngine):
+    srv = ASRServer(
+        engine,
+        ServerConfig(
+            port=0,
+            tokens=(TOKEN,),
+            allowed_origins=("https://bots.example",),
+            max_sessions=4,
+            max_message_bytes=32 * 1024,
+            idle_timeout_s=5.0,
+            config_timeout_s=5.0,
+        ),
+    )
+    await srv.start()
+    yield srv
+    await srv.stop(drain_timeout_s=0)
+
+
+async def connect(url: str, token: str | None = TOKEN, **kwargs):
+    headers = dict(kwargs.pop("headers", {}) or {})
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    return await websockets.connect(
+        url, additional_headers=headers or None, subprotocols=[PROTOCOL_VERSION], **kwargs
+    )
+
+
+async def open_session(url: str, config: ConfigMessage | None = None, **kwargs):
+    ws = await connect(url, **kwargs)
+    await ws.send((config or ConfigMessage()).to_json())
+    first = parse_server_message(await asyncio.wait_for(ws.recv(), 10))
+    return ws, first
+
+
+async def expect_close(ws, code: int, timeout: float = 10.0) -> list:
+    """Read until the server closes; return the messages; assert the close code."""
+    messages = []
+    try:
+        async with asyncio.timeout(timeout):
+            async for raw in ws:
+                if isinstance(raw, str):
+                    messages.append(parse_server_message(raw))
+    except ConnectionClosed:
+        pass
+    assert ws.close_code == code, (ws.close_code, ws.close_reason, messages)
+    return messages
+
+
+async def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def stream(ws, pcm: bytes, speed: float = 4.0) -> None:
+    """Send ``pcm`` in 20 ms frames at ``speed`` x real time."""
+    for i in range(0, len(pcm), FRAME_BYTES):
+        await ws.send(pcm[i : i + FRAME_BYTES])
+        await asyncio.sleep(0.02 / speed)
+
+
+async def in_process(engine: NemotronEngine, pcm: bytes, latency_ms: int = 160) -> tuple[list[str], str]:
+    """Partials and final of ``pcm`` through an engine stream directly."""
+    stream_ = engine.open_stream(latency_ms=latency_ms)
+    partials: list[str] = []
+
+    async def read() -> None:
+        async for u in stream_.updates():
+            if not u.is_final:
+                partials.append(u.text)
+
+    reader = asyncio.create_task(read())
+    await push_realtime_chunks(stream_, pcm, FRAME_BYTES)
+    final = await stream_.finalize()
+    await stream_.close()
+    await reader
+    return partials, final.text
+
+
+def is_subsequence(sub: list[str], seq: list[str]) -> bool:
+    it = iter(seq)
+    return all(any(x == y for y in it) for x in sub)
+
+
+def free_slots_restored(server: ASRServer, engine: NemotronEngine):
+    return lambda: server.service.active_sessions == 0 and engine.open_streams == 0
+
+
+# ---- protocol (no server) ------------------------------------------------------------------------------------
+
+
+@SYNC
+def test_protocol_messages_round_trip_and_errors_name_the_fix() -> None:
+    cfg = parse_client_message(ConfigMessage(latency_ms=560, sample_rate=48000, num_channels=2).to_json())
+    assert isinstance(cfg, ConfigMessage) and cfg.latency_ms == 560 and cfg.bytes_per_ms == 192.0
+    assert parse_client_message(
+        '{"type": "set_latency", "latency_ms": 80, "future_field": 1}'
+    ) == SetLatencyMessage(80)
+    for bad, fix in [
+        ("not json", "JSON"),
+        ("[1, 2]", "object"),
+        ('{"type": "nope"}', "config, finalize"),
+        ('{"type": "config", "sample_rate": 12345}', "sample_rate must be one of"),
+        ('{"type": "config", "encoding": "opus"}', "pcm_s16le"),
+        ('{"type": "config", "latency_ms": 100}', "[80, 160, 560, 1120]"),
+        ('{"type": "config", "protocol": "nemotron-asr.v9"}', PROTOCOL_VERSION),
+        ('{"type": "set_latency"}', "latency_ms"),
+    ]:
+        with pytest.raises(ProtocolError, match=__import__("re").escape(fix)):
+            parse_client_message(bad)
+    final = FinalMessage(utterance=2, text="hi", ttf_ms=12.3456)
+    again = parse_server_message(dump_server_message(final))
+    assert again == FinalMessage(utterance=2, text="hi", ttf_ms=12.35)
+    ready = parse_server_message(dump_server_message(ReadyMessage(session_id="s", latency_modes=(80, 160))))
+    assert isinstance(ready, ReadyMessage) and ready.latency_modes == (80, 160)
+    err = parse_server_message(dump_server_message(ErrorMessage(code=CloseCode.CAPACITY, reason="capacity")))
+    assert isinstance(err, ErrorMessage) and err.code == 4013
+    assert is_permanent(4001) and is_permanent(4400) and not is_permanent(4013) and not is_permanent(None)
+
+
+@SYNC
+def test_server_config_security_rules() -> None:
+    with pytest.raises(ValueError, match="loopback"):
+        ServerConfig(host="0.0.0.0", insecure=True)
+    with pytest.raises(ValueError, match="token"):
+        ServerConfig(host="127.0.0.1")
+    with pytest.raises(ValueError, match="16 characters"):
+        ServerConfig(tokens=("short",))
+    assert ServerConfig(host="::1", insecure=True).insecure
+    assert is_loopback("localhost") and is_loopback("127.0.0.2") and not is_loopback("10.0.0.1")
+    assert tokens_from(["a" * 16 + ", " + "b" * 16, "# comment\n" + "c" * 16]) == (
+        "a" * 16,
+        "b" * 16,
+        "c" * 16,
+    )
+
+
+# ---- server ----------------------------------------------------------------------------------------------------
+
+
+async def test_round_trip_partials_and_final_equal_in_process(
+    server: ASRServer, engine: NemotronEngine
+) -> None:
+    pcm = clip()
+    expected_partials, expected_final = await in_process(engine, pcm)
+    ws, ready = await open_session(server.url)
+    assert isinstance(ready, ReadyMessage)
+    assert ready.protocol == PROTOCOL_VERSION and ready.latency_ms == 160 and ready.chunk_ms > 0
+    assert ready.session_id and ready.server_id and ready.limits["max_message_bytes"] == 32 * 1024
+    assert ws.subprotocol == PROTOCOL_VERSION
+    await stream(ws, pcm)
+    await ws.send('{"type": "finalize"}')
+    await ws.send(SetLatencyMessage(560).to_json())
+    await ws.send('{"type": "close"}')
+    messages = await expect_close(ws, CloseCode.NORMAL)
+    partials = [m for m in messages if isinstance(m, PartialMessage)]
+    finals = [m for m in messages if isinstance(m, FinalMessage)]
+    assert [f.text for f in finals] == [expected_final]
+    assert finals[0].utterance == 0 and finals[0].ttf_ms > 0
+    assert finals[0].utterance_audio_ms == pytest.approx(len(pcm) / 32, abs=1)
+    assert finals[0].audio_ms == pytest.approx(len(pcm) / 32, abs=1)
+    if expected_partials:
+        assert partials, "the server sent no partials"
+    assert is_subsequence([p.text for p in partials], expected_partials)
+    assert all(p.lag_ms >= 0 and p.step_ms > 0 and p.utterance == 0 for p in partials)
+    assert all(0 < p.audio_ms <= len(pcm) / 32 + 1 for p in partials)
+    latency = [m for m in messages if isinstance(m, LatencyMessage)]
+    # Sent while the finalize was pending: the mode switches at that utterance boundary.
+    assert latency == [LatencyMessage(latency_ms=560, applied="next_utterance")]
+    await wait_for(free_slots_restored(server, engine), what="the slot to be freed")
+
+
+async def test_auth_and_origin_are_enforced(server: ASRServer, engine: NemotronEngine) -> None:
+    refused = server.service.metrics.refused
+    before = refused.labels("unauthorized")._value.get()
+    ws = await connect(server.url, token=None)  # no header: the config must carry the token
+    await ws.send(ConfigMessage().to_json())
+    messages = await expect_close(ws, CloseCode.UNAUTHORIZED)
+    assert isinstance(messages[0], ErrorMessage) and messages[0].reason == "unauthorized"
+    assert "Authorization: Bearer" in messages[0].message
+    ws = await connect(server.url, token="wrong-token-0123456789")
+    messages = await expect_close(ws, CloseCode.UNAUTHORIZED)
+    assert messages[0].code == 4001
+    assert refused.labels("unauthorized")._value.get() == before + 2
+    # A browser-style client may send the token in its config instead of a header.
+    ws, ready = await open_session(server.url, ConfigMessage(token=TOKEN), token=None)
+    assert isinstance(ready, ReadyMessage)
+    await ws.close()
+    # Connections still authenticating (no header, no config yet) hold no session slot.
+    anonymous = [await connect(server.url, token=None) for _ in range(server.service.max_sessions)]
+    ws, ready = await open_session(server.url)
+    assert isinstance(ready, ReadyMessage) and server.service.active_sessions == 1
+    await ws.close()
+    for anon in anonymous:
+        await anon.close()
+    ws = await connect(server.url, headers={"Origin": "https://evil.example"})
+    messages = await expect_close(ws, CloseCode.FORBIDDEN_ORIGIN)
+    assert "origin" in messages[0].message
+    ws, ready = await open_session(server.url, headers={"Origin": "https://bots.example"})
+    assert isinstance(ready, ReadyMessage)
+    await ws.close()
+    await wait_for(free_slots_restored(server, engine), what="the slots to be freed")
+
+
+async def test_over_capacity_client_is_refused_while_others_continue(
+    server: ASRServer, engine: NemotronEngine
+) -> None:
+    pcm = clip("demo_weather.wav", seed=62)
+    expected = await engine.transcribe(pcm)
+    sessions = [await open_session(server.url) for _ in range(server.service.max_sessions)]
+    assert all(isinstance(r, ReadyMessage) for _, r in sessions)
+    feeders = [asyncio.create_task(stream(ws, pcm, speed=2.0)) for ws, _ in sessions]
+    extra = await connect(server.url)
+    messages = await expect_close(extra, CloseCode.CAPACITY)
+    assert messages[0].reason == "capacity" and "slots" in messages[0].message
+    await asyncio.gather(*feeders)
+    for ws, _ in sessions:
+        await ws.send('{"type": "finalize"}')
+        await ws.send('{"type": "close"}')
+    for ws, _ in sessions:
+        finals = [m for m in await expect_close(ws, CloseCode.NORMAL) if isinstance(m, FinalMessage)]
+        assert [f.text for f in finals] == [expected.text]
+    await wait_for(free_slots_restored(server, engine), what="the slots to be freed")
+    ws, ready = await open_session(server.url)  # a slot is free again
+    assert isinstance(ready, ReadyMessage)
+    await ws.close()
+    assert server.service.metrics.refused.labels("capacity")._value.get() >= 1
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "code", "reason"),
+    [
+        (None, b"\x00" * (40 * 1024), CloseCode.MESSAGE_TOO_BIG, "message_too_big"),
+        (None, "this is not json", CloseCode.PROTOCOL_ERROR, "protocol_error"),
+        (None, '{"type": "config"}', CloseCode.PROTOCOL_ERROR, "protocol_error"),
+        (b"\x01\x02" * 100, None, CloseCode.PROTOCOL_ERROR, "protocol_error"),
+        ('{"type": "config", "sample_rate": 12345}', None, CloseCode.PROTOCOL_ERROR, "protocol_error"),
+    ],
+    ids=["oversize", "garbage-text", "second-config", "audio-before-config", "bad-config"],
+)
+async def test_bad_messages_get_a_clear_close_code_and_free_the_slot(
+    server: ASRServer, engine: NemotronEngine, first, then, code: int, reason: str
+) -> None:
+    ws = await connect(server.url)
+    await ws.send(first if first is not None else ConfigMessage().to_json())
+    if then is not None:
+        assert isinstance(parse_server_message(await ws.recv()), ReadyMessage)
+        await ws.send(clip()[:6400])
+        await ws.send(then)
+    messages = await expect_close(ws, code)
+    errors = [m for m in messages if isinstance(m, ErrorMessage)]
+    assert errors and errors[-1].reason == reason and errors[-1].fatal and errors[-1].message
+    await wait_for(free_slots_restored(server, engine), what="the slot to be freed")
+
+
+async def test_client_killed_mid_utterance_frees_its_slot(server: ASRServer, engine: NemotronEngine) -> None:
+    ws, ready = await open_session(server.url)
+    assert isinstance(ready, ReadyMessage)
+    await stream(ws, clip()[:32000], speed=4.0)
+    await wait_for(lambda: engine.open_streams == 1, what="the stream to open")
+    ws.transport.abort()  # no close handshake, like a crashed bot
+    await wait_for(free_slots_restored(server, engine), timeout=10, what="the slot to be freed")
+    ended = server.service.metrics.ended.labels("disconnect")._value.get()
+    assert ended >= 1
+
+
+async def test_idle_session_is_closed(server: ASRServer, engine: NemotronEngine) -> None:
+    idle = ASRServer(engine, ServerConfig(port=0, insecure=True, idle_timeout_s=0.5, config_timeout_s=0.5))
+    await idle.start()
+    try:
+        ws = await connect(idle.url, token=None)  # no config at all
+        messages = await expect_close(ws, CloseCode.IDLE_TIMEOUT)
+        assert "config" in messages[0].message
+        ws, ready = await open_session(idle.url, token=None)
+        await ws.send(b"\x00" * 640)
+        messages = await expect_close(ws, CloseCode.IDLE_TIMEOUT)
+        assert "keepalive" in messages[-1].message
+        await wait_for(free_slots_restored(idle, engine), what="the slot to be freed")
+    finally:
+        await idle.stop(drain_timeout_s=0)
+
+
+async def test_fast_sender_is_throttled_without_slowing_a_realtime_session(engine: NemotronEngine) -> None:
+    paced = ASRServer(engine, ServerConfig(port=0, insecure=True, burst_ms=500.0, max_speed=1.0))
+    await paced.start()
+    try:
+        blast = clip("two_turns.wav", seed=63, seconds=5.0) + clip("demo_timer.wav", seed=64, seconds=3.0)
+        audio_s = len(blast) / 32000
+        fast, _ = await open_session(paced.url, token=None)
+        slow, _ = await open_session(paced.url, token=None)
+        t0 = time.monotonic()
+        for i in range(0, len(blast), 16000):  # 0.5 s frames, as fast as the socket takes them
+            await fast.send(blast[i : i + 16000])
+        await fast.send('{"type": "finalize"}')
+        realtime = clip("demo_weather.wav", seed=65)
+        await stream(slow, realtime, speed=1.0)
+        await slow.send('{"type": "finalize"}')
+        await slow.send('{"type": "close"}')
+        await fast.send('{"type": "close"}')
+        fast_msgs = await expect_close(fast, CloseCode.NORMAL, timeout=30)
+        fast_done = time.monotonic() - t0
+        slow_msgs = await expect_close(slow, CloseCode.NORMAL, timeout=30)
+        # The server read the fast client at ~real time after its 0.5 s burst...
+        assert fast_done >= audio_s - 0.5 - 0.6, (fast_done, audio_s)
+        assert paced.service.metrics.throttled_seconds._value.get() > 1.0
+        assert [m for m in fast_msgs if isinstance(m, FinalMessage)]
+        # ...and the real-time session kept up meanwhile.
+        lags = [m.lag_ms for m in slow_msgs if isinstance(m, PartialMessage)]
+        assert [m for m in slow_msgs if isinstance(m, FinalMessage)]
+        if lags:
+            assert float(np.median(lags)) < 500, lags
+    finally:
+        await paced.stop(drain_timeout_s=0)
+
+
+async def test_health_readiness_metrics_and_info(server: ASRServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{server.http_url}/healthz") as r:
+            assert r.status == 200 and (await r.json())["status"] == "ok"
+        async with http.get(f"{server.http_url}/readyz") as r:
+            assert r.status == 200 and (await r.json())["free_sessions"] == 4
+        async with http.get(f"{server.http_url}/v1/info") as r:
+            info = await r.json()
+            assert info["protocol"] == PROTOCOL_VERSION and info["capacity"] == 4 and info["device"] == "cpu"
+        async with http.get(f"{server.http_url}/metrics") as r:
+            text = await r.text()
+            assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
+    for name in (
+        "nemotron_asr_active_sessions",
+        "nemotron_asr_batch_size_bucket",
+        "nemotron_asr_step_seconds_bucket",
+        "nemotron_asr_queue_wait_seconds_bucket",
+        "nemotron_asr_finalize_seconds_bucket",
+        "nemotron_asr_sessions_refused_total",
+        "nemotron_asr_sessions_dropped_total",
+        "nemotron_asr_ready 1.0",
+    ):
+        assert name in text, name
+
+
+async def test_unready_when_full(engine: NemotronEngine) -> None:
+    srv = ASRServer(engine, ServerConfig(port=0, insecure=True, max_sessions=1, unready_when_full=True))
+    await srv.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            ws, _ = await open_session(srv.url, token=None)
+            async with http.get(f"{srv.http_url}/readyz") as r:
+                assert r.status == 503 and (await r.json())["status"] == "full"
+            await ws.close()
+            await wait_for(lambda: srv.service.active_sessions == 0, what="the session to end")
+            async with http.get(f"{srv.http_url}/readyz") as r:
+                assert r.status == 200
+    finally:
+        await srv.stop(drain_timeout_s=0)
+
+
+async def test_not_ready_server_refuses_sessions_and_reports_it(tmp_path: Path) -> None:
+    broken = ASRServer(
+        EngineConfig(model=str(tmp_path / "missing.nemo"), device="cpu"), ServerConfig(port=0, insecure=True)
+    )
+    await broken.start(wait_ready=False)
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - the loader's own error type
+            await broken.wait_ready()
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{broken.http_url}/readyz") as r:
+                assert r.status == 503
+            async with http.get(f"{broken.http_url}/healthz") as r:
+                assert r.status == 500
+        ws = await connect(broken.url, token=None)
+        messages = await expect_close(ws, CloseCode.NOT_READY)
+        assert messages[0].reason == "not_ready"
+    finally:
+        await broken.stop(drain_timeout_s=0)
+
+
+async def test_shutdown_drains_then_closes_with_going_away(engine: NemotronEngine) -> None:
+    srv = ASRServer(engine, ServerConfig(port=0, insecure=True))
+    await srv.start()
+    ws, _ = await open_session(srv.url, token=None)
+    stopping = asyncio.create_task(srv.stop(drain_timeout_s=0.3))
+    await expect_close(ws, CloseCode.GOING_AWAY)
+    await stopping
+    assert engine.running  # a server never stops an engine it was given
+
+
+# ---- the Pipecat client ------------------------------------------------------------------------------------------
+
+
+def audio_frames(pcm: bytes) -> list[InputAudioRawFrame]:
+    return [
+        InputAudioRawFrame(audio=pcm[i : i + FRAME_BYTES], sample_rate=16000, num_channels=1)
+        for i in range(0, len(pcm), FRAME_BYTES)
+    ]
+
+
+def turn(pcm: bytes, wait: float = 1.5) -> list:
+    return [
+        VADUserStartedSpeakingFrame(),
+        *audio_frames(pcm),
+        VADUserStoppedSpeakingFrame(stop_secs=0.2),
+        SleepFrame(sleep=wait),
+    ]
+
+
+def finals_of(frames) -> list[TranscriptionFrame]:
+    return [f for f in frames if isinstance(f, TranscriptionFrame)]
+
+
+async def test_pipecat_client_gives_the_in_process_final(server: ASRServer, engine: NemotronEngine) -> None:
+    a, b = clip(), clip("demo_timer.wav", seed=66)
+    expected_a = (await engine.transcribe(a)).text
+    stt = NemotronServerSTTService(url=server.url, token=TOKEN)
+    down, _ = await run_test(
+        stt,
+        frames_to_send=[
+            SleepFrame(sleep=0.2),
+            *turn(a),
+            STTUpdateSettingsFrame(delta=NemotronSTTSettings(latency_ms=560)),
+            SleepFrame(sleep=0.1),
+            *turn(b, wait=2.0),
+        ],
+        pipeline_params=PipelineParams(enable_metrics=True),
+        start_timeout=5.0,
+    )
+    finals = finals_of(down)
+    if expected_a:
+        assert finals and finals[0].text == expected_a and finals[0].finalized
+    assert all(f.finalized for f in finals)
+    interims = [f for f in down if isinstance(f, InterimTranscriptionFrame)]
+    if finals:
+        assert interims and down.index(interims[0]) < down.index(finals[0])
+    metrics = [d for f in down if isinstance(f, MetricsFrame) for d in f.data]
+    finalize = [d for d in metrics if isinstance(d, ASRFinalizeMetricsData)]
+    assert len(finalize) == len(finals) and all(d.value > 0 for d in finalize)
+    ttfs = [d for d in metrics if isinstance(d, TTFBMetricsData) and d.processor == stt.name]
+    assert len(ttfs) >= len(finals)
+    assert stt.latency_ms == 560
+    await wait_for(free_slots_restored(server, engine), what="the slot to be freed")
+
+
+async def test_pipecat_client_reconnects_and_loses_no_final(
+    server: ASRServer, engine: NemotronEngine
+) -> None:
+    pcm = clip("demo_weather.wav", seed=67)
+    expected = (await engine.transcribe(pcm)).text
+    stt = NemotronServerSTTService(url=server.url, token=TOKEN, reconnect_backoff_min_wait=0.1)
+
+    async def drop_mid_utterance() -> None:
+        await wait_for(lambda: any(s.audio_ms > 800 for s in server.service.sessions.values()), timeout=20)
+        session = next(iter(server.service.sessions.values()))
+        await session.fail(CloseCode.INTERNAL, "simulated server failure")
+
+    dropper = asyncio.create_task(drop_mid_utterance())
+    frames = audio_frames(pcm)
+    down, _ = await run_test(
+        stt,
+        frames_to_send=[
+            SleepFrame(sleep=0.2),
+            VADUserStartedSpeakingFrame(),
+            *frames[: len(frames) // 2],
+            SleepFrame(sleep=0.5),  # the drop lands here, mid-utterance
+            *frames[len(frames) // 2 :],
+            VADUserStoppedSpeakingFrame(stop_secs=0.2),
+            SleepFrame(sleep=2.5),
+        ],
+        start_timeout=5.0,
+    )
+    await dropper
+    assert stt.sessions_opened == 2
+    finals = finals_of(down)
+    assert [f.text for f in finals] == ([expected] if expected else [])
+    await wait_for(free_slots_restored(server, engine), what="the slot to be freed")
+
+
+async def test_pipecat_client_stops_on_a_permanent_refusal(server: ASRServer) -> None:
+    stt = NemotronServerSTTService(
+        url=server.url, token="wrong-token-0123456789", reconnect_backoff_min_wait=0.1
+    )
+    _, up = await run_test(
+        stt, frames_to_send=[SleepFrame(sleep=0.5), *audio_frames(clip()[:6400])], start_timeout=5.0
+    )
+    errors = [f for f in up if isinstance(f, ErrorFrame)]
+    assert errors and "4001" in errors[0].error
+    assert not stt.is_usable and stt.sessions_opened == 0
+
+
+# ---- load ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_load_8_clients_realtime_without_drift(engine: NemotronEngine, tmp_path: Path) -> None:
+    """8 sessions x 60 s of real-time audio: zero errors, and a partial-lag slope consistent with +-2 ms/min.
+
+    "Consistent": the 99 % interval of the Theil-Sen slope reaches [-2, 2] ms/min, and the estimate itself
+    is under 120 ms/min (0.2 % of real time). On a quiet machine the interval is a few ms/min wide, so this
+    is the +-2 ms/min bound; on a shared 2-core box other processes' CPU bursts move 60 s windows by tens
+    of ms/min and widen the interval instead. A server that cannot keep up drifts by hundreds to thousands
+    of ms/min with a tight interval and fails either way.
+    """
+    from pipecat_nemotron.bench import load
+
+    srv = ASRServer(engine, ServerConfig(port=0, insecure=True))
+    await srv.start()
+    try:
+        # One short utterance on repeat: the drift windows (one audio period each) are 3.3 s long.
+        wav = tmp_path / "utterance.wav"
+        with wave.open(str(wav), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16000)
+            w.writeframes(clip())
+        parser = argparse.ArgumentParser()
+        load.add_arguments(parser)
+        args = parser.parse_args(
+            [
+                "--url",
+                srv.url,
+                "--clients",
+                "8",
+                "--minutes",
+                "1",
+                "--audio",
+                str(wav),
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        report = await load.run(args)
+    finally:
+        await srv.stop(drain_timeout_s=0)
+    s = report["summary"]
+    print(json.dumps(s, indent=1))
+    assert s["sessions_opened"] == 8 and s["refused"] == 0 and s["errors"] == 0, report["clients"]
+    assert s["late_frames"] <= 0.01 * s["audio_s"] / 0.02  # the load generator itself kept its pace
+    assert s["partials"] > 100 and s["finals"] >= 8 * 10
+    assert s["partial_lag_ms"]["p50"] < 500 and s["finalize_rtt_ms"]["p50"] < 500
+    assert s["drift_consistent"] and s["realtime_ok"], s
+    assert (tmp_path / "load.json").exists() and (tmp_path / "load.png").exists()
+
+
+# ---- Ray Serve -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_ray_serve_two_cpu_replicas_pin_sessions(asr_model: Path, engine: NemotronEngine) -> None:
+    ray = pytest.importorskip(
+        "ray", reason="ray[serve] is not installed (pip install 'pipecat-nemotron[ray]')"
+    )
+    from ray import serve
+
+    from pipecat_nemotron.bench.load import _free_port
+    from pipecat_nemotron.server.ray_serve import build_app
+
+    pcm = clip("demo_timer.wav", seed=68)
+    expected = (await engine.transcribe(pcm)).text
+    port = _free_port()
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
+    )
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        app = build_app(
+            EngineConfig(model=str(asr_model), device="cpu", max_streams=2, max_batch_size=2),
+            ServerConfig(insecure=True, max_sessions=2),
+            num_replicas=2,
+            gpus_per_replica=0,
+            cpus_per_replica=0.5,
+        )
+        await asyncio.to_thread(serve.run, app, route_prefix="/", blocking=False)
+        url = f"ws://127.0.0.1:{port}/v1/asr"
+        sessions = [await open_session(url, token=None, open_timeout=60) for _ in range(4)]
+        servers = {ready.server_id for _, ready in sessions}
+        assert len(servers) == 2, servers  # 2 slots per replica: 4 sessions need both replicas
+        results = await asyncio.gather(*(_stream_and_close(ws, pcm) for ws, _ in sessions))
+        assert all(texts == [expected] for texts in results), results
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+async def _stream_and_close(ws, pcm: bytes) -> list[str]:
+    await stream(ws, pcm, speed=2.0)
+    await ws.send('{"type": "finalize"}')
+    await ws.send('{"type": "close"}')
+    return [
+        m.text for m in await expect_close(ws, CloseCode.NORMAL, timeout=60) if isinstance(m, FinalMessage)
+    ]
