@@ -31,13 +31,11 @@ def _default_wav() -> Path | None:
 
 
 def _expected_text(wav: Path) -> str | None:
+    turns = wav.parent / "turns.json"
+    if turns.exists() and wav.name in (spec := json.loads(turns.read_text())):
+        return " | ".join(spec[wav.name]["turns"])
     manifest = wav.parent / "transcripts.json"
-    if not manifest.exists():
-        return None
-    value = json.loads(manifest.read_text()).get(wav.name)
-    if isinstance(value, list):
-        return " | ".join(value)
-    return value
+    return json.loads(manifest.read_text()).get(wav.name) if manifest.exists() else None
 
 
 async def run_demo(

@@ -31,11 +31,10 @@ from pipecat.frames.frames import (
     InterimTranscriptionFrame,
     StartFrame,
     STTMetadataFrame,
-    TranscriptionFrame,
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
-from pipecat.services.settings import NOT_GIVEN, STTSettings, is_given
+from pipecat.services.settings import STTSettings
 from pipecat.services.stt_service import WebsocketSTTService
 from pipecat.transcriptions.language import Language
 from pipecat.utils.time import time_now_iso8601
@@ -43,8 +42,7 @@ from pipecat.utils.tracing.service_decorators import traced_stt
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
-from pipecat_nemotron.engine.config import LATENCY_MODES, validate_latency_ms
-from pipecat_nemotron.metrics import asr_finalize_metrics_frame
+from pipecat_nemotron.engine.config import validate_latency_ms
 from pipecat_nemotron.server.protocol import (
     DEFAULT_PATH,
     PROTOCOL_VERSION,
@@ -63,6 +61,7 @@ from pipecat_nemotron.server.protocol import (
     parse_server_message,
 )
 from pipecat_nemotron.stt import NEMOTRON_TTFS_P99, VAD_STOP_SECS, NemotronSTTSettings
+from pipecat_nemotron.stt_common import NemotronFinalsMixin
 
 #: Default server URL (a server on this machine).
 DEFAULT_URL = f"ws://127.0.0.1:8765{DEFAULT_PATH}"
@@ -109,7 +108,7 @@ class _Segment:
         return dropped
 
 
-class NemotronServerSTTService(WebsocketSTTService):
+class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
     """Remote NVIDIA Nemotron Speech streaming ASR: a Pipecat STT client of a ``pipecat-nemotron serve`` server.
 
     Use it instead of the in-process :class:`~pipecat_nemotron.stt.NemotronSTTService` when bots run on
@@ -541,24 +540,14 @@ class NemotronServerSTTService(WebsocketSTTService):
         if not any(s.finalized for s in self._segments):
             self._finals_done.set()
         if not msg.text:
-            # No speech in this turn: no empty transcript, and no TTFS to report.
-            self._finalize_requested = False
-            await self._cancel_ttfb_timeout()
-            await self.cancel_ttfb_metrics()
-            logger.debug(f"{self}: utterance {msg.utterance} had no speech (finalize {msg.ttf_ms:.1f} ms)")
+            await self._skip_empty_final(msg.utterance, msg.ttf_ms)
             return
-        self.confirm_finalize()
-        await self.emit_stt_usage_metrics()
-        await self.push_frame(TranscriptionFrame(msg.text, self._user_id, time_now_iso8601(), Language.EN))
-        await self._handle_transcription(msg.text, True, Language.EN)
-        if self.metrics_enabled:
-            await self.push_frame(asr_finalize_metrics_frame(self.name, self._server_model, msg.ttf_ms))
+        await self._deliver_final(msg.text, msg.ttf_ms, self._server_model)
         rtt = f", round trip {self._finalize_rtts_ms[-1]:.1f} ms" if seg and seg.finalize_sent_at else ""
         logger.info(
             f"{self}: final for utterance {msg.utterance} in {msg.ttf_ms:.1f} ms on the server{rtt} "
             f"({msg.latency_ms} ms mode)"
         )
-        logger.debug(f"{self}: final transcript: {msg.text!r}")
 
     @traced_stt
     async def _handle_transcription(
@@ -570,14 +559,9 @@ class NemotronServerSTTService(WebsocketSTTService):
 
     async def _update_settings(self, delta: STTSettings) -> dict[str, Any]:
         """Apply a settings delta: ``latency_ms`` switches the session's mode; the model cannot change."""
-        if isinstance(delta, NemotronSTTSettings) and is_given(delta.latency_ms):
-            if delta.latency_ms not in LATENCY_MODES:
-                msg = f"latency_ms must be one of {sorted(LATENCY_MODES)} (ms), got {delta.latency_ms!r}"
-                await self.push_error(error_msg=msg)
-                delta.latency_ms = NOT_GIVEN
-        if is_given(delta.model) and delta.model != self._settings.model:
-            await self.push_error(error_msg="the model is chosen by the ASR server and cannot change here")
-            delta.model = NOT_GIVEN
+        await self._check_settings_delta(
+            delta, "the model is chosen by the ASR server and cannot change here"
+        )
         changed = await super()._update_settings(delta)
         if "latency_ms" in changed:
             async with self._send_lock:

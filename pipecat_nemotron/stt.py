@@ -21,12 +21,10 @@ from pipecat.frames.frames import (
     InterimTranscriptionFrame,
     StartFrame,
     STTMetadataFrame,
-    TranscriptionFrame,
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.settings import NOT_GIVEN, NotGiven, STTSettings, is_given
-from pipecat.services.stt_service import STTService
 from pipecat.transcriptions.language import Language
 from pipecat.utils.time import time_now_iso8601
 from pipecat.utils.tracing.service_decorators import traced_stt
@@ -36,14 +34,13 @@ from pipecat_nemotron.engine import (
     LATENCY_MODES,
     ASRStream,
     EngineConfig,
-    FinalTranscript,
     NemotronEngine,
     NemotronEngineError,
     TranscriptUpdate,
 )
 from pipecat_nemotron.engine.config import validate_latency_ms
 from pipecat_nemotron.engine.shared import SharedEngines, shared_engines
-from pipecat_nemotron.metrics import asr_finalize_metrics_frame
+from pipecat_nemotron.stt_common import NemotronFinalsMixin
 
 #: VAD ``stop_secs`` Pipecat's built-in TTFS values assume, seconds.
 VAD_STOP_SECS = 0.2
@@ -70,7 +67,7 @@ class NemotronSTTSettings(STTSettings):
     latency_ms: int | NotGiven = field(default_factory=lambda: NOT_GIVEN)
 
 
-class NemotronSTTService(STTService):
+class NemotronSTTService(NemotronFinalsMixin):
     """Local, in-process NVIDIA Nemotron Speech streaming ASR (cache-aware FastConformer-RNNT) for Pipecat.
 
     ``run_stt`` only queues audio; partial transcripts are pushed as ``InterimTranscriptionFrame`` whenever
@@ -344,34 +341,12 @@ class NemotronSTTService(STTService):
         self._last_interim = ""
         ttf_ms = update.ttf_ms or 0.0
         if not update.text:
-            # No speech in this turn: no empty transcript, and no TTFS to report.
-            self._finalize_requested = False
-            await self._cancel_ttfb_timeout()
-            await self.cancel_ttfb_metrics()
-            logger.debug(f"{self}: utterance {update.utterance} had no speech (finalize {ttf_ms:.1f} ms)")
+            await self._skip_empty_final(update.utterance, ttf_ms)
             return
-        final = FinalTranscript(
-            text=update.text,
-            ttf_ms=ttf_ms,
-            audio_ms=0.0,
-            utterance=update.utterance,
-            latency_ms=update.latency_ms,
-        )
-        await self._push_final(final)
-
-    async def _push_final(self, final: FinalTranscript) -> None:
-        self.confirm_finalize()
-        await self.emit_stt_usage_metrics()
-        await self.push_frame(TranscriptionFrame(final.text, self._user_id, time_now_iso8601(), Language.EN))
-        await self._handle_transcription(final.text, True, Language.EN)
-        if self.metrics_enabled:
-            await self.push_frame(
-                asr_finalize_metrics_frame(self.name, self._engine_config.model, final.ttf_ms)
-            )
+        await self._deliver_final(update.text, ttf_ms, self._engine_config.model)
         logger.info(
-            f"{self}: final for utterance {final.utterance} in {final.ttf_ms:.1f} ms ({final.latency_ms} ms mode)"
+            f"{self}: final for utterance {update.utterance} in {ttf_ms:.1f} ms ({update.latency_ms} ms mode)"
         )
-        logger.debug(f"{self}: final transcript: {final.text!r}")
 
     @traced_stt
     async def _handle_transcription(
