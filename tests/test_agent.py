@@ -18,7 +18,7 @@ from pipecat_nemotron.magpie import MagpieEngine, MagpieSynthesisOptions
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.stt import NemotronSTTService
 from pipecat_nemotron.tts import MagpieTTSService
-from pipecat_nemotron.wav_input import feed_wav
+from pipecat_nemotron.wav_input import feed_wav, read_wav
 
 LLM_DELAY_S = 0.4
 
@@ -48,17 +48,20 @@ def magpie_engine(tiny_magpie):
 
 
 def single_utterance_wav():
-    names = json.loads((DEMO_AUDIO_DIR / "transcripts.json").read_text())
-    singles = [n for n, text in names.items() if isinstance(text, str)]
-    return DEMO_AUDIO_DIR / sorted(singles)[0], names[sorted(singles)[0]]
+    """A bundled one-utterance demo WAV (two_turns.wav has two)."""
+    multi = set(json.loads((DEMO_AUDIO_DIR / "turns.json").read_text()))
+    return sorted(w for w in DEMO_AUDIO_DIR.glob("*.wav") if w.name not in multi)[0]
 
 
 async def test_full_local_agent_pipeline(openai_server: FakeOpenAIServer, magpie_engine, tmp_path) -> None:
-    wav, expected_text = single_utterance_wav()
+    wav = single_utterance_wav()
     openai_server.first_token_delay_s = LLM_DELAY_S
     openai_server.reply = "It is ten past nine."
     turns_path = tmp_path / "turns.jsonl"
     async with NemotronEngine(EngineConfig(model=str(TINY_MODEL_PATH), device="cpu", max_streams=2)) as asr:
+        pcm, rate, _ = read_wav(wav)
+        expected_text = (await asr.transcribe(pcm, latency_ms=160, sample_rate=rate)).text
+        assert expected_text  # the bundled model hears the bundled speech
         stt = NemotronSTTService(engine=asr, latency_ms=160)
         tts = MagpieTTSService(engine=magpie_engine, options=MagpieSynthesisOptions(max_duration_s=0.3))
         finals = FrameRecorder((TranscriptionFrame,))

@@ -1,0 +1,160 @@
+"""Smoke tests of ``python -m pipecat_nemotron.bench``: every benchmark runs at tiny size and writes sane JSON.
+
+These check structure and sanity (keys, counts, units, ratios > 0), never timings: CI machines are noisy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipecat_nemotron.bench import common
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load(out: Path, name: str) -> dict:
+    data = json.loads((out / f"{name}.json").read_text())
+    assert (out / f"{name}.png").stat().st_size > 1000
+    for key in ("benchmark", "machine", "commit", "args", "duration_s"):
+        assert key in data, key
+    for key in ("cpu_model", "cpu_cores", "torch", "gpu"):
+        assert key in data["machine"], key
+    return data
+
+
+def _positive(x: float | None) -> bool:
+    return x is not None and math.isfinite(x) and x > 0
+
+
+@pytest.fixture(scope="module")
+def model(tiny_quiet_model: Path) -> str:
+    return str(tiny_quiet_model)
+
+
+def test_cli_lists_benchmarks() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipecat_nemotron.bench", "--help"], capture_output=True, text=True, cwd=REPO
+    )
+    assert proc.returncode == 0
+    for name in ("buffered-vs-cache-aware", "concurrency", "time-to-final", "soak"):
+        assert name in proc.stdout
+
+
+def test_importing_the_package_is_cheap() -> None:
+    code = "import sys, pipecat_nemotron.bench.__main__; print('nemo' in sys.modules, 'torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.stdout.split() == ["False", "False"]
+
+
+def test_buffered_vs_cache_aware(model: str, tmp_path: Path) -> None:
+    from pipecat_nemotron.bench import buffered_vs_cache_aware as bench
+
+    bench.main(
+        [
+            "--model", model, "--latency", "160", "--streams", "1", "2", "--max-audio-s", "2",
+            "--out", str(tmp_path), "--threads", "1",
+        ]
+    )  # fmt: skip
+    data = _load(tmp_path, bench.NAME)
+    assert "BufferedRNNTPipeline" in data["baseline"]["implementation"]
+    (m,) = data["models"]
+    assert m["model"]["random_weights"] is False  # a user-given path: WER is reported
+    assert [(r["latency_ms"], r["streams"]) for r in m["rows"]] == [(160, 1), (160, 2)]
+    for row in m["rows"]:
+        assert row["audio_s"] >= 2
+        assert row["buffered_geometry"] == {"left_s": 1.6, "chunk_s": 0.08, "right_s": 0.08, "window_s": 1.76}
+        for side in ("cache_aware", "buffered"):
+            for key in ("wall_s_per_audio_s", "cpu_s_per_audio_s", "step_s_per_audio_s"):
+                assert _positive(row[side][key]), (side, key)
+            assert row[side]["wer_percent"] is not None and row[side]["wer_percent"] >= 0
+        assert _positive(row["ratio_cpu"]) and _positive(row["ratio_wall"])
+
+
+def test_concurrency(model: str, tmp_path: Path) -> None:
+    from pipecat_nemotron.bench import concurrency as bench
+
+    bench.main(
+        [
+            "--model", model, "--streams", "1", "2", "--seconds", "1.5", "--step-batches", "1", "4",
+            "--step-modes", "160", "--step-seconds", "1", "--keep-going", "--out", str(tmp_path), "--threads", "1",
+        ]
+    )  # fmt: skip
+    data = _load(tmp_path, bench.NAME)
+    assert [r["streams"] for r in data["realtime"]] == [1, 2]
+    for r in data["realtime"]:
+        assert r["steps"] > 0 and r["chunk_ms"] == 160
+        assert 1 <= r["batch_size"]["max"] <= r["streams"]
+        assert _positive(r["step_ms"]["p50"]) and r["chunk_lag_ms"]["p99"] >= r["step_ms"]["p50"] * 0.5
+        assert isinstance(r["realtime"], bool)
+    assert {(r["latency_ms"], r["batch"]) for r in data["batched_steps"]} == {(160, 1), (160, 4)}
+    assert all(_positive(r["step_ms_p50"]) and r["steps"] > 0 for r in data["batched_steps"])
+    s = data["summary"]
+    assert (
+        s["cache_bytes_per_stream"] > 0
+        and s["slot_pool_bytes"] == s["cache_bytes_per_stream"] * s["max_streams"]
+    )
+    assert 0 <= s["largest_realtime_n"] <= 2 and s["limit"]
+
+
+def test_time_to_final(model: str, tmp_path: Path) -> None:
+    from pipecat_nemotron.bench import time_to_final as bench
+
+    bench.main(
+        [
+            "--model", model, "--lengths", "1", "3", "--repeats", "2", "--short-repeats", "2",
+            "--out", str(tmp_path), "--threads", "1",
+        ]
+    )  # fmt: skip
+    data = _load(tmp_path, bench.NAME)
+    assert [m["finalize_mode"] for m in data["modes"]] == ["soft", "hard"]
+    for m in data["modes"]:
+        assert [r["seconds"] for r in m["rows"]] == [1, 3]
+        for r in m["rows"]:
+            assert r["ttf_ms"]["n"] == 2 and _positive(r["ttf_ms"]["p50"])
+            assert r["ttf_ms"]["p50"] <= r["ttf_ms"]["p99"]
+        assert _positive(m["ratio_long_short_p50"])
+
+
+def test_soak(model: str, tmp_path: Path) -> None:
+    from pipecat_nemotron.bench import soak as bench
+
+    bench.main(
+        [
+            "--model", model, "--streams", "2", "--minutes", "0.1", "--utterance-s", "1.2",
+            "--sample-s", "0.5", "--out", str(tmp_path), "--threads", "1",
+        ]
+    )  # fmt: skip
+    data = _load(tmp_path, bench.NAME)
+    assert data["streams"] == 2 and data["steps"] > 5 and data["finals"] >= 4
+    assert len(data["series"]["memory"]) >= 8
+    assert data["lag_slope_ms_per_min"] is not None and data["rss_slope_mb_per_min"] is not None
+    assert isinstance(data["no_growth"], bool)
+    assert _positive(data["ttf_ms"]["p50"])
+
+
+def test_resolve_model_prefers_the_trained_tiny_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "trained.nemo"
+    fake.write_bytes(b"x")
+    monkeypatch.setattr(common, "TRAINED_TINY_MODEL", fake)
+    spec = common.resolve_model("tiny", tmp_path)
+    assert spec.path == fake and not spec.random_weights
+    with pytest.raises(FileNotFoundError):
+        common.resolve_model(str(tmp_path / "missing.nemo"), tmp_path)
+
+
+def test_scoring_and_stats() -> None:
+    assert common.word_errors("The code is two.", "the code is to") == 1
+    assert common.wer_percent(["a b c d", None], ["a b x d", "whatever"]) == 25.0
+    assert common.wer_percent([None], ["x"]) is None
+    assert common.linear_slope([0, 1, 2, 3], [1, 3, 5, 7]) == pytest.approx(2.0)
+    s = common.summarize([1.0, 2.0, 3.0])
+    assert s["n"] == 3 and s["p50"] == 2.0 and s["max"] == 3.0
+    assert common.summarize([])["p50"] is None
