@@ -670,7 +670,8 @@ def stage_train(args: argparse.Namespace) -> None:
             self.clock_driven = False
 
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            self.t0 = time.perf_counter()
+            # A resumed run continues the clock where it stopped (``--elapsed-minutes``).
+            self.t0 = time.perf_counter() - args.elapsed_minutes * 60
 
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
             step = trainer.global_step
@@ -943,6 +944,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--print-every", type=int, default=50)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--resume", action="store_true", help="resume from <run-dir>/checkpoints/last.ckpt")
+    p.add_argument(
+        "--elapsed-minutes",
+        type=float,
+        default=0.0,
+        help="with --resume: minutes the interrupted run had already trained (continues the clock-driven schedule)",
+    )
     p.add_argument("--stop-step", type=int, default=0, help="stop at this step, before the schedule ends")
     p.add_argument(
         "--init-from", default=None, help="start training from this checkpoint's weights (new schedule)"
