@@ -778,13 +778,14 @@ RECIPE_PHASES: tuple[dict[str, Any], ...] = (
         "stop_step": 500,
         "spec_augment": False,
     },
-    # Phase 3: SpecAugment off, 60-minute / 4,000-step cosine schedule.
+    # Phase 3: SpecAugment off, 60-minute / 4,000-step cosine schedule. The run was stopped when the time budget ran out,
+    # just after step 2,000 (val WER 6.9%); the bundled weights are its step-2,000 checkpoint.
     {
         "lr": 1.2e-3,
         "warmup_steps": 50,
         "max_steps": 4000,
         "max_minutes": 60.0,
-        "stop_step": 0,
+        "stop_step": 2000,
         "spec_augment": False,
     },
 )
