@@ -4,12 +4,17 @@ Compute per audio-second and WER, on the same model and the same audio.
 
 Baseline: NeMo's own ``BufferedRNNTPipeline`` (``nemo.collections.asr.inference``, built with
 ``PipelineBuilder.build_pipeline(cfg)``, stateful RNNT decoding, ``request_type=frame``). Every step it re-encodes
-a window of ``left 1.6 s + chunk + right context`` and decodes the chunk's frames. Two adjustments, both
+a window of ``left 1.6 s + chunk + right context`` and decodes the chunk's frames. Three adjustments, all
 recorded in the JSON:
 
 * Its per-buffer feature normalisation is switched off (``--keep-nemo-normalization`` keeps it): these models
   are trained on un-normalised log-mel (``normalize: NA``), and per-buffer normalisation would hand the baseline
   a WER it does not deserve.
+* Each clip is followed by right-context-long silence (``--no-buffered-flush`` drops it): NeMo's stateful buffered
+  pipeline decodes only the chunk region of a stream's last frame, so the words in the last right-context window
+  would be lost; the engine's ``finalize()`` flushes by itself. In a live session that silence is simply the audio
+  after speech, so the baseline's cost is divided by the audio it processed (clip + silence): the steady-state
+  cost per second of stream, not a per-clip penalty.
 * Its encoder uses ``att_context_size`` ``--buffered-att-context`` (default ``70,13``: the widest context the
   multi-lookahead checkpoint was trained with; ``-1,-1`` is full offline attention).
 
@@ -85,6 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--buffered-att-context",
         default="70,13",
         help="encoder att_context_size of the buffered baseline (default: 70,13; '-1,-1' = offline)",
+    )
+    parser.add_argument(
+        "--no-buffered-flush",
+        action="store_true",
+        help="do not follow each clip with right-context-long silence in the buffered baseline (it then drops "
+        "the last words)",
     )
     parser.add_argument(
         "--keep-nemo-normalization",
@@ -185,6 +196,7 @@ class BufferedBaseline:
         max_batch: Most streams per step.
         att_context: Encoder ``att_context_size`` to use.
         keep_normalization: Keep the pipeline's per-buffer feature normalisation.
+        flush: Follow each clip with right-context-long silence so its last words are decoded.
 
     """
 
@@ -196,6 +208,7 @@ class BufferedBaseline:
         max_batch: int,
         att_context: list[int],
         keep_normalization: bool,
+        flush: bool = True,
     ) -> None:
         from nemo.collections.asr.inference.factory.pipeline_builder import PipelineBuilder
         from nemo.collections.asr.inference.pipelines.buffered_rnnt_pipeline import BufferedRNNTPipeline
@@ -203,6 +216,7 @@ class BufferedBaseline:
         from pipecat_nemotron.engine.loading import quiet_nemo
 
         self.keep_normalization = keep_normalization
+        self.flush = flush
         self.pipelines: dict[int, Any] = {}
         self._next_id = 1
         with quiet_nemo(), nemo_normalization(keep_normalization):
@@ -234,11 +248,14 @@ class BufferedBaseline:
             "window_s": round(p.buffer_size_in_secs, 3),
         }
 
-    def run(self, clips: Sequence[common.Clip], latency_ms: int, streams: int) -> tuple[list[str], float]:
+    def run(
+        self, clips: Sequence[common.Clip], latency_ms: int, streams: int
+    ) -> tuple[list[str], float, float]:
         """Transcribe ``clips`` with ``streams`` concurrent streams (one chunk per stream per batched step).
 
         Returns:
-            The transcripts (in clip order) and the seconds spent inside ``transcribe_step`` calls.
+            The transcripts (in clip order), the seconds spent inside ``transcribe_step`` calls, and the seconds
+            of audio processed (clips plus flush silence).
 
         """
         import torch
@@ -247,6 +264,13 @@ class BufferedBaseline:
 
         pipeline = self.pipelines[latency_ms]
         chunk = int(round(pipeline.chunk_size * common.SAMPLE_RATE))
+        # Flush: silence covering the right context after each clip. NeMo's stateful buffered pipeline decodes
+        # only the chunk region of the last frame too, so without it the words spoken in the last right-context
+        # window are dropped (the engine's finalize flushes by itself). In a live session that silence is just the
+        # audio after speech, so it counts as processed audio: cost per second stays the steady-state cost.
+        flush = np.zeros(
+            int(round(pipeline.right_padding_size * common.SAMPLE_RATE)) if self.flush else 0, np.float32
+        )
         queues = [list(range(i, len(clips), streams)) for i in range(streams)]
         texts: list[list[str]] = [[] for _ in clips]
         # Per worker: (clip index, stream id, next sample) of the clip it is feeding.
@@ -262,7 +286,7 @@ class BufferedBaseline:
                     if slot is None:
                         continue
                     idx, sid, pos = slot
-                    audio = clips[idx].audio
+                    audio = np.concatenate((clips[idx].audio, flush)) if flush.size else clips[idx].audio
                     piece = audio[pos : pos + chunk]
                     last = pos + chunk >= audio.size
                     samples = np.zeros(chunk, dtype=np.float32)
@@ -292,7 +316,8 @@ class BufferedBaseline:
                         texts[slot[0]].append(out.final_transcript)
                     if frame.is_last:
                         active[w] = None
-        return [" ".join("".join(t).split()) for t in texts], step_s
+        processed_s = sum(c.seconds for c in clips) + len(clips) * flush.size / common.SAMPLE_RATE
+        return [" ".join("".join(t).split()) for t in texts], step_s, processed_s
 
     def _new_id(self) -> int:
         self._next_id += 1
@@ -369,7 +394,13 @@ async def bench_model(
     max_streams = max(args.streams)
     t = time.perf_counter()
     baseline = BufferedBaseline(
-        spec.path, device, args.latency, max_streams, att_context, args.keep_nemo_normalization
+        spec.path,
+        device,
+        args.latency,
+        max_streams,
+        att_context,
+        args.keep_nemo_normalization,
+        flush=not args.no_buffered_flush,
     )
     build_s = time.perf_counter() - t
     engine = NemotronEngine(
@@ -401,18 +432,20 @@ async def bench_model(
                         with common.Meter() as m:
                             if backend == "cache_aware":
                                 texts, step_s = await run_engine(engine, clips, latency, streams)
+                                processed_s = audio_s
                             else:
-                                texts, step_s = baseline.run(clips, latency, streams)
+                                texts, step_s, processed_s = baseline.run(clips, latency, streams)
                         side.wall_s += m.wall_s
                         side.cpu_s += m.cpu_s
                         side.step_s += step_s
-                        side.audio_s += audio_s
+                        side.audio_s += processed_s
                         if side.texts is None:
                             side.texts = texts
                 row: dict[str, Any] = {
                     "latency_ms": latency,
                     "streams": streams,
                     "audio_s": round(audio_s, 2),
+                    "buffered_processed_audio_s": round(sides["buffered"].audio_s / args.repeats, 2),
                     "buffered_geometry": baseline.geometry(latency),
                 }
                 for backend, side in sides.items():
@@ -527,6 +560,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "split_s": {str(k): v for k, v in BUFFERED_SPLIT.items() if k in args.latency},
         "att_context_size": att_context,
         "per_buffer_normalization": bool(args.keep_nemo_normalization),
+        "flush_silence_after_clip_s": None if args.no_buffered_flush else "right context",
     }
     result["latency_definition"] = (
         "cache-aware mode L: a step takes L ms of audio (right context included); buffered at L: chunk + right "

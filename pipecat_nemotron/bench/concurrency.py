@@ -217,9 +217,9 @@ def limit_reason(row: dict[str, Any], cores: int) -> str:
         )
     if busy >= 0.9:
         return (
-            f"compute: the model thread was busy {busy:.0%} of the time (mean step "
-            f"{row['step_ms']['mean']:.0f} ms per {row['chunk_ms']:.0f} ms chunk; CPU use {row['cpu_util']:.0%} "
-            f"of {cores} cores)"
+            f"compute: the model thread was busy {busy:.0%} of the time (batches of {row['batch_size']['mean']:.0f} "
+            f"chunks on average, mean step {row['step_ms']['mean']:.0f} ms, {row['streams']} chunks due every "
+            f"{row['chunk_ms']:.0f} ms; the process used {row['cpu_util'] * cores:.2f} of {cores} cores)"
         )
     if row["feeder_late_max_ms"] > row["chunk_ms"]:
         return f"host: feeders ran up to {row['feeder_late_max_ms']:.0f} ms late (event loop starved)"
