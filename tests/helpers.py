@@ -62,3 +62,29 @@ def noise_clip(seconds: float, seed: int = 0, level: float = 0.1) -> np.ndarray:
 def to_pcm16(x: np.ndarray) -> bytes:
     """float32 [-1, 1] -> int16 little-endian bytes."""
     return (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+FRAME_BYTES = 640  # 20 ms of 16 kHz int16
+
+
+def audio_frames(pcm: bytes) -> list:
+    """16 kHz mono PCM as 20 ms ``InputAudioRawFrame``s, as a transport delivers them."""
+    from pipecat.frames.frames import InputAudioRawFrame
+
+    return [
+        InputAudioRawFrame(audio=pcm[i : i + FRAME_BYTES], sample_rate=16000, num_channels=1)
+        for i in range(0, len(pcm), FRAME_BYTES)
+    ]
+
+
+def turn(pcm: bytes, wait: float = 1.5) -> list:
+    """One user turn for ``run_test``: VAD start, the audio, VAD stop (stop_secs 0.2), then ``wait`` seconds."""
+    from pipecat.frames.frames import VADUserStartedSpeakingFrame, VADUserStoppedSpeakingFrame
+    from pipecat.tests.utils import SleepFrame
+
+    return [
+        VADUserStartedSpeakingFrame(),
+        *audio_frames(pcm),
+        VADUserStoppedSpeakingFrame(stop_secs=0.2),
+        SleepFrame(sleep=wait),
+    ]

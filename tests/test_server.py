@@ -19,10 +19,9 @@ import numpy as np
 import pytest
 import pytest_asyncio
 import websockets
-from helpers import noise_clip, push_realtime_chunks, to_pcm16
+from helpers import FRAME_BYTES, audio_frames, noise_clip, push_realtime_chunks, to_pcm16, turn
 from pipecat.frames.frames import (
     ErrorFrame,
-    InputAudioRawFrame,
     InterimTranscriptionFrame,
     MetricsFrame,
     STTUpdateSettingsFrame,
@@ -64,7 +63,6 @@ ASSETS = Path(__file__).resolve().parents[1] / "pipecat_nemotron" / "assets"
 TRAINED_MODEL = ASSETS / "tiny_nemotron_asr.nemo"
 DEMO = ASSETS / "demo"
 TOKEN = "test-token-0123456789abcdef"
-FRAME_BYTES = 640  # 20 ms of 16 kHz int16
 
 
 def clip(name: str = "demo_math.wav", seed: int = 61, seconds: float = 1.6) -> bytes:
@@ -500,22 +498,6 @@ async def test_shutdown_drains_then_closes_with_going_away(engine: NemotronEngin
 
 
 # ---- the Pipecat client ------------------------------------------------------------------------------------------
-
-
-def audio_frames(pcm: bytes) -> list[InputAudioRawFrame]:
-    return [
-        InputAudioRawFrame(audio=pcm[i : i + FRAME_BYTES], sample_rate=16000, num_channels=1)
-        for i in range(0, len(pcm), FRAME_BYTES)
-    ]
-
-
-def turn(pcm: bytes, wait: float = 1.5) -> list:
-    return [
-        VADUserStartedSpeakingFrame(),
-        *audio_frames(pcm),
-        VADUserStoppedSpeakingFrame(stop_secs=0.2),
-        SleepFrame(sleep=wait),
-    ]
 
 
 def finals_of(frames) -> list[TranscriptionFrame]:

@@ -6,10 +6,9 @@ import asyncio
 
 import numpy as np
 import pytest
-from helpers import noise_clip, to_pcm16
+from helpers import audio_frames, noise_clip, to_pcm16, turn
 from pipecat.frames.frames import (
     CancelFrame,
-    InputAudioRawFrame,
     InterimTranscriptionFrame,
     InterruptionFrame,
     MetricsFrame,
@@ -26,24 +25,6 @@ from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.engine.shared import SharedEngines
 from pipecat_nemotron.metrics import ASRFinalizeMetricsData
 from pipecat_nemotron.stt import NemotronSTTService, NemotronSTTSettings
-
-FRAME_BYTES = 640  # 20 ms of 16 kHz int16
-
-
-def audio_frames(pcm: bytes) -> list[InputAudioRawFrame]:
-    return [
-        InputAudioRawFrame(audio=pcm[i : i + FRAME_BYTES], sample_rate=16000, num_channels=1)
-        for i in range(0, len(pcm), FRAME_BYTES)
-    ]
-
-
-def turn(pcm: bytes, wait: float = 1.5) -> list:
-    return [
-        VADUserStartedSpeakingFrame(),
-        *audio_frames(pcm),
-        VADUserStoppedSpeakingFrame(stop_secs=0.2),
-        SleepFrame(sleep=wait),
-    ]
 
 
 @pytest.fixture
