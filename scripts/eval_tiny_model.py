@@ -28,21 +28,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import platform
-import re
 import sys
 import time
 import wave
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pipecat_nemotron.bench.common import normalize_text, word_errors
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / "pipecat_nemotron" / "assets" / "tiny_nemotron_asr.nemo"
@@ -84,23 +84,6 @@ class Score:
         return 100.0 * self.errors / max(1, self.words)
 
 
-def normalize(text: str) -> str:
-    """Lower case, letters/digits/apostrophes and single spaces only."""
-    return " ".join(re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split())
-
-
-def word_errors(ref: str, hyp: str) -> int:
-    """Word-level Levenshtein distance (substitutions + deletions + insertions)."""
-    r, h = ref.split(), hyp.split()
-    prev = list(range(len(h) + 1))
-    for i, rw in enumerate(r, 1):
-        cur = [i] + [0] * len(h)
-        for j, hw in enumerate(h, 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (rw != hw))
-        prev = cur
-    return prev[-1]
-
-
 def load_set(name: str) -> list[Utt]:
     """Utterances of the ``ci`` or ``full`` held-out set."""
     if name == "ci":
@@ -129,7 +112,7 @@ def score(utts: Sequence[Utt], hyps: Sequence[str]) -> dict[str, Score]:
     out: dict[str, Score] = {}
     for u, h in zip(utts, hyps, strict=True):
         s = out.setdefault(u.split, Score())
-        ref, hyp = normalize(u.text), normalize(h)
+        ref, hyp = normalize_text(u.text), normalize_text(h)
         e = word_errors(ref, hyp)
         s.errors += e
         s.words += len(ref.split())
@@ -144,24 +127,13 @@ def score(utts: Sequence[Utt], hyps: Sequence[str]) -> dict[str, Score]:
 # ------------------------------------------------------------------------------------------------------------
 # NeMo model-level backends
 # ------------------------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def nemo_quiet(level: int = logging.WARNING) -> Iterator[None]:
-    """Lower NeMo's logging (it prints hundreds of INFO lines to stdout while restoring)."""
-    from nemo.utils import logging as nemo_logging
-
-    old = nemo_logging.getEffectiveLevel()
-    nemo_logging.setLevel(level)
-    try:
-        yield
-    finally:
-        nemo_logging.setLevel(old)
-
-
 def load_model(path: Path) -> Any:
     """Restore the ``.nemo`` on CPU in eval mode."""
     from nemo.collections.asr.models import ASRModel
 
-    with nemo_quiet():
+    from pipecat_nemotron.engine.loading import quiet_nemo
+
+    with quiet_nemo(logging.WARNING):
         model = ASRModel.restore_from(str(path), map_location="cpu")
     model.eval()
     return model
@@ -210,8 +182,10 @@ def nemo_stream(model: Any, utts: Sequence[Utt], right: int, batch_size: int) ->
 
 def nemo_offline(model: Any, utts: Sequence[Utt], right: int, batch_size: int) -> list[str]:
     """Whole-utterance ``model.transcribe()`` with the same attention context."""
+    from pipecat_nemotron.engine.loading import quiet_nemo
+
     model.encoder.set_default_att_context_size([70, right])
-    with nemo_quiet():
+    with quiet_nemo(logging.WARNING):
         out = model.transcribe([str(u.path) for u in utts], batch_size=batch_size, verbose=False)
     model.eval()  # transcribe() can leave submodules in train mode (dropout on)
     if isinstance(out, tuple):
@@ -317,7 +291,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             offline = methods[-1][1]
             for method, by_mode in methods[:-1]:
                 same = {
-                    m: sum(normalize(a) == normalize(b) for a, b in zip(by_mode[m], offline[m], strict=True))
+                    m: sum(
+                        normalize_text(a) == normalize_text(b)
+                        for a, b in zip(by_mode[m], offline[m], strict=True)
+                    )
                     for m in args.modes
                 }
                 report.setdefault("stream_equals_offline", {})[f"{set_name}/{method}"] = {

@@ -9,14 +9,15 @@ CPU from speech synthesised with espeak-ng over a small voice-agent vocabulary.
 Stages (each can be run alone; ``all`` runs them in order)::
 
     data      synthesise train/val/test utterances under data/tiny_asr/ (16 kHz mono int16 wav + manifests)
+    accents   synthesise the accent-mix training set (phonemes of one accent spoken by another, perturbed)
     tokenizer train a ~128-piece SentencePiece BPE tokenizer on the training transcripts
     heldout   (re)generate only the full held-out test sets (a few hundred utterances each)
     train     one training run with NeMo's Lightning path on CPU (options below); checkpoints under --run-dir
-    recipe    the bundled model's two training phases (runs/tiny_asr/, then runs/tiny_asr_p2/)
+    recipe    the bundled model's four training phases (runs/tiny_asr/, runs/tiny_asr_p2/ ... _p4/)
     export    write the best checkpoint as pipecat_nemotron/assets/tiny_nemotron_asr.nemo
     assets    write pipecat_nemotron/assets/demo/ and tests/assets/heldout/ from held-out sentences
 
-Reproduce the bundled model (data ~5 min; training ~1.5 h on a shared 2-core CPU, less on an idle one)::
+Reproduce the bundled model (data ~10 min; training ~2.7 h on a shared 2-core CPU, see docs/TINY_MODEL.md)::
 
     .venv/bin/python scripts/make_tiny_model.py all
 
@@ -27,7 +28,6 @@ splits. CPU training is deterministic up to thread scheduling of floating-point 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import logging
@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 import wave
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -91,6 +91,34 @@ UNSEEN_VARIANTS: tuple[str, ...] = (
     "travis",
     "iven3",
 )
+# Variants used only by the accent-mix set (``accents`` stage). None is a relative of an unseen variant
+# (``anikaRobot`` is left out next to ``anika``, ``klatt3``/``klatt5``/``klatt6`` are separate klatt voices).
+EXTRA_TRAIN_VARIANTS: tuple[str, ...] = (
+    "antonio", "edward2", "Gene2", "announcer", "iven4", "kaukovalta", "Mario", "Mr", "Nguyen",
+    "RicishayMax", "RicishayMax2", "robosoft", "robosoft3", "Tweaky", "fast", "grandpa", "klatt3",
+    "klatt5", "klatt6", "croak",
+)  # fmt: skip
+
+# Accent mixing: a sentence is phonemised by one training accent's rules (``espeak-ng -x``), its phonemes are
+# perturbed the way accents differ (neighbouring vowels swapped, initial /h/ dropped), and it is spoken by another
+# training accent's phoneme table. Generic phonetic neighbours of English vowels (espeak-ng mnemonics).
+VOWEL_NEIGHBOURS: dict[str, tuple[str, ...]] = {
+    "V": ("U", "0", "a"),
+    "0": ("A:", "O:", "V"),
+    "a": ("E", "A:", "V"),
+    "A:": ("a", "0"),
+    "E": ("a", "I", "eI"),
+    "I": ("i:", "E"),
+    "i:": ("I", "eI"),
+    "U": ("u:", "V"),
+    "u:": ("U", "oU"),
+    "eI": ("aI", "E", "i:"),
+    "aI": ("OI", "A:", "eI"),
+    "oU": ("aU", "O:", "u:"),
+    "aU": ("a", "oU"),
+    "O:": ("0", "oU"),
+    "3:": ("@", "E"),
+}
 
 # --------------------------------------------------------------------------------------------------------------
 # Text: a small voice-agent vocabulary, lower case, no punctuation.
@@ -195,15 +223,81 @@ class UttSpec:
     gap: int  # extra gap between words, units of 10 ms
     seed: int  # numpy seed of the augmentation
     aug: str  # "train" (noise + reverb + filters), "light" (mild noise), "ci" (light, short pads), "none"
+    phonemizer: str = ""  # accent whose spelling rules give the phonemes ("" = the voice reads the text)
+    vowel_swap: float = 0.0  # probability that a vowel is replaced by a phonetic neighbour (accent mixing)
+    h_drop: float = 0.0  # probability that a word-initial /h/ is dropped (accent mixing)
+    warp: float = 1.0  # resampling factor applied after synthesis: scales formants, pitch and tempo together
 
 
-def synth_raw(text: str, voice: str, speed: int, pitch: int, gap: int) -> np.ndarray:
-    """espeak-ng → sox (no dither) → 16 kHz mono int16 samples."""
+def phonemize(text: str, accent: str) -> str:
+    """espeak-ng phoneme mnemonics of ``text`` by ``accent``'s spelling rules, one line."""
+    out = subprocess.run(
+        ["espeak-ng", "-q", "-x", "-v", accent, text], check=True, capture_output=True, text=True
+    )
+    return " ".join(out.stdout.split())
+
+
+_VOWELS_LONGEST_FIRST = sorted(VOWEL_NEIGHBOURS, key=len, reverse=True)
+
+
+def perturb_phonemes(phonemes: str, rng: random.Random, vowel_swap: float, h_drop: float) -> str:
+    """Swap vowels for phonetic neighbours and drop word-initial /h/, as accents differ.
+
+    Mnemonics are matched longest first at each position; stress marks and consonants are kept. A vowel followed
+    by a length or colour mark that makes it another phoneme (``a#``, ``aI@``, ``0@``) is left alone.
+    """
+    words = []
+    for word in phonemes.split(" "):
+        i = 0
+        out: list[str] = []
+        start = True  # before the first phoneme of the word (stress marks do not count)
+        while i < len(word):
+            ch = word[i]
+            if ch in "',":
+                out.append(ch)
+                i += 1
+                continue
+            if start and ch == "h" and rng.random() < h_drop:
+                i += 1
+                start = False
+                continue
+            start = False
+            for v in _VOWELS_LONGEST_FIRST:
+                nxt = word[i + len(v) : i + len(v) + 1]
+                if word.startswith(v, i) and nxt not in ("#", "@", ":", "2", "3", "L"):
+                    out.append(rng.choice(VOWEL_NEIGHBOURS[v]) if rng.random() < vowel_swap else v)
+                    i += len(v)
+                    break
+            else:
+                out.append(ch)
+                i += 1
+        words.append("".join(out))
+    return " ".join(w for w in words if w)
+
+
+def synth_raw(
+    text: str, voice: str, speed: int, pitch: int, gap: int, warp: float = 1.0, phonemes: bool = False
+) -> np.ndarray:
+    """espeak-ng → sox (no dither; optional resampling warp) → 16 kHz mono int16 samples.
+
+    Args:
+        text: words, or espeak-ng phoneme mnemonics when ``phonemes`` is true.
+        voice: espeak-ng voice, ``accent[+variant]``.
+        speed: words per minute.
+        pitch: 0..99.
+        gap: extra pause between words, units of 10 ms.
+        warp: ``sox speed`` factor (1.1 = formants, pitch and tempo all 10% higher).
+        phonemes: speak ``text`` as phoneme input (``[[...]]``).
+    """
     espeak = subprocess.run(
-        ["espeak-ng", "-v", voice, "-s", str(speed), "-p", str(pitch), "-g", str(gap), "--stdout", text],
+        [
+            "espeak-ng", "-v", voice, "-s", str(speed), "-p", str(pitch), "-g", str(gap), "--stdout",
+            f"[[{text}]]" if phonemes else text,
+        ],
         check=True,
         capture_output=True,
-    )
+    )  # fmt: skip
+    effects = ["speed", f"{warp:.4f}", "rate", "-h", str(SAMPLE_RATE)] if warp != 1.0 else []
     sox = subprocess.run(
         [
             "sox",
@@ -222,6 +316,7 @@ def synth_raw(text: str, voice: str, speed: int, pitch: int, gap: int) -> np.nda
             "-t",
             "raw",
             "-",
+            *effects,
         ],
         input=espeak.stdout,
         check=True,
@@ -312,7 +407,13 @@ def read_wav(path: Path) -> np.ndarray:
 
 def render(spec: UttSpec) -> np.ndarray:
     """Synthesise and augment one utterance."""
-    return augment(synth_raw(spec.text, spec.voice, spec.speed, spec.pitch, spec.gap), spec.seed, spec.aug)
+    if spec.phonemizer:
+        rng = random.Random(spec.seed ^ 0x5EED)
+        ph = perturb_phonemes(phonemize(spec.text, spec.phonemizer), rng, spec.vowel_swap, spec.h_drop)
+        raw = synth_raw(ph, spec.voice, spec.speed, spec.pitch, spec.gap, spec.warp, phonemes=True)
+    else:
+        raw = synth_raw(spec.text, spec.voice, spec.speed, spec.pitch, spec.gap, spec.warp)
+    return augment(raw, spec.seed, spec.aug)
 
 
 def _render_to(args: tuple[UttSpec, str]) -> dict[str, Any]:
@@ -404,6 +505,48 @@ def stage_data(args: argparse.Namespace) -> None:
     )
 
 
+def make_accent_specs(rng: random.Random, n: int, prefix: str) -> list[UttSpec]:
+    """Accent-mix training specs: training sentences and accents only, phonemes of one accent spoken by another
+    (or the same) with perturbed vowels, dropped /h/ and a resampling warp; full training augmentation."""
+    specs: list[UttSpec] = []
+    variants = TRAIN_VARIANTS + EXTRA_TRAIN_VARIANTS
+    while len(specs) < n:
+        text = sample_sentence(rng)
+        if heldout_bucket(text) != "train":
+            continue
+        base, var = rng.choice(TRAIN_BASES), rng.choice(variants)
+        specs.append(
+            UttSpec(
+                name=f"{prefix}_{len(specs):06d}",
+                text=text,
+                voice=f"{base}+{var}" if var else base,
+                speed=rng.randint(125, 250),
+                pitch=rng.randint(15, 85),
+                gap=rng.choice((0, 0, 0, 0, 1, 2, 3, 5, 8)),
+                seed=rng.randrange(2**31),
+                aug="train",
+                phonemizer=rng.choice(TRAIN_BASES),
+                vowel_swap=rng.choice((0.0, 0.05, 0.1, 0.15)),
+                h_drop=rng.choice((0.0, 0.0, 0.5, 1.0)),
+                warp=round(rng.uniform(0.88, 1.12), 3) if rng.random() < 0.7 else 1.0,
+            )
+        )
+    return specs
+
+
+def stage_accents(args: argparse.Namespace) -> None:
+    """Accent-mix training set (``train_accents``) and the mixed manifest ``train_mix_manifest.json``
+    (the plain training set followed by it), for training with ``--train-manifest train_mix_manifest.json``."""
+    rng = random.Random(args.seed + 3)
+    specs = make_accent_specs(rng, args.n_accents, "accent")
+    render_set(specs, DATA_DIR / "train_accents", DATA_DIR / "train_accents_manifest.json", args.workers)
+    mix = (DATA_DIR / "train_manifest.json").read_text() + (
+        DATA_DIR / "train_accents_manifest.json"
+    ).read_text()
+    (DATA_DIR / "train_mix_manifest.json").write_text(mix)
+    print(f"[accents] train_mix_manifest.json: {mix.count(chr(10))} utterances", flush=True)
+
+
 def stage_heldout_full(args: argparse.Namespace) -> None:
     """Full held-out test sets (new sentences; training voices / unseen voices) for the model card."""
     rng = random.Random(args.seed + 1)
@@ -458,19 +601,6 @@ def stage_tokenizer(args: argparse.Namespace) -> None:
 ATT_CONTEXT_SIZE = [[70, 1], [70, 0], [70, 6], [70, 13]]
 
 
-@contextlib.contextmanager
-def nemo_quiet(level: int = logging.WARNING) -> Iterator[None]:
-    """Lower NeMo's logging (it prints hundreds of INFO lines to stdout while building/restoring)."""
-    from nemo.utils import logging as nemo_logging
-
-    old = nemo_logging.getEffectiveLevel()
-    nemo_logging.setLevel(level)
-    try:
-        yield
-    finally:
-        nemo_logging.setLevel(old)
-
-
 def model_config(args: argparse.Namespace, tokenizer_dir: Path) -> dict[str, Any]:
     """The complete model config (NeMo ships no example yaml in the wheel)."""
     d = args.d_model
@@ -498,7 +628,7 @@ def model_config(args: argparse.Namespace, tokenizer_dir: Path) -> dict[str, Any
         "tokenizer": {"dir": str(tokenizer_dir), "type": "bpe"},
         "train_ds": {
             **ds,
-            "manifest_filepath": str(DATA_DIR / "train_manifest.json"),
+            "manifest_filepath": str(DATA_DIR / args.train_manifest),
             "shuffle": True,
             "use_semi_sorted_batching": True,
             "randomization_factor": 0.1,
@@ -604,8 +734,10 @@ def build_model(args: argparse.Namespace, trainer: Any = None) -> Any:
     from nemo.collections.asr.models import EncDecHybridRNNTCTCBPEModel
     from omegaconf import OmegaConf
 
+    from pipecat_nemotron.engine.loading import quiet_nemo
+
     cfg = OmegaConf.create(model_config(args, DATA_DIR / "tokenizer"))
-    with nemo_quiet():
+    with quiet_nemo(logging.WARNING):
         model = EncDecHybridRNNTCTCBPEModel(cfg=cfg, trainer=trainer)
     return model
 
@@ -616,6 +748,8 @@ def stage_train(args: argparse.Namespace) -> None:
     import torch
     from lightning.pytorch.callbacks import Callback, ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
+
+    from pipecat_nemotron.engine.loading import quiet_nemo
 
     torch.set_num_threads(args.threads)
     pl.seed_everything(args.seed, workers=True)
@@ -721,7 +855,7 @@ def stage_train(args: argparse.Namespace) -> None:
         state = torch.load(args.init_from, map_location="cpu", weights_only=False)["state_dict"]
         model.load_state_dict(state)
         print(f"[train] initialised from {args.init_from}", flush=True)
-    with nemo_quiet():
+    with quiet_nemo(logging.WARNING):
         model.setup_training_data(model.cfg.train_ds)
         model.setup_validation_data(model.cfg.validation_ds)
         model.setup_optimization(model.cfg.optim)
@@ -778,15 +912,25 @@ RECIPE_PHASES: tuple[dict[str, Any], ...] = (
         "stop_step": 500,
         "spec_augment": False,
     },
-    # Phase 3: SpecAugment off, 60-minute / 4,000-step cosine schedule. The run was stopped when the time budget ran out,
-    # just after step 2,000 (val WER 6.9%); the bundled weights are its step-2,000 checkpoint.
+    # Phase 3: SpecAugment off, 60-minute / 4,000-step cosine schedule; interrupted after step 2,000 (val WER 4.3%)
+    # and resumed (``--resume --elapsed-minutes 34``) to the end of its clock-driven schedule.
     {
         "lr": 1.2e-3,
         "warmup_steps": 50,
         "max_steps": 4000,
         "max_minutes": 60.0,
-        "stop_step": 2000,
+        "stop_step": 0,
         "spec_augment": False,
+    },
+    # Phase 4: the training set plus the accent-mix set (``accents`` stage) for voices and accents never heard.
+    {
+        "lr": 8e-4,
+        "warmup_steps": 50,
+        "max_steps": 2800,
+        "max_minutes": 40.0,
+        "stop_step": 0,
+        "spec_augment": False,
+        "train_manifest": "train_mix_manifest.json",
     },
 )
 
@@ -821,12 +965,14 @@ def stage_export(args: argparse.Namespace) -> None:
     # Datasets point at this machine's data/ folder; a shipped model must not carry them.
     from omegaconf import open_dict
 
+    from pipecat_nemotron.engine.loading import quiet_nemo
+
     with open_dict(model.cfg):
         for key in ("train_ds", "validation_ds", "test_ds"):
             model.cfg[key]["manifest_filepath"] = None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with nemo_quiet():
+    with quiet_nemo(logging.WARNING):
         model.save_to(str(out))
     size = out.stat().st_size
     print(f"[export] {ckpt_path.name} -> {out} ({size / 1e6:.2f} MB)", flush=True)
@@ -915,8 +1061,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "stages", nargs="+", choices=["all", "data", "heldout", "tokenizer", "train", "recipe", "export", "assets"],
-        help="stages to run, in the order given ('all' = data tokenizer recipe export assets)",
+        "stages", nargs="+", choices=["all", "data", "accents", "heldout", "tokenizer", "train", "recipe", "export", "assets"],
+        help="stages to run, in the order given ('all' = data accents tokenizer recipe export assets)",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--workers", type=int, default=2, help="processes for synthesis")
@@ -924,6 +1070,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-val", type=int, default=300, help="validation utterances (new sentences)")
     p.add_argument("--n-test", type=int, default=300, help="full held-out sets: utterances per set")
     p.add_argument("--n-ci", type=int, default=20, help="CI held-out subset: utterances per split")
+    p.add_argument("--n-accents", type=int, default=8000, help="accent-mix training utterances")
+    p.add_argument(
+        "--train-manifest",
+        default="train_manifest.json",
+        help="training manifest under data/tiny_asr/ (train_mix_manifest.json after the accents stage)",
+    )
     p.add_argument("--vocab-size", type=int, default=128)
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--n-layers", type=int, default=4)
@@ -978,9 +1130,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     np.random.seed(args.seed % 2**32)
     stages: list[str] = []
     for s in args.stages:
-        stages += ["data", "tokenizer", "recipe", "export", "assets"] if s == "all" else [s]
+        stages += ["data", "accents", "tokenizer", "recipe", "export", "assets"] if s == "all" else [s]
     fns = {
         "data": stage_data,
+        "accents": stage_accents,
         "heldout": stage_heldout_full,
         "tokenizer": stage_tokenizer,
         "train": stage_train,
