@@ -13,12 +13,11 @@ import argparse
 import asyncio
 import json
 import statistics
-import wave
 from pathlib import Path
 
 import numpy as np
 
-from pipecat_nemotron.bench.common import normalize_text, word_errors
+from pipecat_nemotron.bench.common import normalize_text, read_pcm16, word_errors
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.models import TINY_MODEL_PATH
 
@@ -26,8 +25,7 @@ from pipecat_nemotron.models import TINY_MODEL_PATH
 def load(manifest: Path) -> list[tuple[np.ndarray, str]]:
     items = []
     for entry in json.loads(manifest.read_text()):
-        with wave.open(str(manifest.parent / entry["audio"]), "rb") as w:
-            pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+        pcm = np.frombuffer(read_pcm16(manifest.parent / entry["audio"]), dtype="<i2")
         items.append((pcm, entry["text"]))
     return items
 

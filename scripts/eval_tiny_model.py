@@ -34,7 +34,6 @@ import os
 import platform
 import sys
 import time
-import wave
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from pipecat_nemotron.bench.common import normalize_text, word_errors
+from pipecat_nemotron.bench.common import normalize_text, read_pcm16, word_errors
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / "pipecat_nemotron" / "assets" / "tiny_nemotron_asr.nemo"
@@ -97,14 +96,6 @@ def load_set(name: str) -> list[Utt]:
             r = json.loads(line)
             utts.append(Utt(Path(r["audio_filepath"]), r["text"], split))
     return utts
-
-
-def read_pcm16(path: Path) -> bytes:
-    """Raw little-endian int16 PCM of a 16 kHz mono wav."""
-    with wave.open(str(path), "rb") as w:
-        if w.getnchannels() != 1 or w.getsampwidth() != 2 or w.getframerate() != SAMPLE_RATE:
-            raise ValueError(f"{path}: expected 16 kHz mono int16")
-        return w.readframes(w.getnframes())
 
 
 def score(utts: Sequence[Utt], hyps: Sequence[str]) -> dict[str, Score]:

@@ -10,14 +10,15 @@ Stages (each can be run alone; ``all`` runs them in order)::
 
     data      synthesise train/val/test utterances under data/tiny_asr/ (16 kHz mono int16 wav + manifests)
     accents   synthesise the accent-mix training set (phonemes of one accent spoken by another, perturbed)
+    sessions  join pairs of training utterances with a pause into multi-turn training clips
     tokenizer train a ~128-piece SentencePiece BPE tokenizer on the training transcripts
     heldout   (re)generate only the full held-out test sets (a few hundred utterances each)
     train     one training run with NeMo's Lightning path on CPU (options below); checkpoints under --run-dir
-    recipe    the bundled model's four training phases (runs/tiny_asr/, runs/tiny_asr_p2/ ... _p4/)
+    recipe    the bundled model's five training phases (runs/tiny_asr/, runs/tiny_asr_p2/ ... _p5/)
     export    write the best checkpoint as pipecat_nemotron/assets/tiny_nemotron_asr.nemo
     assets    write pipecat_nemotron/assets/demo/ and tests/assets/heldout/ from held-out sentences
 
-Reproduce the bundled model (data ~10 min; training ~2.7 h on a shared 2-core CPU, see docs/TINY_MODEL.md)::
+Reproduce the bundled model (data ~10 min; training ~3.1 h on a 2-core CPU, see docs/TINY_MODEL.md)::
 
     .venv/bin/python scripts/make_tiny_model.py all
 
@@ -222,7 +223,7 @@ class UttSpec:
     pitch: int  # 0..99
     gap: int  # extra gap between words, units of 10 ms
     seed: int  # numpy seed of the augmentation
-    aug: str  # "train" (noise + reverb + filters), "light" (mild noise), "ci" (light, short pads), "none"
+    aug: str  # "train" (noise + reverb + filters), "light" (mild noise), "none"
     phonemizer: str = ""  # accent whose spelling rules give the phonemes ("" = the voice reads the text)
     vowel_swap: float = 0.0  # probability that a vowel is replaced by a phonetic neighbour (accent mixing)
     h_drop: float = 0.0  # probability that a word-initial /h/ is dropped (accent mixing)
@@ -354,11 +355,7 @@ def augment(x16: np.ndarray, seed: int, kind: str) -> np.ndarray:
             x = lfilter([1 - a], [1, -a], x)
         if rng.random() < 0.2:  # high-pass
             x = lfilter([1, -1], [1, -rng.uniform(0.9, 0.99)], x)
-    if kind == "ci":  # as "light", with shorter silences so that the CI subset stays small
-        lead, tail = rng.uniform(0.05, 0.15), rng.uniform(0.1, 0.2)
-        kind = "light"
-    else:
-        lead, tail = rng.uniform(0.05, 0.35), rng.uniform(0.1, 0.4)
+    lead, tail = rng.uniform(0.05, 0.35), rng.uniform(0.1, 0.4)
     x = np.concatenate([np.zeros(int(lead * sr)), x, np.zeros(int(tail * sr))])
     peak = np.max(np.abs(x)) + 1e-9
     x = x / peak * 10 ** (rng.uniform(-18.0, -1.0) / 20)
@@ -545,6 +542,47 @@ def stage_accents(args: argparse.Namespace) -> None:
     ).read_text()
     (DATA_DIR / "train_mix_manifest.json").write_text(mix)
     print(f"[accents] train_mix_manifest.json: {mix.count(chr(10))} utterances", flush=True)
+
+
+def stage_sessions(args: argparse.Namespace) -> None:
+    """Multi-turn training clips (``train_sessions``): two training utterances of at most 3.5 s each joined by a
+    0.2-1.5 s pause (the pure-PyTorch RNNT loss costs O(T x U) Python-level steps, so longer clips slow training).
+
+    A model trained on single utterances learns that speech ends after one sentence: fed a session (a stream
+    that keeps its caches and decoder state across turns, or a long clip) it drops every sentence after the
+    first. The mixed manifest ``train_all_manifest.json`` is ``train_mix`` followed by these clips.
+    """
+    rng = random.Random(args.seed + 4)
+    rows = [json.loads(line) for line in (DATA_DIR / "train_mix_manifest.json").open()]
+    rows = [r for r in rows if r["duration"] <= 3.5]
+    out_dir = DATA_DIR / "train_sessions"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (DATA_DIR / "train_sessions_manifest.json").open("w") as f:
+        for i in range(args.n_sessions):
+            parts = rng.sample(rows, 2)
+            pieces: list[np.ndarray] = []
+            for j, r in enumerate(parts):
+                if j:
+                    pieces.append(np.zeros(int(rng.uniform(0.2, 1.5) * SAMPLE_RATE), np.int16))
+                pieces.append(read_wav(Path(r["audio_filepath"])))
+            x = np.concatenate(pieces)
+            path = out_dir / f"session_{i:06d}.wav"
+            write_wav(path, x)
+            row = {
+                "audio_filepath": str(path),
+                "duration": round(x.size / SAMPLE_RATE, 4),
+                "text": " ".join(r["text"] for r in parts),
+                "voice": "|".join(r["voice"] for r in parts),
+            }
+            f.write(json.dumps(row) + "\n")
+    mix = (DATA_DIR / "train_mix_manifest.json").read_text() + (
+        DATA_DIR / "train_sessions_manifest.json"
+    ).read_text()
+    (DATA_DIR / "train_all_manifest.json").write_text(mix)
+    print(
+        f"[sessions] {args.n_sessions} clips; train_all_manifest.json: {mix.count(chr(10))} utterances",
+        flush=True,
+    )
 
 
 def stage_heldout_full(args: argparse.Namespace) -> None:
@@ -932,6 +970,17 @@ RECIPE_PHASES: tuple[dict[str, Any], ...] = (
         "spec_augment": False,
         "train_manifest": "train_mix_manifest.json",
     },
+    # Phase 5: adds multi-turn clips (``sessions`` stage) so that speech after a pause is still transcribed when a
+    # stream keeps its state across turns (the engine's default soft finalize).
+    {
+        "lr": 5e-4,
+        "warmup_steps": 50,
+        "max_steps": 1200,
+        "max_minutes": 22.0,
+        "stop_step": 0,
+        "spec_augment": False,
+        "train_manifest": "train_all_manifest.json",
+    },
 )
 
 
@@ -995,7 +1044,7 @@ TWO_TURNS_GAP_S = 1.2
 
 
 def stage_assets(args: argparse.Namespace) -> None:
-    """Demo wavs (package assets) and the small CI held-out subset (tests/assets/heldout)."""
+    """Demo wavs (package assets) and the CI held-out subset (tests/assets/heldout, from the full sets)."""
     for text in [t for _, t, _, _ in DEMO_FILES] + list(TWO_TURNS):
         if heldout_bucket(text) != "test":
             raise ValueError(f"demo sentence {text!r} is not a held-out sentence")
@@ -1035,17 +1084,24 @@ def stage_assets(args: argparse.Namespace) -> None:
         n = read_wav(DEMO_DIR / fname).size
         print(f"[assets] demo/{fname}: {n / SAMPLE_RATE:.2f} s", flush=True)
 
-    # --- CI held-out subset ---
+    # --- CI held-out subset: every ``ci_every``-th utterance of each full held-out set, as FLAC ---
+    # A fixed stride over the full sets (not a fresh draw) so that the subset is spread over both halves of the
+    # unseen-voice set (unseen accent / unseen variants) and the CI figures estimate the model card's.
     if CI_HELDOUT_DIR.exists():
         shutil.rmtree(CI_HELDOUT_DIR)
     CI_HELDOUT_DIR.mkdir(parents=True)
-    seen = make_specs(rng, args.n_ci, "test", "seen", TRAIN_BASES, TRAIN_VARIANTS, "ci")
-    unseen = make_unseen_specs(rng, args.n_ci, "test", "unseen", "ci")
+    import soundfile
+
     manifest = []
-    for split, specs in (("seen_voice", seen), ("unseen_voice", unseen)):
-        for s in specs:
-            write_wav(CI_HELDOUT_DIR / f"{s.name}.wav", render(s))
-            manifest.append({"audio": f"{s.name}.wav", "text": s.text, "split": split, "voice": s.voice})
+    for split in ("seen_voice", "unseen_voice"):
+        full = DATA_DIR / f"test_{split}_manifest.json"
+        if not full.exists():
+            raise SystemExit(f"{full} is missing: run the `heldout` stage first")
+        rows = [json.loads(line) for line in full.open()][:: args.ci_every]
+        for r in rows:
+            name = Path(r["audio_filepath"]).with_suffix(".flac").name
+            soundfile.write(str(CI_HELDOUT_DIR / name), read_wav(Path(r["audio_filepath"])), SAMPLE_RATE)
+            manifest.append({"audio": name, "text": r["text"], "split": split, "voice": r["voice"]})
     (CI_HELDOUT_DIR / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     total = sum(p.stat().st_size for p in CI_HELDOUT_DIR.iterdir())
     print(f"[assets] tests/assets/heldout: {len(manifest)} utterances, {total / 1e6:.2f} MB", flush=True)
@@ -1061,16 +1117,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "stages", nargs="+", choices=["all", "data", "accents", "heldout", "tokenizer", "train", "recipe", "export", "assets"],
-        help="stages to run, in the order given ('all' = data accents tokenizer recipe export assets)",
+        "stages", nargs="+", choices=["all", "data", "accents", "sessions", "heldout", "tokenizer", "train", "recipe", "export", "assets"],
+        help="stages to run, in the order given ('all' = data accents sessions tokenizer recipe export assets)",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--workers", type=int, default=2, help="processes for synthesis")
     p.add_argument("--n-train", type=int, default=16000, help="training utterances")
     p.add_argument("--n-val", type=int, default=300, help="validation utterances (new sentences)")
     p.add_argument("--n-test", type=int, default=300, help="full held-out sets: utterances per set")
-    p.add_argument("--n-ci", type=int, default=20, help="CI held-out subset: utterances per split")
+    p.add_argument(
+        "--ci-every",
+        type=int,
+        default=3,
+        help="CI held-out subset: every N-th utterance of each full held-out set",
+    )
     p.add_argument("--n-accents", type=int, default=8000, help="accent-mix training utterances")
+    p.add_argument("--n-sessions", type=int, default=3000, help="multi-turn training clips")
     p.add_argument(
         "--train-manifest",
         default="train_manifest.json",
@@ -1130,10 +1192,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     np.random.seed(args.seed % 2**32)
     stages: list[str] = []
     for s in args.stages:
-        stages += ["data", "accents", "tokenizer", "recipe", "export", "assets"] if s == "all" else [s]
+        stages += (
+            ["data", "accents", "sessions", "tokenizer", "recipe", "export", "assets"] if s == "all" else [s]
+        )
     fns = {
         "data": stage_data,
         "accents": stage_accents,
+        "sessions": stage_sessions,
         "heldout": stage_heldout_full,
         "tokenizer": stage_tokenizer,
         "train": stage_train,

@@ -110,7 +110,11 @@ async def test_full_local_agent_pipeline(openai_server: FakeOpenAIServer, magpie
 
 def test_agent_settings_from_env_and_validation() -> None:
     settings = AgentSettings.from_env(
-        {"NEMOTRON_ASR_LATENCY_MS": "560", "NEMOTRON_LLM_BASE_URL": "http://127.0.0.1:9/v1", "MAGPIE_NIM_SERVER": ""}
+        {
+            "NEMOTRON_ASR_LATENCY_MS": "560",
+            "NEMOTRON_LLM_BASE_URL": "http://127.0.0.1:9/v1",
+            "MAGPIE_NIM_SERVER": "",
+        }
     )
     assert settings.asr_latency_ms == 560 and settings.llm_configured and settings.tts_nim_server is None
     assert any("TTS: not configured" in line for line in settings.describe())

@@ -67,7 +67,10 @@ async def test_streaming_equals_offline(engine: NemotronEngine, latency_ms: int)
 async def test_batched_equals_alone_with_staggered_joins(engine: NemotronEngine) -> None:
     clips = [noise_clip(1.0 + 0.45 * i, seed=10 + i) for i in range(5)]
     modes = [160, 160, 80, 560, 160]
-    alone = [list((await engine.transcribe(to_pcm16(c), latency_ms=m)).tokens) for c, m in zip(clips, modes, strict=True)]
+    alone = [
+        list((await engine.transcribe(to_pcm16(c), latency_ms=m)).tokens)
+        for c, m in zip(clips, modes, strict=True)
+    ]
     max_batch = 0
 
     def on_step(stats) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-import wave
 
 import pytest
 
-from pipecat_nemotron.bench.common import normalize_text, word_errors
+from pipecat_nemotron.bench.common import normalize_text, read_pcm16, word_errors
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.models import TINY_MODEL_PATH
 
@@ -32,30 +32,56 @@ def test_committed_model_is_cache_aware_nemotron_family() -> None:
 
 
 async def test_heldout_wer_streamed_at_160ms() -> None:
+    """Every third utterance of the model card's held-out sets (100 + 100), streamed together at 160 ms."""
     manifest = json.loads((HELDOUT / "manifest.json").read_text())
+    assert len(manifest) == 200
     errors = {"seen_voice": [0, 0], "unseen_voice": [0, 0]}
-    async with NemotronEngine(EngineConfig(model=str(TINY_MODEL_PATH), device="cpu", max_streams=8)) as engine:
-        for entry in manifest:
-            with wave.open(str(HELDOUT / entry["audio"]), "rb") as w:
-                pcm = w.readframes(w.getnframes())
-            final = await engine.transcribe(pcm, latency_ms=160)
-            errors[entry["split"]][0] += word_errors(entry["text"], final.text)
-            errors[entry["split"]][1] += len(normalize_text(entry["text"]).split())
+    config = EngineConfig(model=str(TINY_MODEL_PATH), device="cpu", max_streams=32)
+    async with NemotronEngine(config) as engine:
+        finals = []
+        for start in range(0, len(manifest), 32):
+            batch = manifest[start : start + 32]
+            finals += await asyncio.gather(
+                *(engine.transcribe(read_pcm16(HELDOUT / e["audio"]), latency_ms=160) for e in batch)
+            )
+    for entry, final in zip(manifest, finals, strict=True):
+        errors[entry["split"]][0] += word_errors(entry["text"], final.text)
+        errors[entry["split"]][1] += len(normalize_text(entry["text"]).split())
     wer = {split: 100.0 * e / n for split, (e, n) in errors.items()}
     print(f"held-out WER at 160 ms: {wer}")
-    # Bounds of the committed checkpoint (docs/TINY_MODEL.md has the full-set figures); a regression in the
-    # engine's streaming path shows up here first.
-    assert wer["seen_voice"] <= 15.0, wer
-    assert wer["unseen_voice"] <= 25.0, wer
+    # The model's quality targets (docs/TINY_MODEL.md): <= 3% on new sentences in training voices, <= 8% on voices
+    # never heard in training. The committed checkpoint measures 0.43% / 6.83% on this subset.
+    assert wer["seen_voice"] <= 3.0, wer
+    assert wer["unseen_voice"] <= 8.0, wer
 
 
-@pytest.mark.parametrize("name", ["demo_weather.wav", "demo_timer.wav", "demo_math.wav"])
-async def test_demo_wavs_are_transcribed(name: str) -> None:
+@pytest.mark.parametrize("name", ["demo_weather.wav", "demo_timer.wav", "demo_math.wav", "two_turns.wav"])
+async def test_demo_wavs_are_transcribed_exactly(name: str) -> None:
     demo = TINY_MODEL_PATH.parent / "demo"
     expected = json.loads((demo / "transcripts.json").read_text())[name]
-    with wave.open(str(demo / name), "rb") as w:
-        pcm = w.readframes(w.getnframes())
-    async with NemotronEngine(EngineConfig(model=str(TINY_MODEL_PATH), device="cpu", max_streams=1)) as engine:
-        final = await engine.transcribe(pcm, latency_ms=160)
-    ref = normalize_text(expected)
-    assert word_errors(ref, final.text) <= max(1, len(ref.split()) // 4), (expected, final.text)
+    async with NemotronEngine(
+        EngineConfig(model=str(TINY_MODEL_PATH), device="cpu", max_streams=1)
+    ) as engine:
+        final = await engine.transcribe(read_pcm16(demo / name), latency_ms=160)
+    assert normalize_text(final.text) == normalize_text(expected)
+
+
+@pytest.mark.parametrize("finalize_mode", ["soft", "hard"])
+async def test_second_turn_is_transcribed_in_one_stream(finalize_mode: str) -> None:
+    """Two turns through one stream with a final after each: the second turn's first word is not lost whether
+    the stream keeps its state across turns (soft) or resets it (hard)."""
+    demo = TINY_MODEL_PATH.parent / "demo"
+    turns = json.loads((demo / "turns.json").read_text())["two_turns.wav"]
+    pcm = read_pcm16(demo / "two_turns.wav")
+    cut = 2 * int((turns["spans_s"][0][1] + turns["silence_between_s"] / 2) * 16000)  # bytes, mid-pause
+    config = EngineConfig(
+        model=str(TINY_MODEL_PATH), device="cpu", max_streams=1, finalize_mode=finalize_mode
+    )
+    async with NemotronEngine(config) as engine:
+        stream = engine.open_stream(160)
+        finals = []
+        for part in (pcm[:cut], pcm[cut:]):
+            await stream.push(part)
+            finals.append(normalize_text((await stream.finalize()).text))
+        stream.close()
+    assert finals == [normalize_text(t) for t in turns["turns"]]

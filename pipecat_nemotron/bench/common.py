@@ -16,7 +16,6 @@ import re
 import subprocess
 import sys
 import time
-import wave
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -285,18 +284,25 @@ class Clip:
         return self.audio.size / SAMPLE_RATE
 
 
-def read_wav(path: Path) -> np.ndarray:
-    """A 16 kHz mono int16 WAV as float32 samples.
+def read_pcm16(path: Path) -> bytes:
+    """Raw little-endian int16 PCM of a 16 kHz mono WAV or FLAC file.
 
     Raises:
-        ValueError: Another format.
+        ValueError: Another sample rate, channel count or sample format.
 
     """
-    with wave.open(str(path), "rb") as w:
-        if w.getnchannels() != 1 or w.getsampwidth() != 2 or w.getframerate() != SAMPLE_RATE:
-            raise ValueError(f"{path}: expected 16 kHz mono int16 PCM")
-        data = w.readframes(w.getnframes())
-    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+    import soundfile
+
+    info = soundfile.info(str(path))
+    if info.channels != 1 or info.samplerate != SAMPLE_RATE or info.subtype != "PCM_16":
+        raise ValueError(f"{path}: expected 16 kHz mono 16-bit PCM (WAV or FLAC), got {info}")
+    data, _ = soundfile.read(str(path), dtype="int16")
+    return data.astype("<i2").tobytes()
+
+
+def read_audio(path: Path) -> np.ndarray:
+    """A 16 kHz mono 16-bit WAV or FLAC file as float32 samples in [-1, 1)."""
+    return np.frombuffer(read_pcm16(path), dtype="<i2").astype(np.float32) / 32768.0
 
 
 def synthetic_clip(seconds: float, seed: int) -> np.ndarray:
@@ -334,7 +340,7 @@ def load_clips(manifest: Path | None = None, max_seconds: float | None = None) -
             path = Path(row.get("audio") or row["audio_filepath"])
             if not path.is_absolute():
                 path = manifest.parent / path
-            clip = Clip(path.name, read_wav(path), row.get("text"))
+            clip = Clip(path.name, read_audio(path), row.get("text"))
             clips.append(clip)
             total += clip.seconds
             if max_seconds is not None and total >= max_seconds:
