@@ -1136,7 +1136,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--train-manifest",
         default="train_manifest.json",
-        help="training manifest under data/tiny_asr/ (train_mix_manifest.json after the accents stage)",
+        help="training manifest under data/tiny_asr/ (phase 4: train_mix_manifest.json, phase 5: train_all_manifest.json)",
     )
     p.add_argument("--vocab-size", type=int, default=128)
     p.add_argument("--d-model", type=int, default=128)
