@@ -537,11 +537,14 @@ def stage_accents(args: argparse.Namespace) -> None:
     rng = random.Random(args.seed + 3)
     specs = make_accent_specs(rng, args.n_accents, "accent")
     render_set(specs, DATA_DIR / "train_accents", DATA_DIR / "train_accents_manifest.json", args.workers)
-    mix = (DATA_DIR / "train_manifest.json").read_text() + (
-        DATA_DIR / "train_accents_manifest.json"
-    ).read_text()
-    (DATA_DIR / "train_mix_manifest.json").write_text(mix)
-    print(f"[accents] train_mix_manifest.json: {mix.count(chr(10))} utterances", flush=True)
+    join_manifests("train_mix_manifest.json", "train_manifest.json", "train_accents_manifest.json")
+
+
+def join_manifests(out: str, *parts: str) -> None:
+    """Write ``data/tiny_asr/<out>``: the JSON-lines manifests ``parts`` (under data/tiny_asr/) one after another."""
+    text = "".join((DATA_DIR / name).read_text() for name in parts)
+    (DATA_DIR / out).write_text(text)
+    print(f"[data] {out}: {text.count(chr(10))} utterances ({' + '.join(parts)})", flush=True)
 
 
 def stage_sessions(args: argparse.Namespace) -> None:
@@ -560,12 +563,9 @@ def stage_sessions(args: argparse.Namespace) -> None:
     with (DATA_DIR / "train_sessions_manifest.json").open("w") as f:
         for i in range(args.n_sessions):
             parts = rng.sample(rows, 2)
-            pieces: list[np.ndarray] = []
-            for j, r in enumerate(parts):
-                if j:
-                    pieces.append(np.zeros(int(rng.uniform(0.2, 1.5) * SAMPLE_RATE), np.int16))
-                pieces.append(read_wav(Path(r["audio_filepath"])))
-            x = np.concatenate(pieces)
+            pause = np.zeros(int(rng.uniform(0.2, 1.5) * SAMPLE_RATE), np.int16)
+            first, second = (read_wav(Path(r["audio_filepath"])) for r in parts)
+            x = np.concatenate([first, pause, second])
             path = out_dir / f"session_{i:06d}.wav"
             write_wav(path, x)
             row = {
@@ -575,14 +575,7 @@ def stage_sessions(args: argparse.Namespace) -> None:
                 "voice": "|".join(r["voice"] for r in parts),
             }
             f.write(json.dumps(row) + "\n")
-    mix = (DATA_DIR / "train_mix_manifest.json").read_text() + (
-        DATA_DIR / "train_sessions_manifest.json"
-    ).read_text()
-    (DATA_DIR / "train_all_manifest.json").write_text(mix)
-    print(
-        f"[sessions] {args.n_sessions} clips; train_all_manifest.json: {mix.count(chr(10))} utterances",
-        flush=True,
-    )
+    join_manifests("train_all_manifest.json", "train_mix_manifest.json", "train_sessions_manifest.json")
 
 
 def stage_heldout_full(args: argparse.Namespace) -> None:
