@@ -14,7 +14,8 @@ Backends:
 * ``engine``: ``pipecat_nemotron.engine.NemotronEngine`` (the streaming engine of this package), all
   utterances of a mode submitted concurrently so that the engine batches them;
 * ``nemo``: NeMo's model-level cache-aware streaming (``conformer_stream_step`` chunk by chunk with
-  ``CacheAwareStreamingAudioBuffer``), used when the engine is not importable;
+  ``CacheAwareStreamingAudioBuffer``), an independent cross-check of the engine (the script itself needs the
+  ``pipecat_nemotron`` package for its WER and audio helpers);
 * ``auto`` (default): ``engine`` if it imports, else ``nemo``.
 
 ``--offline`` adds ``model.transcribe()`` (whole utterance, same attention context) for comparison.
