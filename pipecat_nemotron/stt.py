@@ -39,6 +39,7 @@ from pipecat_nemotron.engine import (
     TranscriptUpdate,
 )
 from pipecat_nemotron.engine.config import validate_latency_ms
+from pipecat_nemotron.engine.loading import prefetch_nemo_imports
 from pipecat_nemotron.engine.shared import SharedEngines, shared_engines
 from pipecat_nemotron.stt_common import NemotronFinalsMixin
 
@@ -51,6 +52,10 @@ NEMOTRON_TTFS_P99 = 0.25
 
 #: Safety factor applied to the engine's measured finalize p99 when deriving ``ttfs_p99_latency``.
 _TTFS_MARGIN = 1.5
+
+#: Default bound on how long the end of a session waits for a model that is still loading, seconds. A cold
+#: process imports NeMo and restores the checkpoint (~20 s on a 2-core CPU, more for the 600M model from disk).
+DEFAULT_LOAD_WAIT_S = 120.0
 
 
 @dataclass
@@ -98,6 +103,7 @@ class NemotronSTTService(NemotronFinalsMixin):
         engine_config: EngineConfig | None = None,
         registry: SharedEngines | None = None,
         ttfs_p99_latency: float | None = None,
+        load_wait_s: float = DEFAULT_LOAD_WAIT_S,
         settings: NemotronSTTSettings | None = None,
         **kwargs: Any,
     ) -> None:
@@ -113,14 +119,21 @@ class NemotronSTTService(NemotronFinalsMixin):
             registry: Where shared engines live (default: the process-wide one).
             ttfs_p99_latency: P99 speech-end-to-final time, seconds. Default: ``0.2`` (VAD stop) plus 1.5x the
                 engine's measured finalize p99 once loaded, or :data:`NEMOTRON_TTFS_P99` before that.
+            load_wait_s: When the session ends (``EndFrame``) while the model is still loading, wait this long
+                for the load, then transcribe the audio kept meanwhile and deliver its finals; past it (or if the
+                load fails) the session reports, as an ``ErrorFrame``, how many seconds of audio it dropped.
+                Seconds. Load the model at process start (:meth:`SharedEngines.preload
+                <pipecat_nemotron.engine.shared.SharedEngines.preload>`) so no session waits at all.
             settings: Runtime settings (``latency_ms``); overrides ``latency_ms`` above.
             **kwargs: Passed to :class:`~pipecat.services.stt_service.STTService`.
 
         Raises:
-            ValueError: Unsupported latency or device (the message names the allowed values).
+            ValueError: Unsupported latency, device or ``load_wait_s`` (the message names the allowed values).
 
         """
         validate_latency_ms(latency_ms)
+        if not load_wait_s >= 0:
+            raise ValueError(f"load_wait_s must be >= 0 (seconds), got {load_wait_s!r}")
         if engine is not None:
             config = engine.config
         elif engine_config is not None:
@@ -138,14 +151,21 @@ class NemotronSTTService(NemotronFinalsMixin):
         self._engine_config = config
         self._owned_engine = engine
         self._registry = registry or shared_engines
+        self._load_wait_s = float(load_wait_s)
         self._engine: NemotronEngine | None = None
         self._stream: ASRStream | None = None
         self._connect_task: asyncio.Task[None] | None = None
         self._reader_task: asyncio.Task[None] | None = None
-        # Audio (bytes) and finalize marks (None) received before the engine was ready, in order.
+        # Audio (bytes) and finalize marks (None) received before the engine was ready, in order. Items stay
+        # here, and later ones queue behind them, until ``_replay_pending`` has handed all of them to the stream.
         self._pending: list[bytes | None] = []
         self._last_interim = ""
         self._ready = asyncio.Event()
+        # Set when the engine could not be started for this session: audio is then not kept (it was reported).
+        self._load_failed = False
+        if engine is None or not engine.running:
+            # Importing NeMo is most of a cold start: begin it now, while the pipeline is being built.
+            prefetch_nemo_imports()
 
     # ---- properties ---------------------------------------------------------------------------------------
 
@@ -203,19 +223,69 @@ class NemotronSTTService(NemotronFinalsMixin):
             self._open_stream()
             self._ready.set()
         except Exception as e:
-            logger.error(f"{self}: could not start the Nemotron ASR engine: {e}")
+            self._load_failed = True
+            dropped_s = self._drop_pending()
+            logger.error(
+                f"{self}: could not start the Nemotron ASR engine ({dropped_s:.1f} s of audio not transcribed): {e}"
+            )
             await self.push_error(
-                error_msg=f"Nemotron ASR engine failed to start: {e}",
+                error_msg=(
+                    f"Nemotron ASR engine failed to start: {e}; {dropped_s:.1f} s of this session's audio "
+                    "were not transcribed"
+                ),
                 exception=e,
                 force_treat_as_permanent=True,
             )
             return
-        pending, self._pending = self._pending, []
-        for item in pending:
+        await self._replay_pending()
+
+    async def _replay_pending(self) -> None:
+        """Hand the audio and finalize marks kept while loading to the stream, in order (newer items queue)."""
+        while self._pending:
+            item = self._pending[0]
             if item is None:
                 await self._finalize()
             else:
                 await self._push_audio(item)
+            self._pending.pop(0)
+
+    def _pending_audio_s(self) -> float:
+        """Audio kept while the engine loads, seconds."""
+        return sum(len(a) for a in self._pending if a is not None) / (2.0 * (self.sample_rate or 16000))
+
+    def _drop_pending(self) -> float:
+        """Forget the audio kept while loading; return how much it was, seconds."""
+        dropped_s = self._pending_audio_s()
+        self._pending.clear()
+        return dropped_s
+
+    async def _wait_for_load(self) -> None:
+        """At the end of a session, wait (bounded by ``load_wait_s``) for a model still loading.
+
+        On success the kept audio has been replayed; on timeout the load is abandoned for this session and an
+        ``ErrorFrame`` says how much audio was dropped and why.
+        """
+        task = self._connect_task
+        if task is None or task.done():
+            return
+        kept_s = self._pending_audio_s()
+        logger.info(
+            f"{self}: the session ended while the ASR model is loading; waiting up to {self._load_wait_s:g} s "
+            f"to transcribe the {kept_s:.1f} s of audio received meanwhile"
+        )
+        done, _ = await asyncio.wait({task}, timeout=self._load_wait_s)
+        if done:
+            return
+        self._connect_task = None
+        await self.cancel_task(task)
+        dropped_s = self._drop_pending()
+        msg = (
+            f"the Nemotron ASR model did not load within {self._load_wait_s:g} s (load_wait_s) of the end of the "
+            f"session; {dropped_s:.1f} s of audio were not transcribed. Load it at process start "
+            "(SharedEngines.preload / AgentSettings.preload) or raise load_wait_s"
+        )
+        logger.warning(f"{self}: {msg}")
+        await self.push_error(error_msg=msg)
 
     def _open_stream(self) -> None:
         assert self._engine is not None
@@ -247,10 +317,17 @@ class NemotronSTTService(NemotronFinalsMixin):
         if self._engine is not None and self._owned_engine is None:
             await self._registry.release(self._engine)
         self._engine = None
-        self._pending.clear()
+        dropped_s = self._drop_pending()
+        if dropped_s > 0:
+            logger.warning(f"{self}: session cancelled; {dropped_s:.1f} s of audio were not transcribed")
 
     async def stop(self, frame: EndFrame) -> None:
-        """Finalize what the user said last (if anything), then close the stream and free its slot."""
+        """Finalize what the user said last (if anything), then close the stream and free its slot.
+
+        If the model is still loading, first wait for it (up to ``load_wait_s``) so that the audio received
+        meanwhile is transcribed and its finals delivered.
+        """
+        await self._wait_for_load()
         stream = self._stream
         if stream is not None and not stream.closed and stream.has_pending_speech:
             self.request_finalize()
@@ -271,7 +348,9 @@ class NemotronSTTService(NemotronFinalsMixin):
 
     async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame | None, None]:
         """Queue audio for the engine; results are pushed by this service's own results task."""
-        if self._stream is None:
+        if self._load_failed:
+            pass  # the engine failed to start; the ErrorFrame said so and no audio of this session is kept
+        elif self._stream is None or self._pending:
             self._pending.append(audio)
         else:
             await self._push_audio(audio)
@@ -306,7 +385,9 @@ class NemotronSTTService(NemotronFinalsMixin):
         await super().process_frame(frame, direction)
         if isinstance(frame, VADUserStoppedSpeakingFrame):
             self.request_finalize()
-            if self._stream is None:
+            if self._load_failed:
+                pass
+            elif self._stream is None or self._pending:
                 self._pending.append(None)
             else:
                 await self._finalize()

@@ -35,6 +35,10 @@ class NemotronFinalsMixin(STTService):
             model: Model name for the metric.
 
         """
+        # Every final answers one finalize request (a VAD stop or the end of the session). Pipecat keeps one
+        # request flag, not a count: when finalize requests queued up (audio kept while the model loaded),
+        # later finals would lose ``finalized=True``, so each final re-asserts its own request.
+        self.request_finalize()
         self.confirm_finalize()
         await self.emit_stt_usage_metrics()
         await self.push_frame(TranscriptionFrame(text, self._user_id, time_now_iso8601(), Language.EN))

@@ -9,6 +9,7 @@ import pytest
 from helpers import audio_frames, noise_clip, to_pcm16, turn
 from pipecat.frames.frames import (
     CancelFrame,
+    ErrorFrame,
     InterimTranscriptionFrame,
     InterruptionFrame,
     MetricsFrame,
@@ -210,3 +211,96 @@ def test_construction_errors_name_the_fix() -> None:
 
     assert NemotronSTTService.__doc__.startswith("Local, in-process")
     assert "remote" in stt_module.__doc__ and "NvidiaSTTService" in stt_module.__doc__
+
+
+# ---- a session that ends while the model loads (cold process) ------------------------------------------------
+
+
+def _demo_turns() -> tuple[list[bytes], list[str]]:
+    import json
+    import wave
+
+    from pipecat_nemotron.models import DEMO_AUDIO_DIR
+
+    texts = json.loads((DEMO_AUDIO_DIR / "transcripts.json").read_text())
+    clips = []
+    for name in ("demo_math.wav", "demo_timer.wav"):
+        with wave.open(str(DEMO_AUDIO_DIR / name), "rb") as w:
+            clips.append(w.readframes(w.getnframes()))
+    return clips, [texts["demo_math.wav"], texts["demo_timer.wav"]]
+
+
+def _cold_turns(clips: list[bytes]) -> list:
+    """Two turns sent as fast as a pipeline takes them, then (run_test's) EndFrame: no time for a cold load."""
+    frames: list = []
+    for pcm in clips:
+        frames += [VADUserStartedSpeakingFrame(), *audio_frames(pcm), VADUserStoppedSpeakingFrame(stop_secs=0.2)]
+    return frames
+
+
+async def test_session_ending_while_the_model_loads_delivers_every_final() -> None:
+    from conftest import TRAINED_MODEL
+
+    clips, texts = _demo_turns()
+    registry = SharedEngines()  # nothing loaded: this session's StartFrame starts the load
+    config = EngineConfig(model=str(TRAINED_MODEL), device="cpu", max_streams=2)
+    stt = NemotronSTTService(engine_config=config, registry=registry)
+    try:
+        down, up = await run_test(stt, frames_to_send=_cold_turns(clips), start_timeout=5.0)
+        assert [f.text for f in finals_of(down)] == texts
+        assert all(f.finalized for f in finals_of(down))
+        assert not [f for f in up if isinstance(f, ErrorFrame)]
+        assert registry.engines[0].open_streams == 0
+    finally:
+        await registry.close_all()
+
+
+async def test_load_past_load_wait_reports_the_dropped_audio() -> None:
+    from conftest import TRAINED_MODEL
+
+    clips, _ = _demo_turns()
+    seconds = sum(len(c) for c in clips) / 32000
+    registry = SharedEngines()
+    config = EngineConfig(model=str(TRAINED_MODEL), device="cpu", max_streams=2)
+    stt = NemotronSTTService(engine_config=config, registry=registry, load_wait_s=0.01)
+    try:
+        down, up = await run_test(stt, frames_to_send=_cold_turns(clips), start_timeout=5.0)
+    finally:
+        await registry.close_all()
+    assert finals_of(down) == []
+    errors = [f.error for f in up if isinstance(f, ErrorFrame)]
+    assert len(errors) == 1, errors
+    assert f"{seconds:.1f} s of audio were not transcribed" in errors[0] and "load_wait_s" in errors[0]
+
+
+async def test_failed_load_reports_the_dropped_audio(tmp_path) -> None:
+    corrupt = tmp_path / "corrupt.nemo"
+    corrupt.write_bytes(b"not a tar archive" * 100)
+    pcm = to_pcm16(noise_clip(1.0, seed=70))
+    registry = SharedEngines()
+    stt = NemotronSTTService(engine_config=EngineConfig(model=str(corrupt), device="cpu"), registry=registry)
+    down, up = await run_test(stt, frames_to_send=_cold_turns([pcm]), start_timeout=5.0)
+    assert finals_of(down) == []
+    errors = [f.error for f in up if isinstance(f, ErrorFrame)]
+    assert errors and "corrupt.nemo" in errors[0] and "1.0 s of this session's audio" in errors[0], errors
+
+
+async def test_preloaded_engine_serves_sessions_and_stays_loaded(tiny_random_model) -> None:
+    registry = SharedEngines(unload_when_unused=True)
+    config = EngineConfig(model=str(tiny_random_model), device="cpu", max_streams=2)
+    engine = await registry.preload(config)
+    assert engine.running and registry.refs(engine) == 1
+    assert await registry.preload(config) is engine and registry.refs(engine) == 1
+    pcm = to_pcm16(noise_clip(1.2, seed=71))
+    expected = await engine.transcribe(pcm)
+    try:
+        down, _ = await run_test(
+            NemotronSTTService(engine_config=config, registry=registry),
+            frames_to_send=_cold_turns([pcm]),  # no time to load: the preloaded engine serves at once
+            start_timeout=5.0,
+        )
+        assert [f.text for f in finals_of(down)] == [expected.text]
+        # The session released its reference; the preloaded engine stays loaded despite unload_when_unused.
+        assert registry.engines == [engine] and engine.running and registry.refs(engine) == 1
+    finally:
+        await registry.close_all()

@@ -141,7 +141,14 @@ class NemotronEngine:
     def _load(self) -> Any:
         import torch
 
-        from pipecat_nemotron.engine.loading import load_asr_model, resolve_device, resolve_dtype
+        from pipecat_nemotron.engine.loading import (
+            load_asr_model,
+            resolve_device,
+            resolve_dtype,
+            wait_for_nemo_imports,
+        )
+
+        wait_for_nemo_imports()
         from pipecat_nemotron.engine.runner import ModelRunner
 
         device = resolve_device(self.config.device)

@@ -6,7 +6,9 @@ NeMo is imported lazily here (it takes seconds and ~800 MB), never at ``import p
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging as std_logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +23,47 @@ if TYPE_CHECKING:
 
 #: Where a model id's ``.nemo`` file lives on the Hugging Face Hub: ``<repo>/<name>.nemo``.
 _NEMO_SUFFIX = ".nemo"
+
+#: The NeMo modules every ASR load needs; importing them is most of a cold start (~7-12 s on a 2-core CPU).
+_NEMO_ASR_MODULES = ("nemo.collections.asr",)
+
+_prefetch_lock = threading.Lock()
+_prefetch_thread: threading.Thread | None = None
+
+
+def _import_nemo() -> None:
+    for name in _NEMO_ASR_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - the real load reports a missing or broken NeMo itself
+            logger.debug(f"background import of {name} failed: {e!r}")
+            return
+
+
+def prefetch_nemo_imports() -> None:
+    """Start importing NeMo's ASR collection on a background thread (once per process; returns at once).
+
+    Services call this at construction so the import overlaps with building the pipeline and starting the
+    transport. Loaders call :func:`wait_for_nemo_imports` first, so no two threads import NeMo at once.
+    """
+    global _prefetch_thread
+    with _prefetch_lock:
+        if _prefetch_thread is not None:
+            return
+        _prefetch_thread = threading.Thread(target=_import_nemo, name="nemo-import", daemon=True)
+        _prefetch_thread.start()
+
+
+def wait_for_nemo_imports() -> None:
+    """Block until a background NeMo import started by :func:`prefetch_nemo_imports` has finished (if any).
+
+    Module imports from two threads can deadlock on NeMo's import cycles; loading code waits here before it
+    imports NeMo itself.
+    """
+    with _prefetch_lock:
+        thread = _prefetch_thread
+    if thread is not None:
+        thread.join()
 
 
 @contextlib.contextmanager
