@@ -5,8 +5,8 @@
     python bots/bot.py -t webrtc       # open http://localhost:7860/client
     python bots/bot.py -t daily        # needs DAILY_API_KEY
 
-Every session runs in this process and shares one ASR engine and one Magpie model: the first session loads them
-(off the event loop), later sessions start at once and are batched together on the GPU.
+Every session runs in this process and shares one ASR engine and one Magpie model, loaded at process start
+(before the runner accepts a connection) and batched together on the GPU.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pipecat.runner.types import RunnerArguments
 from pipecat.runner.utils import create_transport
 from pipecat.transports.base_transport import TransportParams
 
-from pipecat_nemotron.agent import AgentSettings, build_voice_agent
+from pipecat_nemotron.agent import AgentSettings, build_voice_agent, preload_when_runner_starts
 
 load_dotenv(override=True)
 SETTINGS = AgentSettings.from_env(os.environ)
@@ -58,4 +58,5 @@ async def bot(runner_args: RunnerArguments) -> None:
 if __name__ == "__main__":
     from pipecat.runner.run import main
 
+    preload_when_runner_starts(SETTINGS)
     main()

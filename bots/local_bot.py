@@ -31,6 +31,7 @@ async def main() -> None:
     except ImportError as e:
         raise SystemExit(f"Local audio needs the 'local' extra: pip install -e '.[local]' ({e})") from e
 
+    await settings.preload()  # before the microphone opens: the first words are not lost to a loading model
     transport = LocalAudioTransport(
         LocalAudioTransportParams(audio_in_enabled=True, audio_out_enabled=True, audio_in_sample_rate=16000)
     )

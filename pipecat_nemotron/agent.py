@@ -6,11 +6,15 @@ transport.input() → Silero VAD → NemotronSTTService → user context aggrega
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
 from pipecat.audio.vad.silero import SileroVADAnalyzer
 from pipecat.audio.vad.vad_analyzer import VADParams
 from pipecat.frames.frames import (
@@ -33,7 +37,7 @@ from pipecat.services.stt_service import STTService
 from pipecat.services.tts_service import TTSService
 from pipecat.transports.base_transport import BaseTransport
 
-from pipecat_nemotron.engine.config import validate_latency_ms
+from pipecat_nemotron.engine.config import EngineConfig, validate_latency_ms
 from pipecat_nemotron.metrics import VoiceLatencyObserver
 
 #: VAD silence that ends a user turn, seconds (Pipecat's built-in TTFS values assume 0.2).
@@ -104,15 +108,43 @@ class AgentSettings:
             tts_nim_voice=get("MAGPIE_NIM_VOICE") or "Magpie-Multilingual.EN-US.Aria",
         )
 
+    def asr_engine_config(self) -> EngineConfig:
+        """The ASR engine these settings name (the key services and :meth:`preload` share it under)."""
+        from pipecat_nemotron.models import default_asr_model
+
+        return EngineConfig(model=self.asr_model or default_asr_model(self.asr_device), device=self.asr_device)
+
     def create_stt(self, **kwargs: Any) -> STTService:
         """The in-process Nemotron STT service (shared engine)."""
-        from pipecat_nemotron.models import default_asr_model
         from pipecat_nemotron.stt import NemotronSTTService
 
-        model = self.asr_model or default_asr_model(self.asr_device)
         return NemotronSTTService(
-            model=model, latency_ms=self.asr_latency_ms, device=self.asr_device, **kwargs
+            engine_config=self.asr_engine_config(), latency_ms=self.asr_latency_ms, **kwargs
         )
+
+    async def preload(self) -> None:
+        """Load the ASR engine and the in-process Magpie model now, side by side, and keep them loaded.
+
+        Call it at process start, before the first session (see :func:`preload_when_runner_starts` for
+        Pipecat's development runner): a model that loads at the first ``StartFrame`` makes the first user's
+        transcripts late and can exceed Pipecat's 20 s StartFrame timeout. Later services built from these
+        settings share the loaded models.
+
+        Raises:
+            ModelLoadError: The ASR model could not be loaded.
+            MagpieEngineError: The Magpie model could not be loaded.
+
+        """
+        from pipecat_nemotron.engine.shared import shared_engines
+
+        loads = [shared_engines.preload(self.asr_engine_config())]
+        if self.tts_model and not self.tts_nim_server:
+            from pipecat_nemotron.magpie import shared_magpie_engines
+
+            loads.append(shared_magpie_engines.preload(self.tts_model, device=self.asr_device))
+        started = time.perf_counter()
+        await asyncio.gather(*loads)
+        logger.info(f"Models loaded at process start in {time.perf_counter() - started:.1f} s")
 
     def create_llm(self) -> LLMService | None:
         """The Nemotron Nano LLM service, or None when no endpoint is configured."""
@@ -161,6 +193,33 @@ class AgentSettings:
                 "TTS: not configured (set MAGPIE_TTS_MODEL or MAGPIE_NIM_SERVER in .env) — no speech"
             )
         return lines
+
+
+def preload_when_runner_starts(settings: AgentSettings) -> None:
+    """Make Pipecat's development runner (``pipecat.runner.run.main``) load the models before serving.
+
+    The runner's web app gets a startup step that runs :meth:`AgentSettings.preload` on the server's event
+    loop before it accepts a connection; a model that fails to load stops the server with that error. Call
+    it before ``main()``::
+
+        if __name__ == "__main__":
+            from pipecat.runner.run import main
+
+            preload_when_runner_starts(SETTINGS)
+            main()
+    """
+    from pipecat.runner import run as pipecat_runner
+
+    app = pipecat_runner.app
+    previous = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app_: Any) -> AsyncIterator[Any]:
+        await settings.preload()
+        async with previous(app_) as state:
+            yield state
+
+    app.router.lifespan_context = lifespan
 
 
 class SimulatedPlayback(FrameProcessor):

@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -52,11 +53,14 @@ async def run_demo(
         AgentSettings.from_env(os.environ), asr_model=model, asr_device=device, asr_latency_ms=latency_ms
     )
     print("\n".join(settings.describe()))
+    started = time.perf_counter()
+    await settings.preload()
+    print(f"Models loaded in {time.perf_counter() - started:.1f} s")
     llm = settings.create_llm()
     tts = settings.create_tts() if llm is not None else None
     stt = settings.create_stt()
     collector = TranscriptCollector(stt.name, out=sys.stdout)
-    agent = build_voice_agent(stt=stt, llm=llm, tts=tts, after_stt=[collector], turns_jsonl=turns_jsonl)
+    agent = build_voice_agent(stt=stt, llm=llm, tts=tts, observers=[collector], turns_jsonl=turns_jsonl)
     started = asyncio.Event()
 
     @agent.worker.event_handler("on_pipeline_started")

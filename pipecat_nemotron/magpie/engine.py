@@ -446,6 +446,9 @@ class MagpieEngine:
                     torch.cuda.empty_cache()
 
     def _load(self) -> None:
+        from pipecat_nemotron.engine.loading import wait_for_nemo_imports
+
+        wait_for_nemo_imports()  # an ASR service may be importing NeMo on another thread
         from pipecat_nemotron.magpie import _nemo_private
         from pipecat_nemotron.magpie.streaming import measure_decoder_context
 
@@ -643,6 +646,8 @@ class SharedMagpieEngines:
         self._lock = threading.Lock()
         self._engines: dict[_EngineKey, MagpieEngine] = {}
         self._refs: dict[int, int] = {}
+        # Engines loaded by :meth:`preload`: each holds one reference for the life of the process.
+        self._pinned: set[int] = set()
 
     def acquire(
         self,
@@ -677,6 +682,38 @@ class SharedMagpieEngines:
             self._refs[id(engine)] = self._refs.get(id(engine), 0) + 1
             return engine
 
+    async def preload(
+        self,
+        model: str = DEFAULT_MAGPIE_MODEL,
+        *,
+        device: str = "auto",
+        codec_model_path: str | None = None,
+        **engine_kwargs: Any,
+    ) -> MagpieEngine:
+        """Load and warm up the engine for (model, device, codec) now and keep it loaded for the process.
+
+        Call it at process start so no session waits for the model (``MagpieTTSService.start`` waits for a
+        loading model, and Pipecat gives a pipeline's ``StartFrame`` only 20 s). Arguments as :meth:`acquire`.
+
+        Raises:
+            MagpieEngineError: Loading failed (the cause is chained).
+
+        """
+        started = time.perf_counter()
+        logger.info(f"Loading the Magpie TTS model {model} ({device}) at process start...")
+        engine = self.acquire(model, device=device, codec_model_path=codec_model_path, **engine_kwargs)
+        try:
+            await engine.wait_ready()
+        except BaseException:
+            self.release(engine)
+            raise
+        with self._lock:
+            if id(engine) in self._pinned:
+                self._refs[id(engine)] -= 1  # one process-lifetime reference is enough
+            self._pinned.add(id(engine))
+        logger.info(f"Magpie TTS model {model} ready after {time.perf_counter() - started:.1f} s")
+        return engine
+
     def release(self, engine: MagpieEngine) -> None:
         """Drop one reference to ``engine``; at zero, close it if ``unload_when_unused`` (or if it was replaced)."""
         with self._lock:
@@ -703,6 +740,7 @@ class SharedMagpieEngines:
             engines = list(self._engines.values())
             self._engines.clear()
             self._refs.clear()
+            self._pinned.clear()
         for engine in engines:
             engine.close()
 
