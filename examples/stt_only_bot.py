@@ -37,7 +37,9 @@ async def run(model: str, latency_ms: int, device: str) -> None:
     collector = TranscriptCollector(stt.name, out=sys.stdout)
     vad = VADProcessor(vad_analyzer=SileroVADAnalyzer(params=VADParams(stop_secs=0.2)))
     worker = PipelineWorker(
-        Pipeline([transport.input(), vad, stt, collector]), params=PipelineParams(enable_metrics=True)
+        Pipeline([transport.input(), vad, stt]),
+        params=PipelineParams(enable_metrics=True),
+        observers=[collector],
     )
     try:
         runner = WorkerRunner()

@@ -4,7 +4,7 @@
     python examples/transcribe_file.py my.wav --model nvidia/nemotron-speech-streaming-en-0.6b --latency-ms 160
 
 Pipeline: WAV (20 ms frames, paced like a microphone) -> Silero VAD (stop_secs 0.2) -> NemotronSTTService
--> TranscriptCollector. Each utterance ends when the VAD hears 0.2 s of silence; the STT then finalizes it.
+(TranscriptCollector observing it). Each utterance ends when the VAD hears 0.2 s of silence; the STT then finalizes it.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ async def transcribe(path: str, model: str, latency_ms: int, device: str, realti
     collector = TranscriptCollector(stt.name, out=sys.stdout)
     vad = VADProcessor(vad_analyzer=SileroVADAnalyzer(params=VADParams(stop_secs=0.2)))
     worker = PipelineWorker(
-        Pipeline([vad, stt, collector]),
+        Pipeline([vad, stt]),
         params=PipelineParams(enable_metrics=True),
+        observers=[collector],
         cancel_on_idle_timeout=False,
     )
     started = asyncio.Event()

@@ -154,7 +154,8 @@ def asr_finalize_metrics_frame(processor: str, model: str | None, value_ms: floa
     )
 
 
-def _is_asr_finalize(data: object) -> bool:
+def is_asr_finalize_metric(data: object) -> bool:
+    """True for an :class:`ASRFinalizeMetricsData` (or its serialised form, ``metric == "asr_finalize"``)."""
     if isinstance(data, ASRFinalizeMetricsData):
         return True
     return isinstance(data, ProcessingMetricsData) and getattr(data, "metric", None) == ASR_FINALIZE_METRIC
@@ -539,7 +540,7 @@ class VoiceLatencyObserver(UserBotLatencyObserver):
             self._llm_requested = True
         elif isinstance(frame, MetricsFrame):
             for metrics in frame.data:
-                if _is_asr_finalize(metrics):
+                if is_asr_finalize_metric(metrics):
                     self._finalize_ms = _ms(metrics.value)
                 elif isinstance(metrics, TTFBMetricsData):
                     self._learn_stage(metrics.processor, data.source)

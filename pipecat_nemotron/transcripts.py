@@ -1,4 +1,4 @@
-"""A pipeline processor that collects (and optionally prints) transcripts with their per-utterance latencies."""
+"""An observer that collects (and optionally prints) transcripts with their per-utterance latencies."""
 
 from __future__ import annotations
 
@@ -6,11 +6,19 @@ import sys
 from dataclasses import dataclass
 from typing import TextIO
 
-from pipecat.frames.frames import Frame, InterimTranscriptionFrame, MetricsFrame, TranscriptionFrame
+from pipecat.frames.frames import (
+    CancelFrame,
+    EndFrame,
+    InterimTranscriptionFrame,
+    MetricsFrame,
+    StartFrame,
+    TranscriptionFrame,
+)
 from pipecat.metrics.metrics import TTFBMetricsData
-from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.observers.base_observer import BaseObserver, FramePushed
+from pipecat.processors.frame_processor import FrameDirection
 
-from pipecat_nemotron.metrics import ASRFinalizeMetricsData
+from pipecat_nemotron.metrics import is_asr_finalize_metric
 
 
 @dataclass
@@ -29,54 +37,73 @@ class UtteranceRecord:
     finalize_ms: float | None = None
 
 
-class TranscriptCollector(FrameProcessor):
+class TranscriptCollector(BaseObserver):
     """Records final transcripts with their TTFS and finalize times; prints them when ``out`` is given.
 
-    Place it after the STT service. Frames pass through unchanged.
+    Attach it to the pipeline worker as an observer (``PipelineWorker(..., observers=[collector])``, or
+    ``build_voice_agent(observers=[collector])``). An observer sees each frame when the STT service pushes it,
+    in the order the service pushed them: the TTFS metric, then the ``TranscriptionFrame``, then the ASR
+    finalize metric of the same utterance. A processor placed after the STT would not: metrics travel in
+    system frames, which overtake the transcript queued behind audio frames, so a processor could attribute a
+    finalize time to the previous utterance. Each final is printed once its finalize time is known (or at
+    once when the pipeline has metrics off), so finals print in order, each with its own numbers.
 
     Args:
-        stt_name: Name of the STT processor whose TTFS metrics to attribute (``stt.name``).
+        stt_name: Name of the STT processor whose frames and metrics to record (``stt.name``).
         out: Stream to print interim/final lines to (None: silent).
         show_interims: Also print interim transcripts (overwriting one console line).
 
     """
 
-    def __init__(
-        self, stt_name: str, out: TextIO | None = None, show_interims: bool = True, **kwargs
-    ) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, stt_name: str, out: TextIO | None = None, show_interims: bool = True) -> None:
+        super().__init__(observe_every_push=False)
         self.stt_name = stt_name
         self.out = out
         self.show_interims = show_interims
         self.utterances: list[UtteranceRecord] = []
+        self._metrics_enabled = True
         self._ttfs_ms: float | None = None
+        self._awaiting_finalize: UtteranceRecord | None = None
 
-    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        """Record and pass the frame on."""
-        await super().process_frame(frame, direction)
-        if isinstance(frame, MetricsFrame):
-            for data in frame.data:
-                if isinstance(data, ASRFinalizeMetricsData) and self.utterances:
-                    self.utterances[-1].finalize_ms = data.value * 1000.0
-                    self._print_last()
-                elif isinstance(data, TTFBMetricsData) and data.processor == self.stt_name and data.value > 0:
+    async def on_push_frame(self, data: FramePushed) -> None:
+        """Record the STT service's transcripts and metrics, in the order it pushed them."""
+        if data.direction != FrameDirection.DOWNSTREAM:
+            return
+        frame = data.frame
+        if isinstance(frame, StartFrame):
+            self._metrics_enabled = frame.enable_metrics
+        elif isinstance(frame, (EndFrame, CancelFrame)):
+            self._flush()
+        elif getattr(data.source, "name", None) != self.stt_name:
+            return
+        elif isinstance(frame, MetricsFrame):
+            for metric in frame.data:
+                if is_asr_finalize_metric(metric) and self._awaiting_finalize is not None:
+                    self._awaiting_finalize.finalize_ms = metric.value * 1000.0
+                    self._flush()
+                elif isinstance(metric, TTFBMetricsData) and metric.processor == self.stt_name and metric.value > 0:
                     # (value 0 is the placeholder every processor reports at pipeline start)
-                    self._ttfs_ms = data.value * 1000.0
+                    self._ttfs_ms = metric.value * 1000.0
         elif isinstance(frame, TranscriptionFrame):
-            self.utterances.append(UtteranceRecord(frame.text, ttfs_ms=self._ttfs_ms))
+            self._flush()
+            record = UtteranceRecord(frame.text, ttfs_ms=self._ttfs_ms)
             self._ttfs_ms = None
+            self.utterances.append(record)
+            self._awaiting_finalize = record
+            if not self._metrics_enabled:
+                self._flush()
         elif isinstance(frame, InterimTranscriptionFrame) and self.out is not None and self.show_interims:
             self.out.write(f"\r  … {frame.text[-100:]}\033[K")
             self.out.flush()
-        await self.push_frame(frame, direction)
 
-    def _print_last(self) -> None:
-        if self.out is None:
+    def _flush(self) -> None:
+        """Print the final awaiting its finalize time (it is not coming, or has come)."""
+        record, self._awaiting_finalize = self._awaiting_finalize, None
+        if record is None or self.out is None:
             return
-        u = self.utterances[-1]
-        ttfs = f"{u.ttfs_ms:.0f} ms" if u.ttfs_ms is not None else "n/a"
-        fin = f"{u.finalize_ms:.1f} ms" if u.finalize_ms is not None else "n/a"
-        self.out.write(f"\r[final] {u.text}\033[K\n        TTFS {ttfs} · ASR finalize {fin}\n")
+        ttfs = f"{record.ttfs_ms:.0f} ms" if record.ttfs_ms is not None else "n/a"
+        fin = f"{record.finalize_ms:.1f} ms" if record.finalize_ms is not None else "n/a"
+        self.out.write(f"\r[final] {record.text}\033[K\n        TTFS {ttfs} · ASR finalize {fin}\n")
         self.out.flush()
 
 
