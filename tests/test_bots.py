@@ -1,0 +1,56 @@
+"""The bots as a person starts them: Pipecat's development runner, the bundled tiny model, loopback only."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from conftest import TRAINED_MODEL
+
+BOT = Path(__file__).resolve().parents[1] / "bots" / "bot.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_runner_bot_loads_the_model_before_it_accepts_a_session(tmp_path: Path) -> None:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEMOTRON_", "MAGPIE_"))}
+    env.update(NEMOTRON_ASR_MODEL=str(TRAINED_MODEL), NEMOTRON_ASR_DEVICE="cpu")
+    log = tmp_path / "bot.log"
+    with log.open("w") as out:
+        bot = subprocess.Popen(
+            [sys.executable, str(BOT), "--host", "127.0.0.1", "--port", str(port)],
+            cwd=tmp_path,  # no .env here
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while "Uvicorn running" not in log.read_text():
+            assert bot.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        text = log.read_text()
+        # The model is loaded (and said so, with its time) before the server listens for a first session.
+        assert "Models loaded at process start" in text, text[-3000:]
+        assert text.index("Nemotron ASR engine ready") < text.index("Uvicorn running")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as response:
+            assert response.status < 500
+    finally:
+        bot.send_signal(signal.SIGINT)
+        try:
+            bot.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            bot.kill()
+            bot.wait()
