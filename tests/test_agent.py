@@ -102,7 +102,7 @@ async def test_full_local_agent_pipeline(openai_server: FakeOpenAIServer, magpie
     assert turn.ttfs_ms is not None and turn.v2v_ms is not None
     assert 0 < turn.ttfs_ms <= turn.v2v_ms
     assert turn.asr_finalize_ms is not None and 0 < turn.asr_finalize_ms <= turn.ttfs_ms
-    assert turn.llm_ttfb_ms is not None and LLM_DELAY_S * 1000 <= turn.llm_ttfb_ms < LLM_DELAY_S * 1000 + 2000
+    assert turn.llm_ttfb_ms is not None and turn.llm_ttfb_ms >= LLM_DELAY_S * 1000  # the server delay is the floor
     assert turn.tts_ttfb_ms is not None and turn.tts_ttfb_ms > 0
     assert turn.llm_ttfb_ms + turn.tts_ttfb_ms <= turn.v2v_ms
     assert len(turns_path.read_text().splitlines()) == 1

@@ -167,7 +167,7 @@ async def test_streams_reply_through_pipeline(openai_server: FakeOpenAIServer) -
 
     ttfb = _ttfb(down)
     assert len(ttfb) == 1 and ttfb[0].processor == llm.name
-    assert 0.3 <= ttfb[0].value < 0.3 + 2.0  # the server delay is the floor; a loaded CI box adds to it
+    assert ttfb[0].value >= 0.3  # the server delay is the floor; a loaded machine only adds to it
 
 
 async def test_aggregator_pair_and_reasoning_kept_out(openai_server: FakeOpenAIServer) -> None:  # noqa: F811

@@ -342,10 +342,10 @@ async def test_real_pipeline(openai_server: FakeOpenAIServer, tmp_path) -> None:
     assert turn.transcript == "hello nemotron"
     assert "hello nemotron" in openai_server.last_user_text()
     # TTFS = VAD stop_secs (0.2) + finalize (0.03) + hops.
-    assert 230 <= turn.ttfs_ms < 600
+    # Floors are the fakes' fixed delays; a loaded machine only adds to them (no upper bounds).
+    assert turn.ttfs_ms >= 230
     assert 25 <= turn.asr_finalize_ms < turn.ttfs_ms
-    assert 150 <= turn.llm_ttfb_ms < 600
+    assert turn.llm_ttfb_ms >= 150
     assert turn.tts_ttfb_ms == pytest.approx(50.0)
     assert turn.ttfs_ms + turn.llm_ttfb_ms + turn.tts_ttfb_ms <= turn.v2v_ms + 1.0
-    assert turn.v2v_ms < 2000
     assert load_turns(path)[0].v2v_ms == turn.v2v_ms

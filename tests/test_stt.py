@@ -192,7 +192,7 @@ async def test_audio_before_the_engine_is_ready_is_kept(tiny_random_model) -> No
     stt = NemotronSTTService(engine_config=config, registry=registry)
     try:
         # No sleep: audio and the end of turn arrive while the model is still loading.
-        down, _ = await run_test(stt, frames_to_send=turn(pcm, wait=8.0), start_timeout=5.0)
+        down, _ = await run_test(stt, frames_to_send=turn(pcm, wait=0.5), start_timeout=5.0)
         expected = await registry.engines[0].transcribe(pcm, latency_ms=160)
         assert [f.text for f in finals_of(down)] == [expected.text]
     finally:
