@@ -138,6 +138,17 @@ def test_soak(model: str, tmp_path: Path) -> None:
     assert _positive(data["ttf_ms"]["p50"])
 
 
+def test_cold_start(model: str, tmp_path: Path) -> None:
+    from pipecat_nemotron.bench import cold_start as bench
+
+    bench.main(["--model", model, "--repeats", "1", "--trials", "cold-warm", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / f"{bench.NAME}.json").read_text())
+    assert data["benchmark"] == "cold-start" and "machine" in data and "duration_s" in data
+    stats = data["cold_warm"]
+    assert set(stats) == {"import_s", "first_start_s", "warm_start_s"}
+    assert all(v["n"] == 1 and _positive(v["p50"]) for v in stats.values())
+
+
 def test_resolve_model_prefers_the_trained_tiny_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

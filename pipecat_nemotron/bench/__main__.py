@@ -13,6 +13,7 @@ BENCHMARKS: dict[str, str] = {
     "concurrency": "concurrency",
     "time-to-final": "time_to_final",
     "soak": "soak",
+    "cold-start": "cold_start",
     # The WebSocket server's load test (its own module and options).
     "load": "load",
 }
