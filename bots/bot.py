@@ -1,17 +1,21 @@
-"""The voice agent for Pipecat's development runner: Daily rooms or the SmallWebRTC browser page.
+"""The voice agent for Pipecat's development runner: the browser page, Daily rooms, Pipecat's eval harness.
 
     pip install -e ".[daily,webrtc,tts]"
     cp bots/.env.example .env
     python bots/bot.py -t webrtc       # open http://localhost:7860/client
     python bots/bot.py -t daily        # needs DAILY_API_KEY
+    python bots/bot.py                 # eval harness: python -m pipecat.evals run SCENARIO --bot-url ws://localhost:7860/ws
 
 Every session runs in this process and shares one ASR engine and one Magpie model, loaded at process start
-(before the runner accepts a connection) and batched together on the GPU.
+(before the runner accepts a connection) and batched together on the GPU. Without an LLM configured the bot only
+transcribes: the client still gets bot-ready and live interim and final transcripts. Each final transcript is
+logged at INFO with its session and TTFS; a session ends when its client leaves.
 """
 
 from __future__ import annotations
 
 import os
+import uuid
 
 from dotenv import load_dotenv
 from loguru import logger
@@ -21,6 +25,7 @@ from pipecat.runner.utils import create_transport
 from pipecat.transports.base_transport import TransportParams
 
 from pipecat_nemotron.agent import AgentSettings, build_voice_agent, preload_when_runner_starts
+from pipecat_nemotron.transcripts import TranscriptCollector, UtteranceRecord
 
 load_dotenv(override=True)
 SETTINGS = AgentSettings.from_env(os.environ)
@@ -32,27 +37,49 @@ def _daily_params():
     return DailyParams(audio_in_enabled=True, audio_out_enabled=True)
 
 
+def _eval_params():
+    from pipecat.evals.transport import EvalTransportParams
+
+    return EvalTransportParams(audio_in_enabled=True, audio_out_enabled=True)
+
+
 TRANSPORT_PARAMS = {
     "daily": _daily_params,
     "webrtc": lambda: TransportParams(audio_in_enabled=True, audio_out_enabled=True),
+    "eval": _eval_params,
 }
 
 
 async def bot(runner_args: RunnerArguments) -> None:
     """Run one session (called by the runner for every connection)."""
+    session = runner_args.session_id or uuid.uuid4().hex[:8]
     transport = await create_transport(runner_args, TRANSPORT_PARAMS)
+    stt = SETTINGS.create_stt()
+
+    def log_final(record: UtteranceRecord) -> None:
+        ttfs = f"{record.ttfs_ms:.0f} ms" if record.ttfs_ms is not None else "n/a"
+        logger.info(f"Session {session} heard: {record.text!r} (TTFS {ttfs})")
+
     agent = build_voice_agent(
-        stt=SETTINGS.create_stt(),
+        stt=stt,
         llm=SETTINGS.create_llm(),
         tts=SETTINGS.create_tts(),
         transport=transport,
-        turns_jsonl=f"runs/turns-{runner_args.session_id or 'session'}.jsonl",
+        observers=[TranscriptCollector(stt.name, on_final=log_final)],
+        turns_jsonl=f"runs/turns-{session}.jsonl",
         idle_timeout_secs=runner_args.pipeline_idle_timeout_secs,
     )
-    logger.info("Session started: " + "; ".join(SETTINGS.describe()))
+
+    @transport.event_handler("on_client_disconnected")
+    async def _client_left(_transport, _client) -> None:
+        logger.info(f"Session {session}: the client left; ending the session")
+        await agent.worker.cancel()
+
+    logger.info(f"Session {session} started: " + "; ".join(SETTINGS.describe()))
     runner = WorkerRunner(handle_sigint=runner_args.handle_sigint)
     await runner.add_workers(agent.worker)
     await runner.run()
+    logger.info(f"Session {session} ended")
 
 
 if __name__ == "__main__":

@@ -324,6 +324,10 @@ def build_voice_agent(
         if tts is not None:
             processors.append(tts)
         processors += [sink, aggregators.assistant()]
+    elif transport is not None or output_processor is not None:
+        # Transcription only: the output transport still carries RTVI messages (bot-ready, interim and final
+        # transcripts, metrics) to the client; without it a browser sees nothing.
+        processors.append(sink)
     pipeline = Pipeline(processors)
     observer = VoiceLatencyObserver(jsonl_path=turns_jsonl)
     worker = PipelineWorker(

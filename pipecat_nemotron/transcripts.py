@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -52,14 +53,22 @@ class TranscriptCollector(BaseObserver):
         stt_name: Name of the STT processor whose frames and metrics to record (``stt.name``).
         out: Stream to print interim/final lines to (None: silent).
         show_interims: Also print interim transcripts (overwriting one console line).
+        on_final: Called with each :class:`UtteranceRecord` once its numbers are known (e.g. a bot's log line).
 
     """
 
-    def __init__(self, stt_name: str, out: TextIO | None = None, show_interims: bool = True) -> None:
+    def __init__(
+        self,
+        stt_name: str,
+        out: TextIO | None = None,
+        show_interims: bool = True,
+        on_final: Callable[[UtteranceRecord], None] | None = None,
+    ) -> None:
         super().__init__(observe_every_push=False)
         self.stt_name = stt_name
         self.out = out
         self.show_interims = show_interims
+        self.on_final = on_final
         self.utterances: list[UtteranceRecord] = []
         self._metrics_enabled = True
         self._ttfs_ms: float | None = None
@@ -99,7 +108,11 @@ class TranscriptCollector(BaseObserver):
     def _flush(self) -> None:
         """Print the final awaiting its finalize time (it is not coming, or has come)."""
         record, self._awaiting_finalize = self._awaiting_finalize, None
-        if record is None or self.out is None:
+        if record is None:
+            return
+        if self.on_final is not None:
+            self.on_final(record)
+        if self.out is None:
             return
         ttfs = f"{record.ttfs_ms:.0f} ms" if record.ttfs_ms is not None else "n/a"
         fin = f"{record.finalize_ms:.1f} ms" if record.finalize_ms is not None else "n/a"
