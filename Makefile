@@ -6,7 +6,12 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev,server,ray
 
-.PHONY: setup demo test lint
+# System packages the browser and eval tests use: Chromium (driven by Playwright, no browser download), espeak-ng
+# and sox (test speech), iproute2/util-linux (a loopback-only network namespace). Installed when root with apt.
+SYSTEM_PACKAGES := chromium espeak-ng sox iproute2 util-linux
+SYSTEM_BINARIES := /usr/bin/chromium espeak-ng sox ip unshare
+
+.PHONY: setup demo test lint system-deps
 
 setup: $(VENV)/.installed
 
@@ -20,8 +25,19 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(PY) -m pipecat_nemotron.demo
 
-test: setup
+test: setup system-deps
 	$(PY) -m pytest -q -ra
+
+system-deps:
+	@missing=""; for b in $(SYSTEM_BINARIES); do command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "Installing system packages for the browser and eval tests:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
+	else \
+		echo "*** Missing:$$missing. Install: sudo apt-get install $(SYSTEM_PACKAGES)"; \
+		echo "*** Until then the browser tests are SKIPPED (pytest -ra lists them)."; \
+	fi
 
 lint: setup
 	$(VENV)/bin/ruff check pipecat_nemotron tests examples bots scripts

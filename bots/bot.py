@@ -2,7 +2,7 @@
 
     pip install -e ".[daily,webrtc,tts]"
     cp bots/.env.example .env
-    python bots/bot.py -t webrtc       # open http://localhost:7860/client
+    python bots/bot.py -t webrtc       # open http://localhost:7860/nemotron (offline page) or /client (Pipecat's)
     python bots/bot.py -t daily        # needs DAILY_API_KEY
     python bots/bot.py                 # eval harness: python -m pipecat.evals run SCENARIO --bot-url ws://localhost:7860/ws
 
@@ -24,7 +24,12 @@ from pipecat.runner.types import RunnerArguments
 from pipecat.runner.utils import create_transport
 from pipecat.transports.base_transport import TransportParams
 
-from pipecat_nemotron.agent import AgentSettings, build_voice_agent, preload_when_runner_starts
+from pipecat_nemotron.agent import AgentSettings, build_voice_agent
+from pipecat_nemotron.runner import (
+    offer_loopback_ice_candidates,
+    preload_when_runner_starts,
+    serve_nemotron_page,
+)
 from pipecat_nemotron.transcripts import TranscriptCollector, UtteranceRecord
 
 load_dotenv(override=True)
@@ -86,4 +91,7 @@ if __name__ == "__main__":
     from pipecat.runner.run import main
 
     preload_when_runner_starts(SETTINGS)
+    serve_nemotron_page()
+    if os.environ.get("NEMOTRON_WEBRTC_LOOPBACK", "").strip() in ("1", "true", "yes"):
+        offer_loopback_ice_candidates()  # a browser on this machine with no other network (CI, offline box)
     main()

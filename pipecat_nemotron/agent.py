@@ -7,9 +7,8 @@ transport.input() → Silero VAD → NemotronSTTService → user context aggrega
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,16 +31,20 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
 from pipecat.processors.audio.vad_processor import VADProcessor
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.processors.frameworks.rtvi.frames import RTVIServerMessageFrame
 from pipecat.services.llm_service import LLMService
 from pipecat.services.stt_service import STTService
 from pipecat.services.tts_service import TTSService
 from pipecat.transports.base_transport import BaseTransport
 
 from pipecat_nemotron.engine.config import EngineConfig, validate_latency_ms
-from pipecat_nemotron.metrics import VoiceLatencyObserver
+from pipecat_nemotron.metrics import TurnLatency, VoiceLatencyObserver
 
 #: VAD silence that ends a user turn, seconds (Pipecat's built-in TTFS values assume 0.2).
 DEFAULT_VAD_STOP_SECS = 0.2
+
+#: ``type`` of the RTVI ``server-message`` carrying one :class:`~pipecat_nemotron.metrics.TurnLatency` record.
+TURN_LATENCY_MESSAGE = "nemotron-turn-latency"
 
 
 @dataclass(frozen=True)
@@ -125,10 +128,10 @@ class AgentSettings:
     async def preload(self) -> None:
         """Load the ASR engine and the in-process Magpie model now, side by side, and keep them loaded.
 
-        Call it at process start, before the first session (see :func:`preload_when_runner_starts` for
-        Pipecat's development runner): a model that loads at the first ``StartFrame`` makes the first user's
-        transcripts late and can exceed Pipecat's 20 s StartFrame timeout. Later services built from these
-        settings share the loaded models.
+        Call it at process start, before the first session (under Pipecat's development runner, see
+        :func:`pipecat_nemotron.runner.preload_when_runner_starts`): a model that loads at the first
+        ``StartFrame`` makes the first user's transcripts late and can exceed Pipecat's 20 s StartFrame timeout.
+        Later services built from these settings share the loaded models.
 
         Raises:
             ModelLoadError: The ASR model could not be loaded.
@@ -193,33 +196,6 @@ class AgentSettings:
                 "TTS: not configured (set MAGPIE_TTS_MODEL or MAGPIE_NIM_SERVER in .env) — no speech"
             )
         return lines
-
-
-def preload_when_runner_starts(settings: AgentSettings) -> None:
-    """Make Pipecat's development runner (``pipecat.runner.run.main``) load the models before serving.
-
-    The runner's web app gets a startup step that runs :meth:`AgentSettings.preload` on the server's event
-    loop before it accepts a connection; a model that fails to load stops the server with that error. Call
-    it before ``main()``::
-
-        if __name__ == "__main__":
-            from pipecat.runner.run import main
-
-            preload_when_runner_starts(SETTINGS)
-            main()
-    """
-    from pipecat.runner import run as pipecat_runner
-
-    app = pipecat_runner.app
-    previous = app.router.lifespan_context
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app_: Any) -> AsyncIterator[Any]:
-        await settings.preload()
-        async with previous(app_) as state:
-            yield state
-
-    app.router.lifespan_context = lifespan
 
 
 class SimulatedPlayback(FrameProcessor):
@@ -337,4 +313,11 @@ def build_voice_agent(
         idle_timeout_secs=idle_timeout_secs,
         cancel_on_idle_timeout=idle_timeout_secs is not None,
     )
+    if transport is not None:
+
+        @observer.event_handler("on_turn_latency")
+        async def _send_turn_latency(_observer: VoiceLatencyObserver, turn: TurnLatency) -> None:
+            # RTVI clients (the /nemotron page) show each turn's latency as the bot measured it.
+            await worker.queue_frame(RTVIServerMessageFrame(data={"type": TURN_LATENCY_MESSAGE, **turn.to_dict()}))
+
     return VoiceAgent(pipeline, worker, observer, context, stt, processors)

@@ -1,0 +1,132 @@
+"""A real browser over WebRTC: Debian's Chromium, our offline page, the real bot; loopback-only network namespace.
+
+The page (``/nemotron``, served by ``bots/bot.py``) is what a demo builder opens; Chromium's fake microphone plays
+two bundled demo utterances. Each test runs ``tests/browser_session.py`` under ``unshare -n`` so that no packet
+leaves 127.0.0.1, then checks what the page showed and what the LLM server received. The screenshot is kept in
+the test's output folder (printed on failure).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TRAINED_MODEL
+
+from pipecat_nemotron.models import DEMO_AUDIO_DIR
+
+pytestmark = pytest.mark.browser
+
+DRIVER = Path(__file__).resolve().parent / "browser_session.py"
+CHROMIUM = Path("/usr/bin/chromium")
+TURNS = ("demo_math.wav", "demo_timer.wav")
+
+
+def _missing() -> str | None:
+    if not CHROMIUM.exists():
+        return "Debian's chromium is not installed (apt-get install chromium; `make test` does it as root)"
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return "unshare/ip are missing (apt-get install util-linux iproute2)"
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (pip install -e '.[dev]')"
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"cannot create a network namespace (unshare -n: {probe.stderr.strip()}); run as root"
+    return None
+
+
+@pytest.fixture(scope="module")
+def mic_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two turns for the fake microphone: 2 s of silence, then each utterance followed by 4 s of silence.
+
+    4 s between turns: longer than Smart Turn's 3 s fallback, so each utterance is its own turn even where the
+    turn analyzer finds the sentence incomplete.
+    """
+    reason = _missing()
+    if reason is not None:
+        pytest.skip(f"BROWSER TESTS SKIPPED: {reason}")
+    silence = lambda s: np.zeros(int(16000 * s), dtype="<i2").tobytes()  # noqa: E731
+    pcm = silence(2.0)
+    for name in TURNS:
+        with wave.open(str(DEMO_AUDIO_DIR / name), "rb") as w:
+            pcm += w.readframes(w.getnframes()) + silence(4.0)
+    path = tmp_path_factory.mktemp("mic") / "two_turns.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)  # 16-bit: Chromium plays 24-bit files as silence
+        w.setframerate(16000)
+        w.writeframes(pcm)
+    return path
+
+
+@pytest.fixture(scope="module")
+def spoken() -> list[str]:
+    texts = json.loads((DEMO_AUDIO_DIR / "transcripts.json").read_text())
+    return [texts[name] for name in TURNS]
+
+
+def _run_session(out: Path, mic_wav: Path, spoken: list[str], magpie: Path | None) -> dict:
+    cmd = [
+        sys.executable, str(DRIVER), "--out", str(out), "--wav", str(mic_wav),
+        "--asr-model", str(TRAINED_MODEL), "--expect", *spoken,
+    ]  # fmt: skip
+    if magpie is not None:
+        cmd += ["--magpie", str(magpie)]
+    run = subprocess.run(
+        ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', *cmd],
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
+    result_path = out / "result.json"
+    result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    log = (out / "bot.log").read_text(errors="replace")[-4000:] if (out / "bot.log").exists() else ""
+    assert run.returncode == 0 and result.get("ok"), (
+        f"browser session failed (rc {run.returncode}); screenshot {out / 'page.png'}\n"
+        f"{json.dumps({k: v for k, v in result.items() if k != 'page'}, indent=1)[:3000]}\n"
+        f"page: {json.dumps(result.get('page'))[:2000]}\ndriver stderr: {run.stderr[-3000:]}\nbot log: {log}"
+    )
+    assert (out / "page.png").stat().st_size > 10_000
+    return result
+
+
+def test_browser_talks_to_the_whole_agent(tmp_path: Path, mic_wav: Path, spoken: list[str]) -> None:
+    from pipecat_nemotron.magpie.tiny import build_tiny_magpie
+
+    # Ends every sentence at NeMo's 4-frame minimum: short replies that do not overlap the next turn.
+    magpie, _codec = build_tiny_magpie(tmp_path / "magpie", end_of_speech_bias=30.0)
+    result = _run_session(tmp_path / "session", mic_wav, spoken, magpie)
+    page = result["page"]
+    finals = [f["text"] for f in page["finals"]]
+    assert all(text in finals for text in spoken), finals
+    # Each final shows its own TTFS and ASR finalize time.
+    for final in page["finals"]:
+        assert final["ttfs_ms"] > 0 and final["finalize_ms"] > 0, final
+    # The LLM got what the page showed, turn by turn.
+    for text in spoken:
+        assert text in result["llm_user_texts"], result["llm_user_texts"]
+    # The page played the bot's audio and shows a voice-to-voice figure for every turn.
+    assert page["botAudio"]["energy"] > 0 and page["botAudio"]["bytes"] > 0
+    turns = [t for t in page["turns"] if t["v2v_ms"] > 0]
+    assert len(turns) >= len(spoken), page["turns"]
+    for t in turns:
+        assert t["ttfs_ms"] > 0 and t["llm_ttfb_ms"] > 0 and t["tts_ttfb_ms"] > 0, t
+    assert page["botReady"] and page["errors"] == []
+
+
+def test_browser_sees_live_transcripts_from_a_transcription_only_bot(
+    tmp_path: Path, mic_wav: Path, spoken: list[str]
+) -> None:
+    result = _run_session(tmp_path / "session", mic_wav, spoken, magpie=None)
+    page = result["page"]
+    assert page["botReady"] and page["interims"] > 0
+    assert all(text in [f["text"] for f in page["finals"]] for text in spoken)
+    assert result["llm_user_texts"] == [] and page["turns"] == []
