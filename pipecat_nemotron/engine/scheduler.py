@@ -120,9 +120,14 @@ class Scheduler:
         self.streams[state.stream_id] = (state, push, end)
 
     def release(self, state: StreamState, error: BaseException | None = None) -> asyncio.Future[None]:
-        """Close a stream: fail its pending finals, end its updates, free its slot before the next step."""
+        """Close a stream: fail its pending finals, end its updates, free its slot before the next step.
+
+        The stream stops counting as open at once (``streams`` no longer holds it), so a new stream may open
+        in its place right away: the runner zeroes the old cache slot at the start of the next step, before
+        that step's forward assigns slots to new streams. The returned future resolves once that has happened.
+        """
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = self.streams.get(state.stream_id)
+        entry = self.streams.pop(state.stream_id, None)
         state.closed = True
         if error is not None and state.error is None:
             state.error = error
@@ -134,8 +139,11 @@ class Scheduler:
                     else StreamClosedError(f"stream {state.stream_id} was closed before its final")
                 )
         state.finals.clear()
-        if entry is None:  # already released
-            fut.set_result(None)
+        if entry is None:  # already released: resolve with that release
+            if state.stream_id in self._pending_releases:
+                self._pending_releases[state.stream_id].append(fut)
+            else:
+                fut.set_result(None)
             return fut
         entry[2](state.error if error is not None else None)
         self._pending_releases.setdefault(state.stream_id, []).append(fut)
@@ -241,9 +249,6 @@ class Scheduler:
             for fut in self._pending_releases.pop(sid, []):
                 if not fut.done():
                     fut.set_result(None)
-            entry = self.streams.get(sid)
-            if entry is not None and entry[0].closed:
-                del self.streams[sid]
         queue_max = 0.0
         finals = 0
         hop_s = self.runner.frontend.hop / 16000.0
