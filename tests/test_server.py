@@ -432,10 +432,14 @@ async def test_health_readiness_metrics_and_info(server: ASRServer) -> None:
             assert r.status == 200 and (await r.json())["status"] == "ok"
         async with http.get(f"{server.http_url}/readyz") as r:
             assert r.status == 200 and (await r.json())["free_sessions"] == 4
-        async with http.get(f"{server.http_url}/v1/info") as r:
+        # /v1/info and /metrics need a bearer token on a server with tokens (the session tokens by default).
+        async with http.get(f"{server.http_url}/metrics") as r:
+            assert r.status == 401
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        async with http.get(f"{server.http_url}/v1/info", headers=auth) as r:
             info = await r.json()
             assert info["protocol"] == PROTOCOL_VERSION and info["capacity"] == 4 and info["device"] == "cpu"
-        async with http.get(f"{server.http_url}/metrics") as r:
+        async with http.get(f"{server.http_url}/metrics", headers=auth) as r:
             text = await r.text()
             assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
     for name in (

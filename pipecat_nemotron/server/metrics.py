@@ -48,7 +48,8 @@ class ServerMetrics:
         self.refused = Counter(
             "nemotron_asr_sessions_refused",
             "Connections refused before a session opened, by reason "
-            "(capacity, unauthorized, forbidden_origin, not_ready).",
+            "(capacity, unauthorized, forbidden_origin, not_ready, auth_backoff: the peer is locked out after "
+            "failed authentications, pending_evicted: evicted while waiting to authenticate).",
             ["reason"],
             registry=r,
         )
@@ -69,9 +70,20 @@ class ServerMetrics:
         self.audio_seconds = Counter(
             "nemotron_asr_audio_received_seconds", "Audio received from clients, seconds.", registry=r
         )
+        self.audio_dropped_seconds = Counter(
+            "nemotron_asr_audio_dropped_seconds",
+            "Audio received but never decoded because its session ended first (client gone, error), seconds.",
+            registry=r,
+        )
+        self.handshake_timeouts = Counter(
+            "nemotron_asr_handshake_timeouts",
+            "TCP connections closed for not completing an HTTP request within the handshake timeout.",
+            registry=r,
+        )
         self.throttled_seconds = Counter(
             "nemotron_asr_throttled_seconds",
-            "Time sessions' reads were paused for sending ahead of real time or for engine backlog, seconds.",
+            "Time sessions' reads were paused for sending audio ahead of real time, control messages above "
+            "their rate, or for engine backlog, seconds.",
             registry=r,
         )
         self.steps = Counter("nemotron_asr_steps", "Batched model steps run.", registry=r)

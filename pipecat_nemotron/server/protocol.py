@@ -55,7 +55,8 @@ class CloseCode(IntEnum):
     MESSAGE_TOO_BIG = 4009
     #: Every session slot is in use (existing sessions are unaffected); retry later or elsewhere.
     CAPACITY = 4013
-    #: The session stayed too far behind real time (engine backlog above the limit for too long).
+    #: Too much, too fast: the session stayed too far behind real time (engine backlog above the limit for too
+    #: long; reason ``backlog``), or the peer failed authentication too often (reason ``auth_backoff``).
     BACKLOG = 4029
     #: Malformed, unknown or out-of-order message, unsupported config, or unusable audio.
     PROTOCOL_ERROR = 4400
@@ -84,6 +85,10 @@ CLOSE_REASONS: dict[int, str] = {
     CloseCode.INTERNAL: "internal",
     CloseCode.NOT_READY: "not_ready",
 }
+
+
+#: ``reason`` of a 4029 refusal of a peer locked out after failed authentications (``backlog`` is the other).
+AUTH_BACKOFF_REASON = "auth_backoff"
 
 
 class ProtocolError(ValueError):
@@ -116,7 +121,7 @@ class ConfigMessage:
     num_channels: int = 1
     interim_results: bool = True
     protocol: str = PROTOCOL_VERSION
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)  # a credential: never in a repr (logs, tracebacks)
     client: str | None = None
 
     def validate(self) -> ConfigMessage:
@@ -432,6 +437,10 @@ def _load_object(text: str | bytes) -> dict[str, Any]:
         data = json.loads(text)
     except (UnicodeDecodeError, ValueError) as e:
         raise ProtocolError(f"control messages must be JSON text: {e}") from e
+    except RecursionError:
+        # json's decoder recurses once per nesting level; a message of [[[[... (well within the size limit)
+        # exhausts the stack. Not a server fault: the message is simply not a protocol message.
+        raise ProtocolError("control message JSON is nested too deeply") from None
     if not isinstance(data, dict):
         raise ProtocolError("a control message must be a JSON object with a 'type' field")
     return data

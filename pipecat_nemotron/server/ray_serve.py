@@ -36,6 +36,7 @@ from pipecat_nemotron.engine import EngineConfig
 from pipecat_nemotron.server.app import ASRService, ServerConfig, tokens_from
 from pipecat_nemotron.server.metrics import METRICS_CONTENT_TYPE
 from pipecat_nemotron.server.protocol import PROTOCOL_VERSION
+from pipecat_nemotron.server.security import Secret
 from pipecat_nemotron.server.session import Incoming, remote_of
 
 if TYPE_CHECKING:
@@ -67,6 +68,15 @@ class StarletteTransport:
         from starlette.websockets import WebSocketState
 
         return self._closed or self.ws.application_state != WebSocketState.CONNECTED
+
+    def peer_gone(self) -> bool:
+        """True once closed or disconnected.
+
+        ASGI reports a client's disconnect only to a receive, so a paused session learns of it at its next read.
+        """
+        from starlette.websockets import WebSocketState
+
+        return self.closed or self.ws.client_state == WebSocketState.DISCONNECTED
 
     async def receive(self, timeout: float | None) -> Incoming:
         """Next data message; ``TimeoutError`` after ``timeout`` seconds."""
@@ -198,8 +208,9 @@ def starlette_app(service: ASRService) -> Any:
         await service.serve(
             StarletteTransport(ws, service.config.max_message_bytes),
             origin=ws.headers.get("origin"),
-            authorization=ws.headers.get("authorization"),
+            authorization=Secret.of(ws.headers.get("authorization")),
             remote=remote_of(tuple(ws.client) if ws.client else None),
+            peer=ws.client.host if ws.client else "?",
         )
 
     async def healthz(request: Request) -> JSONResponse:
@@ -210,11 +221,19 @@ def starlette_app(service: ASRService) -> Any:
         ok = service.ready and service.alive
         return JSONResponse({"status": "ready" if ok else "not_ready"}, status_code=200 if ok else 503)
 
+    def denied(request: Request) -> JSONResponse | None:
+        refusal = service.http_access(
+            Secret.of(request.headers.get("authorization")), request.client.host if request.client else "?"
+        )
+        if refusal is None:
+            return None
+        return JSONResponse({"error": refusal[1]}, status_code=refusal[0])
+
     async def metrics(request: Request) -> Response:
-        return Response(service.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+        return denied(request) or Response(service.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     async def info(request: Request) -> JSONResponse:
-        return JSONResponse(service.info())
+        return denied(request) or JSONResponse(service.info())
 
     return Starlette(
         routes=[
@@ -231,7 +250,8 @@ def app_builder(args: dict[str, Any]) -> Application:
     """Entry point for ``serve run pipecat_nemotron.server.ray_serve:app_builder key=value ...``.
 
     Keys: ``model``, ``device`` (default auto), ``max_sessions`` (default 64), ``num_replicas`` (default 1),
-    ``gpus_per_replica`` (default 1), ``insecure`` (loopback only). Tokens come from ``NEMOTRON_ASR_TOKENS``.
+    ``gpus_per_replica`` (default 1), ``insecure`` (loopback only). Tokens come from ``NEMOTRON_ASR_TOKENS``, the
+    ``/metrics`` token (optional) from ``NEMOTRON_ASR_METRICS_TOKEN``.
     """
     max_sessions = int(args.get("max_sessions", 64))
     engine_config = EngineConfig(
@@ -244,6 +264,7 @@ def app_builder(args: dict[str, Any]) -> Application:
     server_config = ServerConfig(
         host="127.0.0.1" if insecure else "0.0.0.0",
         tokens=tokens_from([os.environ.get("NEMOTRON_ASR_TOKENS", "")]),
+        metrics_token=os.environ.get("NEMOTRON_ASR_METRICS_TOKEN") or None,
         insecure=insecure,
         max_sessions=max_sessions,
     )

@@ -3,7 +3,9 @@
 The aiohttp server (:mod:`pipecat_nemotron.server.app`) and the Ray Serve deployment
 (:mod:`pipecat_nemotron.server.ray_serve`) both adapt their WebSocket object to :class:`Transport` and run a
 :class:`Session` on it. The session enforces the per-connection limits: config timeout, idle timeout, pacing
-(no more than real time plus a burst), engine-backlog guard, send timeout, and the protocol itself.
+(audio no faster than real time plus a burst, control messages no faster than a rate plus a burst),
+engine-backlog guard, send timeout, and the protocol itself. A session whose client has gone ends at once,
+even while its reads are paused, and its undecoded audio is dropped.
 """
 
 from __future__ import annotations
@@ -45,16 +47,23 @@ from pipecat_nemotron.server.protocol import (
     dump_server_message,
     parse_client_message,
 )
+from pipecat_nemotron.server.security import log_safe
 
 if TYPE_CHECKING:
     from pipecat_nemotron.server.app import ASRService
 
 IncomingKind = Literal["text", "binary", "closed", "too_big", "error"]
 
+#: How often a session whose reads are paused checks that its client is still connected, s.
+GONE_POLL_S = 0.05
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True, repr=False)
 class Incoming:
     """One thing received from a client.
+
+    ``repr`` shows only the kind and size: a config message's text may carry a bearer token, and ``slots``
+    keeps loguru's traceback annotations (``diagnose``) from reading ``data`` either.
 
     Attributes:
         kind: ``text`` / ``binary`` message, ``closed`` (the client closed or vanished), ``too_big`` (over the
@@ -65,6 +74,9 @@ class Incoming:
 
     kind: IncomingKind
     data: str | bytes = b""
+
+    def __repr__(self) -> str:
+        return f"Incoming(kind={self.kind!r}, {len(self.data)} {'chars' if isinstance(self.data, str) else 'bytes'})"
 
 
 class Transport(Protocol):
@@ -79,8 +91,20 @@ class Transport(Protocol):
         """Next message; raises ``TimeoutError`` after ``timeout`` seconds without one."""
         ...
 
+    def peer_gone(self) -> bool:
+        """True once the client's end is gone or going (reset, FIN, closed), without reading any message.
+
+        A session whose reads are paused (pacing, backlog) polls this to end at once when its client leaves.
+        """
+        ...
+
     async def send_text(self, text: str) -> None:
-        """Send one text message."""
+        """Send one text message.
+
+        Raises:
+            ConnectionError: The connection is closing or gone.
+
+        """
         ...
 
     async def close(self, code: int, reason: str) -> None:
@@ -141,6 +165,10 @@ class Session:
         self._writer: asyncio.Task[None] | None = None
         self._credit_ms = service.config.burst_ms
         self._credit_at = time.monotonic()
+        self._control_credit = float(service.config.control_burst)
+        #: JSON messages after the config that this session handled (finalize, set_latency, keepalive, close).
+        self.control_messages = 0
+        self._released = False
         self._send_lock = asyncio.Lock()
         # Exact audio positions: finals carry the utterance's exact length (samples), decoded frames only
         # 10 ms resolution, so positions are the sum of exact utterance lengths plus the current utterance's
@@ -150,6 +178,11 @@ class Session:
         self._decoded_at_final_ms = 0.0
 
     # ---- public -------------------------------------------------------------------------------------------
+
+    @property
+    def holds_slot(self) -> bool:
+        """True while the session counts against capacity: until it releases its stream or its client is gone."""
+        return not self._released and not self.transport.peer_gone()
 
     @property
     def backlog_ms(self) -> float:
@@ -163,7 +196,7 @@ class Session:
         try:
             if self.config is None:
                 self.config = await self._receive_config()
-            self.stream = self._open_stream(self.config)
+            self.stream = await self._open_stream(self.config)
             engine = self.service.engine
             await self._send(
                 ReadyMessage(
@@ -178,20 +211,23 @@ class Session:
                         "idle_timeout_s": cfg.idle_timeout_s,
                         "burst_ms": cfg.burst_ms,
                         "max_backlog_ms": cfg.max_backlog_ms,
+                        "max_control_rate": cfg.max_control_rate,
+                        "control_burst": cfg.control_burst,
                     },
                 )
             )
             logger.info(
                 f"ASR session {self.session_id} opened from {self.remote}: {self.config.latency_ms} ms mode, "
                 f"{self.config.sample_rate} Hz x{self.config.num_channels}"
-                + (f", client {self.config.client}" if self.config.client else "")
+                + (f", client {log_safe(self.config.client)}" if self.config.client else "")
             )
             self._writer = asyncio.get_running_loop().create_task(
                 self._forward_results(self.stream), name=f"asr-session-{self.session_id}-results"
             )
             await self._read_loop()
         except _ClientGone:
-            self.close_code = CloseCode.NORMAL
+            if self.close_code is None:
+                self.close_code = CloseCode.NORMAL
         except SessionError as e:
             await self.fail(e.code, e.message)
         except asyncio.CancelledError:
@@ -215,7 +251,8 @@ class Session:
             self.config = await self._receive_config()
             return True
         except _ClientGone:
-            self.close_code = CloseCode.NORMAL
+            if self.close_code is None:
+                self.close_code = CloseCode.NORMAL
         except SessionError as e:
             await self.fail(e.code, e.message)
         except Exception as e:
@@ -233,7 +270,7 @@ class Session:
             self.end_how = "dropped"
             self.service.metrics.dropped.labels(reason).inc()
         log = logger.warning if code != CloseCode.GOING_AWAY else logger.info
-        log(f"ASR session {self.session_id} closed with {int(code)} ({reason}): {message}")
+        log(f"ASR session {self.session_id} closed with {int(code)} ({reason}): {log_safe(message, 300)}")
         if not self.transport.closed:
             try:
                 await asyncio.wait_for(
@@ -242,6 +279,14 @@ class Session:
             except Exception:
                 pass  # the client is gone or not reading; closing is all that is left
         await self._close_transport(int(code), reason)
+
+    async def evict(self, message: str) -> None:
+        """Close a connection still waiting to authenticate, to make room for a newer one (4013, a refusal)."""
+        if self.close_code is not None:
+            return
+        self.end_how = "refused"
+        self.service.metrics.refused.labels("pending_evicted").inc()
+        await self.fail(CloseCode.CAPACITY, message)
 
     # ---- opening ------------------------------------------------------------------------------------------
 
@@ -268,7 +313,7 @@ class Session:
                 CloseCode.PROTOCOL_ERROR, f"the first message must be 'config', got {msg.type!r}"
             )
         if not self._token_checked:
-            if msg.token is None or not self.service.check_token(msg.token):
+            if not self.service.check_token(msg.token):
                 self.service.metrics.refused.labels("unauthorized").inc()
                 self.end_how = "refused"
                 raise SessionError(
@@ -278,7 +323,7 @@ class Session:
             self._token_checked = True
         return msg
 
-    def _open_stream(self, config: ConfigMessage) -> ASRStream:
+    async def _open_stream(self, config: ConfigMessage) -> ASRStream:
         engine = self.service.engine
         if config.latency_ms not in engine.info.latency_modes:
             raise SessionError(
@@ -286,7 +331,14 @@ class Session:
                 f"this model supports latency_ms in {list(engine.info.latency_modes)}, got {config.latency_ms}",
             )
         try:
-            return engine.open_stream(latency_ms=config.latency_ms)
+            try:
+                return engine.open_stream(latency_ms=config.latency_ms)
+            except CapacityError:
+                # Admitted because a session whose client just left no longer counts: its stream closes
+                # within a poll interval (GONE_POLL_S) of that. Wait for it, briefly, rather than refuse.
+                if not await self.service.engine_slot_freed(timeout_s=1.0):
+                    raise
+                return engine.open_stream(latency_ms=config.latency_ms)
         except CapacityError as e:
             self.service.metrics.refused.labels("capacity").inc()
             self.end_how = "refused"
@@ -313,11 +365,13 @@ class Session:
                 raise SessionError(CloseCode.MESSAGE_TOO_BIG, self._too_big_message())
             if incoming.kind == "error":
                 if self.close_code is None:
-                    logger.info(f"ASR session {self.session_id}: transport error: {incoming.data!r}")
+                    logger.info(f"ASR session {self.session_id}: transport error: {log_safe(incoming.data)}")
                 return
             if incoming.kind == "binary":
                 await self._on_audio(incoming.data)  # type: ignore[arg-type]
                 continue
+            self.control_messages += 1
+            self._control_credit -= 1.0
             try:
                 msg = parse_client_message(incoming.data)
             except ProtocolError as e:
@@ -380,23 +434,32 @@ class Session:
         await self._send(LatencyMessage(latency_ms=latency_ms, applied=applied))
 
     async def _pace(self) -> None:
-        """Pause reading (TCP backpressure throttles the client) while it is ahead of real time or backlogged.
+        """Pause reading (TCP backpressure throttles the client) while it is ahead of its allowance or backlogged.
 
-        A token bucket allows ``burst_ms`` of audio ahead of real time, refilled at ``max_speed`` x real time;
-        separately, reading pauses while the engine holds more than ``max_backlog_ms`` of this session's audio,
-        and the session is dropped (4029) if that lasts ``backlog_timeout_s``. A paused session costs no
-        engine time, so it never slows the others.
+        Two token buckets: audio may run ``burst_ms`` ahead of real time, refilled at ``max_speed`` x real time;
+        JSON control messages may come ``control_burst`` at once, refilled at ``max_control_rate`` per second
+        (each ``finalize`` and ``set_latency`` costs engine and event-loop time, so a flood of them would delay
+        every other session's results). Separately, reading pauses while the engine holds more than
+        ``max_backlog_ms`` of this session's audio, and the session is dropped (4029) if that lasts
+        ``backlog_timeout_s``. A paused session costs no engine time, so it never slows the others; it polls
+        its connection and ends at once if the client has gone (raising :class:`_ClientGone`).
         """
         cfg = self.service.config
         now = time.monotonic()
-        self._credit_ms = min(
-            cfg.burst_ms, self._credit_ms + (now - self._credit_at) * 1000.0 * cfg.max_speed
-        )
+        elapsed_s = now - self._credit_at
         self._credit_at = now
+        self._credit_ms = min(cfg.burst_ms, self._credit_ms + elapsed_s * 1000.0 * cfg.max_speed)
+        self._control_credit = min(
+            float(cfg.control_burst), self._control_credit + elapsed_s * cfg.max_control_rate
+        )
+        wait_s = 0.0
         if self._credit_ms < 0:
             wait_s = -self._credit_ms / (1000.0 * cfg.max_speed)
+        if self._control_credit < 1.0:
+            wait_s = max(wait_s, (1.0 - self._control_credit) / cfg.max_control_rate)
+        if wait_s > 0:
             self.service.metrics.throttled_seconds.inc(wait_s)
-            await asyncio.sleep(wait_s)
+            await self._sleep_unless_gone(wait_s)
         if self.backlog_ms > cfg.max_backlog_ms:
             started = time.monotonic()
             resume_ms = cfg.max_backlog_ms / 2
@@ -409,8 +472,19 @@ class Session:
                         f"the session stayed more than {cfg.max_backlog_ms:g} ms behind real time for "
                         f"{cfg.backlog_timeout_s:g} s (server overloaded)",
                     )
-                await asyncio.sleep(0.02)
+                await self._sleep_unless_gone(0.02)
             self.service.metrics.throttled_seconds.inc(time.monotonic() - started)
+
+    async def _sleep_unless_gone(self, seconds: float) -> None:
+        """Sleep ``seconds``, checking the connection every ``GONE_POLL_S``; raise ``_ClientGone`` when it is gone."""
+        deadline = time.monotonic() + seconds
+        while True:
+            if self.transport.peer_gone():
+                raise _ClientGone()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            await asyncio.sleep(min(remaining, GONE_POLL_S))
 
     async def _close_gracefully(self) -> None:
         """After a client ``close``: send the finals still owed (bounded wait), then close with 1000."""
@@ -465,17 +539,14 @@ class Session:
                                 lag_ms=update.lag_ms,
                             )
                         )
-        except (asyncio.TimeoutError, TimeoutError):
-            await self.fail(
-                CloseCode.IDLE_TIMEOUT,
-                f"the client stopped reading results (a send blocked {self.service.config.send_timeout_s:g} s)",
-            )
+        except _ClientGone:
+            pass  # the client went away; the reader (or its pacing) sees it too
+        except SessionError as e:  # from _send: the client stopped reading
+            await self.fail(e.code, e.message)
         except StreamFailedError as e:
             await self.fail(CloseCode.INTERNAL, f"ASR stream failed: {e}")
         except NemotronEngineError as e:
             await self.fail(CloseCode.INTERNAL, f"ASR engine error: {e}")
-        except ConnectionError:
-            pass  # the client went away; the reader sees it too
         except Exception as e:
             if not self.transport.closed:
                 logger.exception(f"ASR session {self.session_id}: sending results failed: {e!r}")
@@ -504,9 +575,25 @@ class Session:
         )
 
     async def _send(self, msg: ServerMessage) -> None:
+        """Send one message; every send of the session goes through here.
+
+        Raises:
+            SessionError: 4008, the send blocked ``send_timeout_s`` (the client stopped reading).
+            _ClientGone: The connection is closing or was reset (the client left; nothing to report).
+
+        """
         text = dump_server_message(msg)
+        timeout_s = self.service.config.send_timeout_s
         async with self._send_lock:
-            await asyncio.wait_for(self.transport.send_text(text), self.service.config.send_timeout_s)
+            try:
+                await asyncio.wait_for(self.transport.send_text(text), timeout_s)
+            except (asyncio.TimeoutError, TimeoutError):
+                raise SessionError(
+                    CloseCode.IDLE_TIMEOUT,
+                    f"the client stopped reading results (a send blocked {timeout_s:g} s)",
+                ) from None
+            except ConnectionError:
+                raise _ClientGone() from None
 
     # ---- closing ------------------------------------------------------------------------------------------
 
@@ -521,8 +608,14 @@ class Session:
         return f"a message exceeded {limit} bytes; send audio in frames of at most {limit} bytes (e.g. 20 ms)"
 
     async def _cleanup(self) -> None:
+        self._released = True  # from here on the session no longer counts against capacity
         stream, self.stream = self.stream, None
+        dropped_ms = 0.0
         if stream is not None:
+            # Audio received but not yet in a model step is never decoded: closing the stream drops it (a
+            # client that left while its reads were paused may have sent minutes of it).
+            dropped_ms = stream.backlog_ms if not stream.closed else 0.0
+            self.service.metrics.audio_dropped_seconds.inc(dropped_ms / 1000.0)
             try:
                 await stream.close()
             except Exception as e:  # noqa: BLE001 - the engine may be stopping
@@ -543,6 +636,7 @@ class Session:
         logger.info(
             f"ASR session {self.session_id} ended ({self.end_how}, code {self.close_code}) after {duration:.1f} s, "
             f"{self.audio_ms / 1000.0:.1f} s of audio, {self.finals_sent} final(s)"
+            + (f", dropped {dropped_ms / 1000.0:.1f} s of undecoded audio" if dropped_ms >= 50.0 else "")
         )
 
 
