@@ -60,6 +60,7 @@ from pipecat_nemotron.server.protocol import (
     is_permanent,
     parse_server_message,
 )
+from pipecat_nemotron.server.security import MaskedHeaders, Secret
 from pipecat_nemotron.stt import NEMOTRON_TTFS_P99, VAD_STOP_SECS, NemotronSTTSettings
 from pipecat_nemotron.stt_common import NemotronFinalsMixin
 
@@ -70,6 +71,16 @@ DEFAULT_URL = f"ws://127.0.0.1:8765{DEFAULT_PATH}"
 TOKEN_ENV = "NEMOTRON_ASR_TOKEN"
 
 _TTFS_MARGIN = 1.5
+
+#: Largest audio message sent, bytes (64 KiB = 2 s at 16 kHz), unless the server announces a smaller limit.
+MAX_AUDIO_MESSAGE_BYTES = 65536
+
+
+def _pieces(audio: bytes, max_bytes: int) -> list[bytes]:
+    """``audio`` cut into messages of at most ``max_bytes`` (an even number: whole 16-bit samples)."""
+    if len(audio) <= max_bytes:
+        return [audio]
+    return [audio[i : i + max_bytes] for i in range(0, len(audio), max_bytes)]
 
 
 class ServerRefusedError(ConnectionError):
@@ -192,8 +203,9 @@ class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
             **kwargs,
         )
         self._url = url
-        self._token = token if token is not None else os.environ.get(TOKEN_ENV)
-        self._extra_headers = dict(extra_headers or {})
+        # Held as a Secret: never in this object's repr, a log line, or a traceback's variables.
+        self._token = Secret.of(token if token is not None else os.environ.get(TOKEN_ENV))
+        self._extra_headers = MaskedHeaders(extra_headers or {})
         self._connect_timeout_s = connect_timeout_s
         self._replay_max_s = replay_max_s
         self._replay_preroll_s = replay_preroll_s
@@ -211,6 +223,7 @@ class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
         self._finalize_rtts_ms: deque[float] = deque(maxlen=512)
         self._dropped_replay_ms = 0.0
         self._fatal_error: ErrorMessage | None = None
+        self._max_send_bytes = MAX_AUDIO_MESSAGE_BYTES
         self.sessions_opened = 0
 
     # ---- properties ---------------------------------------------------------------------------------------
@@ -302,9 +315,9 @@ class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
         """
         if self._websocket is not None and self._websocket.state is State.OPEN and self._ready is not None:
             return
-        headers = dict(self._extra_headers)
+        headers = MaskedHeaders(self._extra_headers)
         if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
+            headers["Authorization"] = "Bearer " + self._token.reveal()
         logger.debug(f"{self}: connecting to {self._url}")
         ws = await asyncio.wait_for(
             self._websocket_connect(
@@ -358,18 +371,25 @@ class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
             logger.warning(f"{self}: the Nemotron ASR server refused the session ({error.code}): {error}")
 
     async def _on_ready(self, ws: Any, ready: ReadyMessage) -> None:
-        """Replay unconfirmed audio (and finalizes), then let live audio through."""
-        max_bytes = int(ready.limits.get("max_message_bytes", 65536)) if ready.limits else 65536
-        max_bytes = max(2048, min(max_bytes, 65536)) // 2 * 2
+        """Replay unconfirmed audio (and finalizes), then let live audio through.
+
+        No message exceeds the server's announced ``max_message_bytes`` (inclusive; larger closes with 4009):
+        replayed chunks are packed up to it and split where one alone is larger, and so is live audio.
+        """
+        limit = int(ready.limits.get("max_message_bytes", MAX_AUDIO_MESSAGE_BYTES)) if ready.limits else 0
+        limit = limit if limit > 0 else MAX_AUDIO_MESSAGE_BYTES
+        max_bytes = max(2, min(limit, MAX_AUDIO_MESSAGE_BYTES) // 2 * 2)
         async with self._send_lock:
+            self._max_send_bytes = max_bytes
             replay_ms = self.pending_replay_ms
             for seg in self._segments:
                 buf = bytearray()
                 for chunk in seg.chunks:
-                    if len(buf) + len(chunk) > max_bytes and buf:
-                        await ws.send(bytes(buf))
-                        buf.clear()
-                    buf += chunk
+                    for piece in _pieces(chunk, max_bytes):
+                        if len(buf) + len(piece) > max_bytes and buf:
+                            await ws.send(bytes(buf))
+                            buf.clear()
+                        buf += piece
                 if buf:
                     await ws.send(bytes(buf))
                 if seg.finalized:
@@ -460,7 +480,8 @@ class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
             self._trim_replay()
             if self._ready is not None and self._websocket is not None:
                 try:
-                    await self._websocket.send(audio)
+                    for piece in _pieces(audio, self._max_send_bytes):
+                        await self._websocket.send(piece)
                 except Exception as e:  # the receive loop notices the drop and reconnects
                     logger.debug(f"{self}: audio send failed: {e!r}")
         yield None
