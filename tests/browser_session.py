@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -54,8 +55,9 @@ def start_bot(args: argparse.Namespace, llm_url: str, port: int, log: Path) -> s
 
 
 async def wait_for_log(bot: subprocess.Popen, log: Path, text: str, timeout: float) -> None:
+    """Wait until the bot's log matches the regular expression ``text``."""
     deadline = time.monotonic() + timeout
-    while text not in await asyncio.to_thread(log.read_text, errors="replace"):
+    while not re.search(text, await asyncio.to_thread(log.read_text, errors="replace")):
         if bot.poll() is not None:
             raise RuntimeError(f"the bot exited with {bot.returncode} before {text!r}")
         if time.monotonic() > deadline:
@@ -118,6 +120,13 @@ async def run(args: argparse.Namespace) -> int:
                 )
                 result.update(page=state, console=console[-50:])
                 await browser.close()
+            # The bot ends a session whose client left (it does not wait for the idle timeout).
+            try:
+                await wait_for_log(bot, out / "bot.log", "the client left; ending the session", timeout=30)
+                await wait_for_log(bot, out / "bot.log", r"Session \S+ ended", timeout=30)
+                result["session_ended_when_client_left"] = True
+            except (TimeoutError, RuntimeError) as e:
+                result["session_ended_when_client_left"] = repr(e)
         finally:
             bot.send_signal(signal.SIGINT)
             try:

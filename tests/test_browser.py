@@ -95,6 +95,10 @@ def _run_session(out: Path, mic_wav: Path, spoken: list[str], magpie: Path | Non
         f"page: {json.dumps(result.get('page'))[:2000]}\ndriver stderr: {run.stderr[-3000:]}\nbot log: {log}"
     )
     assert (out / "page.png").stat().st_size > 10_000
+    assert result["session_ended_when_client_left"] is True, result["session_ended_when_client_left"]
+    # A person running the bot sees what it heard: one INFO line per final, with the session and TTFS.
+    for text in spoken:
+        assert f"heard: {text!r} (TTFS " in (out / "bot.log").read_text(errors="replace")
     return result
 
 
