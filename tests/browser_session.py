@@ -18,8 +18,6 @@ import asyncio
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,15 +26,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from openai_server import FakeOpenAIServer  # noqa: E402
+from processes import free_port, stop_process  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_bot(args: argparse.Namespace, llm_url: str, port: int, log: Path) -> subprocess.Popen:
@@ -128,12 +121,7 @@ async def run(args: argparse.Namespace) -> int:
             except (TimeoutError, RuntimeError) as e:
                 result["session_ended_when_client_left"] = repr(e)
         finally:
-            bot.send_signal(signal.SIGINT)
-            try:
-                bot.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                bot.kill()
-                bot.wait()
+            stop_process(bot)
         result["llm_user_texts"] = [
             m.get("content")
             for r in llm.requests

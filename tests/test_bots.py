@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,18 +10,13 @@ import urllib.request
 from pathlib import Path
 
 from conftest import TRAINED_MODEL
+from processes import free_port, stop_process
 
 BOT = Path(__file__).resolve().parents[1] / "bots" / "bot.py"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_runner_bot_loads_the_model_before_it_accepts_a_session(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NEMOTRON_", "MAGPIE_"))}
     env.update(NEMOTRON_ASR_MODEL=str(TRAINED_MODEL), NEMOTRON_ASR_DEVICE="cpu")
     log = tmp_path / "bot.log"
@@ -48,9 +41,4 @@ def test_runner_bot_loads_the_model_before_it_accepts_a_session(tmp_path: Path) 
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as response:
             assert response.status < 500
     finally:
-        bot.send_signal(signal.SIGINT)
-        try:
-            bot.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            bot.kill()
-            bot.wait()
+        stop_process(bot)
