@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from openai_server import openai_server  # noqa: F401  (fixture)
+
 from pipecat_nemotron.models import DEMO_AUDIO_DIR
 
 _FINAL = re.compile(r"^\[final\] (.*?)(?:\x1b\[K)?$")
@@ -47,3 +49,32 @@ def test_demo_prints_each_final_in_order_with_its_own_finalize_time(tmp_path: Pa
     assert len(finals) >= 2 and all(ms > 0 for _, ms in finals)
     # One finalize time per final in the summary too (none attributed twice, none missing).
     assert re.search(rf"finalize_ms\s+n=\s*{len(finals)}\s", run.stdout), run.stdout
+
+
+async def test_demo_runs_the_whole_agent_configured_in_env(openai_server, tmp_path: Path) -> None:  # noqa: F811
+    """The README demo with an LLM and in-process Magpie in the environment (as `.env` sets them): the models
+    load before the pipeline starts, so no StartFrame times out, and every turn is answered and measured."""
+    import asyncio
+
+    from pipecat_nemotron.magpie.tiny import build_tiny_magpie
+
+    magpie, _ = await asyncio.to_thread(build_tiny_magpie, tmp_path / "magpie", end_of_speech_bias=30.0)
+    openai_server.reply = "Four."
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEMOTRON_", "MAGPIE_"))}
+    env.update(NEMOTRON_LLM_BASE_URL=openai_server.base_url, NEMOTRON_LLM_API_KEY="none", MAGPIE_TTS_MODEL=str(magpie))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pipecat_nemotron.demo", "--wav", str(DEMO_AUDIO_DIR / "two_turns.wav"),
+        "--turns", str(tmp_path / "turns.jsonl"), "--verbose",
+        cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=300)
+    out, err = stdout.decode(), stderr.decode()
+    assert proc.returncode == 0, err[-4000:]
+    assert "timeout waiting for StartFrame" not in err
+    # Both models are loaded before the pipeline starts.
+    assert err.index("Magpie TTS model") < err.index("StartFrame#0") and "Models loaded in" in out, err[-4000:]
+    turns = [json.loads(line) for line in (tmp_path / "turns.jsonl").read_text().splitlines()]
+    # (Pipecat's Smart Turn may join the two utterances, 1.2 s apart, into one turn.)
+    assert turns and all(t["v2v_ms"] > 0 and t["tts_ttfb_ms"] > 0 for t in turns), turns
+    asked = " ".join(m["content"] for r in openai_server.requests for m in r["messages"] if m["role"] == "user")
+    assert "what is two plus two" in asked and "what time is it please" in asked
