@@ -112,14 +112,16 @@ async def run(args: argparse.Namespace) -> int:
                     "() => JSON.parse(JSON.stringify(window.nemotron, (k, v) => typeof v === 'function' ? undefined : v))"
                 )
                 result.update(page=state, console=console[-50:])
+                # The person leaves (the page's Disconnect closes the peer connection): the bot ends the session
+                # at once, not at the idle timeout.
+                await page.click("#disconnect")
+                try:
+                    await wait_for_log(bot, out / "bot.log", "the client left; ending the session", timeout=30)
+                    await wait_for_log(bot, out / "bot.log", r"Session \S+ ended", timeout=30)
+                    result["session_ended_when_client_left"] = True
+                except (TimeoutError, RuntimeError) as e:
+                    result["session_ended_when_client_left"] = repr(e)
                 await browser.close()
-            # The bot ends a session whose client left (it does not wait for the idle timeout).
-            try:
-                await wait_for_log(bot, out / "bot.log", "the client left; ending the session", timeout=30)
-                await wait_for_log(bot, out / "bot.log", r"Session \S+ ended", timeout=30)
-                result["session_ended_when_client_left"] = True
-            except (TimeoutError, RuntimeError) as e:
-                result["session_ended_when_client_left"] = repr(e)
         finally:
             stop_process(bot)
         result["llm_user_texts"] = [

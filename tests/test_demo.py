@@ -14,7 +14,8 @@ from openai_server import openai_server  # noqa: F401  (fixture)
 from pipecat_nemotron.models import DEMO_AUDIO_DIR
 
 _FINAL = re.compile(r"^\[final\] (.*?)(?:\x1b\[K)?$")
-_NUMBERS = re.compile(r"^\s+TTFS (\d+) ms · ASR finalize ([\d.]+) ms$")
+# Pipecat reports no TTFS ("n/a") for a final later than its STT TTFB timeout (2 s), as on an overloaded machine.
+_NUMBERS = re.compile(r"^\s+TTFS (\d+ ms|n/a) · ASR finalize ([\d.]+) ms$")
 
 
 def test_demo_prints_each_final_in_order_with_its_own_finalize_time(tmp_path: Path) -> None:
