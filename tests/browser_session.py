@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import subprocess
 import sys
@@ -26,15 +25,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from openai_server import FakeOpenAIServer  # noqa: E402
-from processes import free_port, stop_process  # noqa: E402
+from processes import clean_env, free_port, stop_process  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 
 
 def start_bot(args: argparse.Namespace, llm_url: str, port: int, log: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEMOTRON_", "MAGPIE_"))}
-    env.update(NEMOTRON_ASR_MODEL=args.asr_model, NEMOTRON_ASR_DEVICE="cpu", NEMOTRON_WEBRTC_LOOPBACK="1")
+    env = clean_env(NEMOTRON_ASR_MODEL=args.asr_model, NEMOTRON_ASR_DEVICE="cpu", NEMOTRON_WEBRTC_LOOPBACK="1")
     if args.magpie:  # the whole agent; without it the bot only transcribes
         env.update(NEMOTRON_LLM_BASE_URL=llm_url, NEMOTRON_LLM_API_KEY="none", MAGPIE_TTS_MODEL=args.magpie)
     out = log.open("w")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -22,3 +23,15 @@ def stop_process(proc: subprocess.Popen, timeout: float = 30.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def clean_env(**settings: str) -> dict[str, str]:
+    """This process's environment without the project's settings, plus ``settings``, for a bot or demo.
+
+    Drops ``NEMOTRON_*``/``MAGPIE_*`` and disables ``.env`` files (``load_dotenv`` searches upward from the
+    script, so a developer's repository ``.env`` would otherwise override what the test sets).
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEMOTRON_", "MAGPIE_"))}
+    env["PYTHON_DOTENV_DISABLED"] = "1"
+    env.update(settings)
+    return env

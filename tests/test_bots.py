@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -10,20 +9,19 @@ import urllib.request
 from pathlib import Path
 
 from conftest import TRAINED_MODEL
-from processes import free_port, stop_process
+from processes import clean_env, free_port, stop_process
 
 BOT = Path(__file__).resolve().parents[1] / "bots" / "bot.py"
 
 
 def test_runner_bot_loads_the_model_before_it_accepts_a_session(tmp_path: Path) -> None:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEMOTRON_", "MAGPIE_"))}
-    env.update(NEMOTRON_ASR_MODEL=str(TRAINED_MODEL), NEMOTRON_ASR_DEVICE="cpu")
+    env = clean_env(NEMOTRON_ASR_MODEL=str(TRAINED_MODEL), NEMOTRON_ASR_DEVICE="cpu")
     log = tmp_path / "bot.log"
     with log.open("w") as out:
         bot = subprocess.Popen(
             [sys.executable, str(BOT), "--host", "127.0.0.1", "--port", str(port)],
-            cwd=tmp_path,  # no .env here
+            cwd=tmp_path,
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,

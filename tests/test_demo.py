@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 from openai_server import openai_server  # noqa: F401  (fixture)
+from processes import clean_env
 
 from pipecat_nemotron.models import DEMO_AUDIO_DIR
 
@@ -19,11 +19,11 @@ _NUMBERS = re.compile(r"^\s+TTFS (\d+ ms|n/a) · ASR finalize ([\d.]+) ms$")
 
 
 def test_demo_prints_each_final_in_order_with_its_own_finalize_time(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEMOTRON_", "MAGPIE_"))}
+    env = clean_env()
     wav = DEMO_AUDIO_DIR / "two_turns.wav"
     run = subprocess.run(
         [sys.executable, "-m", "pipecat_nemotron.demo", "--wav", str(wav), "--turns", str(tmp_path / "t.jsonl")],
-        cwd=tmp_path,  # no .env here
+        cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,
@@ -61,8 +61,9 @@ async def test_demo_runs_the_whole_agent_configured_in_env(openai_server, tmp_pa
 
     magpie, _ = await asyncio.to_thread(build_tiny_magpie, tmp_path / "magpie", end_of_speech_bias=30.0)
     openai_server.reply = "Four."
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEMOTRON_", "MAGPIE_"))}
-    env.update(NEMOTRON_LLM_BASE_URL=openai_server.base_url, NEMOTRON_LLM_API_KEY="none", MAGPIE_TTS_MODEL=str(magpie))
+    env = clean_env(
+        NEMOTRON_LLM_BASE_URL=openai_server.base_url, NEMOTRON_LLM_API_KEY="none", MAGPIE_TTS_MODEL=str(magpie)
+    )
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pipecat_nemotron.demo", "--wav", str(DEMO_AUDIO_DIR / "two_turns.wav"),
         "--turns", str(tmp_path / "turns.jsonl"), "--verbose",

@@ -8,7 +8,6 @@ runner's ``/ws`` route as an RTVI client, plays each turn's recording and checks
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import TRAINED_MODEL
 from openai_server import FakeOpenAIServer
-from processes import free_port, stop_process
+from processes import clean_env, free_port, stop_process
 
 BOT = Path(__file__).resolve().parents[1] / "bots" / "bot.py"
 EVALS = Path(__file__).resolve().parent / "evals"
@@ -112,9 +111,7 @@ async def test_pipecat_eval_harness_passes_our_scenarios(bot_magpie: Path, tmp_p
     port = free_port()
 
     async with TopicalOpenAIServer(reply="Sorry, could you say that again?") as llm:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("NEMOTRON_", "MAGPIE_"))}
-        env.update(
-            PYTHON_DOTENV_DISABLED="1",  # neither the bot nor the harness reads a developer's .env
+        env = clean_env(  # neither the bot nor the harness reads a developer's .env
             NEMOTRON_ASR_MODEL=str(TRAINED_MODEL),
             NEMOTRON_ASR_DEVICE="cpu",
             NEMOTRON_LLM_BASE_URL=llm.base_url,
