@@ -540,6 +540,15 @@ async def test_pipecat_client_gives_the_in_process_final(server: ASRServer, engi
     await wait_for(free_slots_restored(server, engine), what="the slot to be freed")
 
 
+async def drop_first_session_after(server: ASRServer, audio_ms: float, timeout: float = 20.0) -> None:
+    """Fail the first session with 4500 once it has received ``audio_ms`` of audio (a server-side failure)."""
+    await wait_for(
+        lambda: any(s.audio_ms > audio_ms for s in server.service.sessions.values()), timeout=timeout
+    )
+    session = next(iter(server.service.sessions.values()))
+    await session.fail(CloseCode.INTERNAL, "simulated server failure")
+
+
 async def test_pipecat_client_reconnects_and_loses_no_final(
     server: ASRServer, engine: NemotronEngine
 ) -> None:
@@ -547,12 +556,7 @@ async def test_pipecat_client_reconnects_and_loses_no_final(
     expected = (await engine.transcribe(pcm)).text
     stt = NemotronServerSTTService(url=server.url, token=TOKEN, reconnect_backoff_min_wait=0.1)
 
-    async def drop_mid_utterance() -> None:
-        await wait_for(lambda: any(s.audio_ms > 800 for s in server.service.sessions.values()), timeout=20)
-        session = next(iter(server.service.sessions.values()))
-        await session.fail(CloseCode.INTERNAL, "simulated server failure")
-
-    dropper = asyncio.create_task(drop_mid_utterance())
+    dropper = asyncio.create_task(drop_first_session_after(server, 800))
     frames = audio_frames(pcm)
     down, _ = await run_test(
         stt,

@@ -29,7 +29,16 @@ from helpers import audio_frames
 from loguru import logger
 from pipecat.frames.frames import TranscriptionFrame, VADUserStartedSpeakingFrame, VADUserStoppedSpeakingFrame
 from pipecat.tests.utils import SleepFrame, run_test
-from test_server import DEMO, clip, connect, expect_close, open_session, stream, wait_for
+from test_server import (
+    DEMO,
+    clip,
+    connect,
+    drop_first_session_after,
+    expect_close,
+    open_session,
+    stream,
+    wait_for,
+)
 
 import pipecat_nemotron.server.session as session_module
 from pipecat_nemotron.engine import NemotronEngine
@@ -295,12 +304,7 @@ async def test_client_replay_respects_a_small_server_message_limit(engine: Nemot
     async with own_server(engine, tokens=(TOKEN,), max_message_bytes=1024) as srv:
         stt = NemotronServerSTTService(url=srv.url, token=TOKEN, reconnect_backoff_min_wait=0.1)
 
-        async def drop_mid_utterance() -> None:
-            await wait_for(lambda: any(s.audio_ms > 1200 for s in srv.service.sessions.values()), timeout=30)
-            session = next(iter(srv.service.sessions.values()))
-            await session.fail(CloseCode.INTERNAL, "simulated server failure")
-
-        dropper = asyncio.create_task(drop_mid_utterance())
+        dropper = asyncio.create_task(drop_first_session_after(srv, 1200, timeout=30))
         frames = audio_frames(pcm)
         down, _ = await run_test(
             stt,
