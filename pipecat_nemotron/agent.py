@@ -39,9 +39,7 @@ from pipecat.transports.base_transport import BaseTransport
 
 from pipecat_nemotron.engine.config import EngineConfig, validate_latency_ms
 from pipecat_nemotron.metrics import TurnLatency, VoiceLatencyObserver
-
-#: VAD silence that ends a user turn, seconds (Pipecat's built-in TTFS values assume 0.2).
-DEFAULT_VAD_STOP_SECS = 0.2
+from pipecat_nemotron.stt_common import VAD_STOP_SECS
 
 #: ``type`` of the RTVI ``server-message`` carrying one :class:`~pipecat_nemotron.metrics.TurnLatency` record.
 TURN_LATENCY_MESSAGE = "nemotron-turn-latency"
@@ -255,7 +253,7 @@ def build_voice_agent(
     input_processor: FrameProcessor | None = None,
     output_processor: FrameProcessor | None = None,
     after_stt: Sequence[FrameProcessor] = (),
-    vad_stop_secs: float = DEFAULT_VAD_STOP_SECS,
+    vad_stop_secs: float = VAD_STOP_SECS,
     turns_jsonl: str | Path | None = None,
     observers: Sequence[BaseObserver] = (),
     pipeline_params: PipelineParams | None = None,

@@ -61,8 +61,8 @@ from pipecat_nemotron.server.protocol import (
     parse_server_message,
 )
 from pipecat_nemotron.server.security import MaskedHeaders, Secret
-from pipecat_nemotron.stt import NEMOTRON_TTFS_P99, VAD_STOP_SECS, NemotronSTTSettings
-from pipecat_nemotron.stt_common import NemotronFinalsMixin
+from pipecat_nemotron.stt import NEMOTRON_TTFS_P99, NemotronSTTSettings
+from pipecat_nemotron.stt_common import VAD_STOP_SECS, NemotronFinalsMixin
 
 #: Default server URL (a server on this machine).
 DEFAULT_URL = f"ws://127.0.0.1:8765{DEFAULT_PATH}"

@@ -41,10 +41,7 @@ from pipecat_nemotron.engine import (
 from pipecat_nemotron.engine.config import validate_latency_ms
 from pipecat_nemotron.engine.loading import prefetch_nemo_imports
 from pipecat_nemotron.engine.shared import SharedEngines, shared_engines
-from pipecat_nemotron.stt_common import NemotronFinalsMixin
-
-#: VAD ``stop_secs`` Pipecat's built-in TTFS values assume, seconds.
-VAD_STOP_SECS = 0.2
+from pipecat_nemotron.stt_common import VAD_STOP_SECS, NemotronFinalsMixin
 
 #: TTFS p99 used before the engine has measured its own finalize time: 0.2 s of VAD stop plus 50 ms, the
 #: reference finalize p99 on a GPU (24 ms max measured) with margin, seconds.

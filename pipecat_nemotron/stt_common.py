@@ -12,6 +12,9 @@ from pipecat.utils.time import time_now_iso8601
 from pipecat_nemotron.engine.config import LATENCY_MODES
 from pipecat_nemotron.metrics import asr_finalize_metrics_frame
 
+#: VAD silence that ends a user turn, seconds: what Pipecat's built-in TTFS values assume, and the agent's default.
+VAD_STOP_SECS = 0.2
+
 
 class NemotronFinalsMixin(STTService):
     """Delivery of finals and validation of settings deltas, shared by the Nemotron STT services.

@@ -43,17 +43,20 @@ from typing import Any
 import numpy as np
 
 from pipecat_nemotron.bench.common import normalize_text, read_pcm16, word_errors
+from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.engine.config import LATENCY_MODES
+from pipecat_nemotron.models import TINY_MODEL_PATH
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = REPO / "pipecat_nemotron" / "assets" / "tiny_nemotron_asr.nemo"
+DEFAULT_MODEL = TINY_MODEL_PATH
 CI_MANIFEST = REPO / "tests" / "assets" / "heldout" / "manifest.json"
 FULL_MANIFESTS = {
     "seen_voice": REPO / "data" / "tiny_asr" / "test_seen_voice_manifest.json",
     "unseen_voice": REPO / "data" / "tiny_asr" / "test_unseen_voice_manifest.json",
 }
 # latency mode (ms) -> right attention context in 80 ms encoder frames; left context is 70 frames.
-MODES: dict[int, int] = {80: 0, 160: 1, 560: 6, 1120: 13}
-SAMPLE_RATE = 16000
+MODES: dict[int, int] = LATENCY_MODES
+SAMPLE_RATE = MODEL_SAMPLE_RATE
 
 
 # ------------------------------------------------------------------------------------------------------------

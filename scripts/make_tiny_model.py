@@ -48,14 +48,17 @@ from typing import Any
 
 import numpy as np
 
+from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
+
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO / "data" / "tiny_asr"
 RUN_DIR = REPO / "runs" / "tiny_asr"
-NEMO_OUT = REPO / "pipecat_nemotron" / "assets" / "tiny_nemotron_asr.nemo"
-DEMO_DIR = REPO / "pipecat_nemotron" / "assets" / "demo"
+NEMO_OUT = TINY_MODEL_PATH
+DEMO_DIR = DEMO_AUDIO_DIR
 CI_HELDOUT_DIR = REPO / "tests" / "assets" / "heldout"
 
-SAMPLE_RATE = 16000
+SAMPLE_RATE = MODEL_SAMPLE_RATE
 
 # --------------------------------------------------------------------------------------------------------------
 # Voices. espeak-ng voice = base language/accent + optional "+variant" (formant/pitch personality).

@@ -11,10 +11,9 @@ import pytest
 # Tests run on CPU with two cores; keep torch from oversubscribing them.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
-ASSETS = Path(__file__).resolve().parents[1] / "pipecat_nemotron" / "assets"
-TRAINED_MODEL = ASSETS / "tiny_nemotron_asr.nemo"
-
 from openai_server import openai_server  # noqa: E402,F401  (fixture shared by all test files)
+
+from pipecat_nemotron.models import TINY_MODEL_PATH as TRAINED_MODEL  # noqa: E402,F401  (test modules import it)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

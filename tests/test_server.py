@@ -36,6 +36,8 @@ from websockets.exceptions import ConnectionClosed
 
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.metrics import ASRFinalizeMetricsData
+from pipecat_nemotron.models import DEMO_AUDIO_DIR
+from pipecat_nemotron.models import TINY_MODEL_PATH as TRAINED_MODEL
 from pipecat_nemotron.server.app import ASRServer, ServerConfig, is_loopback, tokens_from
 from pipecat_nemotron.server.protocol import (
     PROTOCOL_VERSION,
@@ -59,9 +61,7 @@ from pipecat_nemotron.stt import NemotronSTTSettings
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 SYNC = pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")
 
-ASSETS = Path(__file__).resolve().parents[1] / "pipecat_nemotron" / "assets"
-TRAINED_MODEL = ASSETS / "tiny_nemotron_asr.nemo"
-DEMO = ASSETS / "demo"
+DEMO = DEMO_AUDIO_DIR
 TOKEN = "test-token-0123456789abcdef"
 
 

@@ -23,13 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.models import TINY_MODEL_PATH
+
 if TYPE_CHECKING:
     from pipecat_nemotron.engine import ASRStream
 
 #: The repository root (when running from a checkout).
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The trained tiny model, used by default when it exists.
-TRAINED_TINY_MODEL = Path(__file__).resolve().parents[1] / "assets" / "tiny_nemotron_asr.nemo"
+TRAINED_TINY_MODEL = TINY_MODEL_PATH
 #: Held-out WAVs of the tiny model (``[{"audio", "text", "split"}]``, paths relative to the manifest).
 HELDOUT_MANIFEST = REPO_ROOT / "tests" / "assets" / "heldout" / "manifest.json"
 #: Default output folder (git-ignored).
@@ -37,7 +40,7 @@ DEFAULT_OUT = Path("bench_out")
 #: Where random-weight models are built once and cached (the 600M one is ~2.5 GB: keep it out of --out).
 DEFAULT_MODELS_DIR = DEFAULT_OUT / "models"
 #: Model sample rate, Hz.
-SAMPLE_RATE = 16000
+SAMPLE_RATE = MODEL_SAMPLE_RATE
 #: Blank-logit bias of random models used for timing (a random joint otherwise emits ~10 tokens per frame).
 TIMING_BLANK_BIAS = 6.0
 #: Printed wherever a random-weight model produces a WER.

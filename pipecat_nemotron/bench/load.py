@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 from loguru import logger
 
+from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.server.protocol import (
     ConfigMessage,
     ErrorMessage,
@@ -53,10 +55,9 @@ from pipecat_nemotron.server.protocol import (
     parse_server_message,
 )
 
-_ASSETS = Path(__file__).resolve().parents[1] / "assets"
-TRAINED_MODEL = _ASSETS / "tiny_nemotron_asr.nemo"
-DEMO_DIR = _ASSETS / "demo"
-SAMPLE_RATE = 16000
+TRAINED_MODEL = TINY_MODEL_PATH
+DEMO_DIR = DEMO_AUDIO_DIR
+SAMPLE_RATE = MODEL_SAMPLE_RATE
 BYTES_PER_MS = 2 * SAMPLE_RATE / 1000
 
 

@@ -7,6 +7,9 @@ import numpy as np
 #: The model's sample rate, Hz.
 MODEL_SAMPLE_RATE = 16000
 
+#: Samples of model-rate audio per millisecond.
+SAMPLES_PER_MS = MODEL_SAMPLE_RATE / 1000.0
+
 #: Input rates accepted besides 16 kHz (resampled), Hz.
 SUPPORTED_SAMPLE_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
 
@@ -124,8 +127,3 @@ class AudioInput:
         self._resampler = None
         self._resampler_rate = None
         return out
-
-
-def pcm16_to_float(pcm: bytes) -> np.ndarray:
-    """Decode little-endian int16 mono PCM into float32 samples in [-1, 1)."""
-    return np.frombuffer(pcm[: len(pcm) - len(pcm) % 2], dtype="<i2").astype(np.float32) * _INT16_SCALE

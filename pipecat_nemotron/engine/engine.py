@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from loguru import logger
 
+from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
 from pipecat_nemotron.engine.config import EngineConfig, validate_latency_ms
 from pipecat_nemotron.engine.errors import CapacityError, EngineNotRunningError, StreamFailedError
 from pipecat_nemotron.engine.scheduler import Scheduler, StepStats
@@ -160,7 +161,7 @@ class NemotronEngine:
 
     async def _warmup(self) -> None:
         rng = np.random.default_rng(0)
-        clip = (rng.standard_normal(int(16000 * _WARMUP_SECONDS)) * 0.01).astype(np.float32)
+        clip = (rng.standard_normal(int(MODEL_SAMPLE_RATE * _WARMUP_SECONDS)) * 0.01).astype(np.float32)
         modes = sorted(self._runner.modes)
         slots = min(len(modes), self.config.max_streams)
         for start in range(0, len(modes), slots):
@@ -214,7 +215,7 @@ class NemotronEngine:
     def chunk_ms(self, latency_ms: int) -> float:
         """Audio per regular step in a latency mode, ms."""
         shape = self._require().runner.shape(latency_ms)
-        return shape.chunk_frames * self._runner.frontend.hop / 16.0
+        return shape.chunk_frames * self._runner.frontend.hop / SAMPLES_PER_MS
 
     def add_step_listener(self, listener: Callable[[StepStats], None]) -> None:
         """Call ``listener`` after every step (benchmarks, metrics). It runs on the event loop: keep it cheap."""
@@ -254,7 +255,7 @@ class NemotronEngine:
         return stream
 
     async def transcribe(
-        self, audio: bytes | np.ndarray, latency_ms: int | None = None, sample_rate: int = 16000
+        self, audio: bytes | np.ndarray, latency_ms: int | None = None, sample_rate: int = MODEL_SAMPLE_RATE
     ) -> FinalTranscript:
         """Transcribe a whole clip by streaming it through the engine (batched with live streams).
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from loguru import logger
 
+from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
 from pipecat_nemotron.engine.errors import StreamClosedError, StreamFailedError
 from pipecat_nemotron.engine.runner import ModelRunner, StepGroup, StepItem
 from pipecat_nemotron.engine.state import StreamState
@@ -251,7 +252,7 @@ class Scheduler:
                     fut.set_result(None)
         queue_max = 0.0
         finals = 0
-        hop_s = self.runner.frontend.hop / 16000.0
+        hop_s = self.runner.frontend.hop / MODEL_SAMPLE_RATE
         for it in items:
             state = it.state
             state.in_flight = False
@@ -303,7 +304,7 @@ class Scheduler:
         final = FinalTranscript(
             text=state.text,
             ttf_ms=ttf_ms,
-            audio_ms=boundary_rel / 16.0,
+            audio_ms=boundary_rel / SAMPLES_PER_MS,
             utterance=utterance,
             latency_ms=state.latency_ms,
             tokens=tuple(state.tokens),

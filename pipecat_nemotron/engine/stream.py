@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
 from pipecat_nemotron.engine.config import validate_latency_ms
 from pipecat_nemotron.engine.errors import InvalidAudioError, StreamClosedError, StreamFailedError
 from pipecat_nemotron.engine.state import PendingFinal, StreamState
@@ -92,7 +93,7 @@ class ASRStream:
         """Audio received but not yet taken into a model step, ms (grows when the engine falls behind)."""
         st = self._state
         consumed = st.segment_origin + st.cursor.next_frame * self._engine.hop_samples
-        return max(0, st.received - consumed) / 16.0
+        return max(0, st.received - consumed) / SAMPLES_PER_MS
 
     @property
     def has_pending_speech(self) -> bool:
@@ -127,7 +128,7 @@ class ASRStream:
     async def push(
         self,
         audio: bytes | bytearray | memoryview | np.ndarray,
-        sample_rate: int = 16000,
+        sample_rate: int = MODEL_SAMPLE_RATE,
         num_channels: int = 1,
     ) -> None:
         """Queue audio for transcription. Returns at once; the scheduler processes it in the next steps.
