@@ -3,16 +3,8 @@
 Importing this package does not import NeMo or torch; the engine loads them on its worker thread.
 """
 
-from pipecat_nemotron.magpie.engine import (
-    AudioChunk,
-    MagpieEngine,
-    MagpieEngineError,
-    MagpieSynthesisError,
-    SharedMagpieEngines,
-    SynthesisStats,
-    SynthesisStream,
-    shared_magpie_engines,
-)
+from pipecat_nemotron.magpie.engine import MagpieEngine
+from pipecat_nemotron.magpie.errors import MagpieEngineError, MagpieSynthesisError
 from pipecat_nemotron.magpie.loading import TTS_EXTRA_HINT, load_magpie_model
 from pipecat_nemotron.magpie.options import (
     DEFAULT_MAGPIE_MODEL,
@@ -22,6 +14,8 @@ from pipecat_nemotron.magpie.options import (
     normalize_language,
     normalize_voice,
 )
+from pipecat_nemotron.magpie.shared import SharedMagpieEngines, shared_magpie_engines
+from pipecat_nemotron.magpie.stream import AudioChunk, SynthesisStats, SynthesisStream
 
 __all__ = [
     "DEFAULT_MAGPIE_MODEL",

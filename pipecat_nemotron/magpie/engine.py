@@ -16,24 +16,26 @@ Several Pipecat sessions (or ``MagpieTTSService`` instances) can share one engin
 the order they were submitted, one at a time, so a long sentence from one session delays the next session's first
 audio by its remaining synthesis time. :data:`shared_magpie_engines` shares engines process-wide by
 (model, device, codec).
+
+Layout: the errors are in :mod:`~pipecat_nemotron.magpie.errors`, the request handle in
+:mod:`~pipecat_nemotron.magpie.stream`, the registry in :mod:`~pipecat_nemotron.magpie.shared`; this module holds
+:class:`MagpieEngine` and still re-exports those names for existing importers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import itertools
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from loguru import logger
 
+from pipecat_nemotron.magpie.errors import MagpieEngineError, MagpieSynthesisError
 from pipecat_nemotron.magpie.loading import (
     check_model_source,
     check_tts_dependencies,
@@ -48,190 +50,24 @@ from pipecat_nemotron.magpie.options import (
     normalize_language,
     normalize_voice,
 )
+from pipecat_nemotron.magpie.stream import AudioChunk, SynthesisStats, SynthesisStream, _Request
 
+if TYPE_CHECKING:
+    from pipecat_nemotron.magpie.streaming import StreamingDecoder
 
-class MagpieSynthesisError(RuntimeError):
-    """A synthesis request failed inside the engine (the engine itself keeps serving)."""
-
-
-class MagpieEngineError(RuntimeError):
-    """The engine could not load its model, or was closed."""
-
-
-@dataclass(frozen=True)
-class AudioChunk:
-    """A piece of synthesised speech.
-
-    Attributes:
-        audio: Mono int16 PCM samples.
-        sample_rate: Sample rate of ``audio``, in Hz (the codec's output rate).
-        first_frame: Index of the first codec frame in this chunk, counted from the start of the request.
-        num_frames: Codec frames in this chunk.
-
-    """
-
-    audio: np.ndarray
-    sample_rate: int
-    first_frame: int
-    num_frames: int
-
-    @property
-    def duration_s(self) -> float:
-        """Duration of the chunk, in seconds."""
-        return len(self.audio) / self.sample_rate
-
-
-_END = object()
+# The request and error names stay importable from here; so do the registry's (see ``__getattr__`` below).
+__all__ = [
+    "AudioChunk",
+    "MagpieEngine",
+    "MagpieEngineError",
+    "MagpieSynthesisError",
+    "SynthesisStats",
+    "SynthesisStream",
+]
 
 
 class _Abort(Exception):
     """Raised from the frame hook to leave NeMo's decoding loop (cancelled, or the frame budget is spent)."""
-
-
-@dataclass
-class _Request:
-    text: str
-    speaker_index: int
-    language: str
-    options: MagpieSynthesisOptions
-    internal: bool = False  # The warm-up request: no truncation warning.
-
-
-@dataclass
-class SynthesisStats:
-    """Timings and counts of one request, filled in by the worker thread.
-
-    Attributes:
-        submitted_at: ``time.perf_counter()`` when the request was submitted.
-        started_at: When the worker started it (None while queued or if skipped).
-        first_audio_at: When its first audio chunk was ready.
-        finished_at: When it ended, whatever the outcome.
-        frames: Codec frames kept (decoded to audio).
-        chunks: Audio chunks emitted.
-
-    """
-
-    submitted_at: float = field(default_factory=time.perf_counter)
-    started_at: float | None = None
-    first_audio_at: float | None = None
-    finished_at: float | None = None
-    frames: int = 0
-    chunks: int = 0
-
-    @property
-    def queue_wait_s(self) -> float | None:
-        """Seconds spent queued behind other requests."""
-        return None if self.started_at is None else self.started_at - self.submitted_at
-
-    @property
-    def time_to_first_audio_s(self) -> float | None:
-        """Seconds from submission to the first audio chunk (includes queueing)."""
-        return None if self.first_audio_at is None else self.first_audio_at - self.submitted_at
-
-
-class SynthesisStream:
-    """Handle on one synthesis request: iterate it for audio chunks, cancel it to stop.
-
-    ``status`` moves from ``"queued"`` to ``"running"`` to one of ``"completed"`` (the model ended the speech),
-    ``"truncated"`` (``max_duration_s`` reached), ``"cancelled"`` or ``"failed"``. Iteration ends after the last
-    chunk; for a failed request it raises :class:`MagpieSynthesisError`. Consume a stream from one place only.
-    """
-
-    _ids = itertools.count(1)
-
-    def __init__(self, request: _Request) -> None:
-        self.id = next(self._ids)
-        self.stats = SynthesisStats()
-        self._request = request
-        self._cancel = threading.Event()
-        self._status = "queued"
-        self._error: BaseException | None = None
-        self._items: collections.deque[Any] = collections.deque()
-        self._cond = threading.Condition()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wakeup: asyncio.Event | None = None
-
-    def __repr__(self) -> str:
-        return f"SynthesisStream#{self.id}({self._status})"
-
-    @property
-    def status(self) -> str:
-        """``"queued"``, ``"running"``, ``"completed"``, ``"truncated"``, ``"cancelled"`` or ``"failed"``."""
-        return self._status
-
-    @property
-    def done(self) -> bool:
-        """Whether the request has ended (its last chunk may still be unread)."""
-        return self._status in ("completed", "truncated", "cancelled", "failed")
-
-    @property
-    def cancelled(self) -> bool:
-        """Whether :meth:`cancel` was called."""
-        return self._cancel.is_set()
-
-    def cancel(self) -> None:
-        """Stop the request: skipped if still queued, stopped at its next codec frame if running. Idempotent."""
-        self._cancel.set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the request has ended; return whether it has. Does not consume chunks."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self.done, timeout)
-
-    # Worker side.
-
-    def _put(self, item: Any) -> None:
-        with self._cond:
-            self._items.append(item)
-            self._cond.notify_all()
-            loop, wakeup = self._loop, self._wakeup
-        if loop is not None and wakeup is not None:
-            with contextlib.suppress(RuntimeError):  # The consumer's loop has closed: nobody is listening.
-                loop.call_soon_threadsafe(wakeup.set)
-
-    def _finish(self, status: str, error: BaseException | None = None) -> None:
-        self.stats.finished_at = time.perf_counter()
-        with self._cond:
-            self._status = status
-            self._error = error
-        self._put(_END)
-
-    # Consumer side.
-
-    def _pop(self) -> Any:
-        item = self._items.popleft()
-        if item is _END:
-            self._items.appendleft(_END)  # Stay ended for repeated iteration.
-            if self._error is not None:
-                raise MagpieSynthesisError(f"Magpie synthesis failed: {self._error}") from self._error
-            raise StopIteration
-        return item
-
-    def __iter__(self) -> Iterator[AudioChunk]:
-        return self
-
-    def __next__(self) -> AudioChunk:
-        with self._cond:
-            self._cond.wait_for(lambda: bool(self._items))
-            return self._pop()
-
-    def __aiter__(self) -> AsyncIterator[AudioChunk]:
-        return self
-
-    async def __anext__(self) -> AudioChunk:
-        while True:
-            with self._cond:
-                if self._items:
-                    try:
-                        return self._pop()
-                    except StopIteration:
-                        raise StopAsyncIteration from None
-                if self._wakeup is None:
-                    self._loop = asyncio.get_running_loop()
-                    self._wakeup = asyncio.Event()
-                self._wakeup.clear()
-                wakeup = self._wakeup
-            await wakeup.wait()
 
 
 class MagpieEngine:
@@ -529,19 +365,12 @@ class MagpieEngine:
     def _synthesize(self, stream: SynthesisStream) -> tuple[str, BaseException | None]:
         """Run one request on the worker thread, streaming its chunks; return its final status and error."""
         import torch
-        from nemo.collections.tts.parts.utils.tts_dataset_utils import (
-            chunk_text_for_inference,
-            get_tokenizer_for_language,
-        )
 
-        from pipecat_nemotron.magpie._nemo_private import frame_hook
         from pipecat_nemotron.magpie.streaming import StreamingDecoder
 
-        model = self._model
         request = stream._request
         options = request.options
-        stats = stream.stats
-        stats.started_at = time.perf_counter()
+        stream.stats.started_at = time.perf_counter()
         stream._status = "running"
         max_frames = options.max_frames(self._sample_rate, self._samples_per_frame)
         decoder = StreamingDecoder(
@@ -551,59 +380,10 @@ class MagpieEngine:
             first_chunk_frames=options.first_chunk_frames,
             chunk_frames=options.chunk_frames,
         )
-
-        def emit(audio: np.ndarray | None) -> None:
-            if audio is None:
-                return
-            num_frames = len(audio) // self._samples_per_frame
-            first_frame = decoder.emitted_frames - num_frames
-            if stats.first_audio_at is None:
-                stats.first_audio_at = time.perf_counter()
-            stats.chunks += 1
-            stream._put(AudioChunk(audio, self._sample_rate, first_frame, num_frames))
-
-        def on_frames(frames: torch.Tensor) -> None:
-            if stream.cancelled:
-                raise _Abort("cancelled")
-            for i in range(frames.shape[-1]):
-                frame = frames[:, i]
-                if bool((frame >= model.codebook_size).any()):
-                    continue  # Special tokens (end of speech) carry no audio.
-                stats.frames += 1
-                emit(decoder.push(frame))
-                if stats.frames >= max_frames:
-                    raise _Abort("truncated")
-
+        on_frames = self._frame_callback(stream, decoder, max_frames)
         status = "completed"
         try:
-            tokenizer_name = get_tokenizer_for_language(
-                request.language, list(model.tokenizer.tokenizers.keys())
-            )
-            chunks, chunk_lens, _ = chunk_text_for_inference(
-                text=request.text,
-                language=request.language,
-                tokenizer_name=tokenizer_name,
-                text_tokenizer=model.tokenizer,
-                eos_token_id=model.eos_id,
-            )
-            use_local_transformer = str(getattr(model.local_transformer_type, "value", "none")) != "none"
-            device = next(model.parameters()).device
-            with torch.inference_mode(), frame_hook(model, on_frames):
-                chunk_state = model.create_chunk_state(batch_size=1)
-                for index, (tokens, tokens_len) in enumerate(zip(chunks, chunk_lens, strict=True)):
-                    batch = {
-                        "text": tokens.unsqueeze(0).to(device),
-                        "text_lens": torch.tensor([tokens_len], device=device, dtype=torch.long),
-                        "speaker_indices": request.speaker_index,
-                    }
-                    model.generate_speech(
-                        batch,
-                        chunk_state=chunk_state,
-                        end_of_text=[index == len(chunks) - 1],
-                        beginning_of_text=index == 0,
-                        use_cfg=options.use_cfg,
-                        use_local_transformer_for_inference=use_local_transformer,
-                    )
+            self._generate(request, on_frames)
         except _Abort as abort:
             status = str(abort)
         except Exception as e:
@@ -613,7 +393,7 @@ class MagpieEngine:
             return status, None
         try:
             with torch.inference_mode():
-                emit(decoder.flush())
+                self._emit(stream, decoder, decoder.flush())
         except Exception as e:
             logger.opt(exception=e).error(f"{self}: decoding #{stream.id} failed: {e}")
             return "failed", e
@@ -624,126 +404,82 @@ class MagpieEngine:
             )
         return status, None
 
+    def _emit(self, stream: SynthesisStream, decoder: StreamingDecoder, audio: np.ndarray | None) -> None:
+        """Hand one decoded chunk (None: nothing decoded yet) to the stream, counting it in its stats."""
+        if audio is None:
+            return
+        stats = stream.stats
+        num_frames = len(audio) // self._samples_per_frame
+        first_frame = decoder.emitted_frames - num_frames
+        if stats.first_audio_at is None:
+            stats.first_audio_at = time.perf_counter()
+        stats.chunks += 1
+        stream._put(AudioChunk(audio, self._sample_rate, first_frame, num_frames))
 
-_EngineKey = tuple[str, str, str | None]
+    def _frame_callback(
+        self, stream: SynthesisStream, decoder: StreamingDecoder, max_frames: int
+    ) -> Callable[[Any], None]:
+        """The per-frame hook: decode audio frames as they come; raise :class:`_Abort` on cancel or budget spent."""
+        model = self._model
+        stats = stream.stats
 
+        def on_frames(frames: Any) -> None:
+            if stream.cancelled:
+                raise _Abort("cancelled")
+            for i in range(frames.shape[-1]):
+                frame = frames[:, i]
+                if bool((frame >= model.codebook_size).any()):
+                    continue  # Special tokens (end of speech) carry no audio.
+                stats.frames += 1
+                self._emit(stream, decoder, decoder.push(frame))
+                if stats.frames >= max_frames:
+                    raise _Abort("truncated")
 
-class SharedMagpieEngines:
-    """Ref-counted engines keyed by (model, device, codec): services naming the same ones share one loaded model.
+        return on_frames
 
-    An engine stays loaded when its last user releases it (a bot server keeps serving sessions without reloading),
-    unless ``unload_when_unused`` is set; :meth:`close_all` stops every engine at process shutdown. Thread-safe.
-    """
+    def _generate(self, request: _Request, on_frames: Callable[[Any], None]) -> None:
+        """Split the text as NeMo's ``do_tts`` does and generate it chunk by chunk; ``on_frames`` sees each frame."""
+        import torch
+        from nemo.collections.tts.parts.utils.tts_dataset_utils import (
+            chunk_text_for_inference,
+            get_tokenizer_for_language,
+        )
 
-    def __init__(self, unload_when_unused: bool = False) -> None:
-        """Create an empty registry.
+        from pipecat_nemotron.magpie._nemo_private import frame_hook
 
-        Args:
-            unload_when_unused: Close an engine (freeing its model) when its last user releases it.
-
-        """
-        self.unload_when_unused = unload_when_unused
-        self._lock = threading.Lock()
-        self._engines: dict[_EngineKey, MagpieEngine] = {}
-        self._refs: dict[int, int] = {}
-        # Engines loaded by :meth:`preload`: each holds one reference for the life of the process.
-        self._pinned: set[int] = set()
-
-    def acquire(
-        self,
-        model: str = DEFAULT_MAGPIE_MODEL,
-        *,
-        device: str = "auto",
-        codec_model_path: str | None = None,
-        **engine_kwargs: Any,
-    ) -> MagpieEngine:
-        """Return the engine for (model, device, codec), creating it (and starting its load) on first use.
-
-        Call :meth:`release` once per acquire. An engine whose load failed is replaced on the next acquire.
-
-        Args:
-            model: Hub id or ``.nemo`` path.
-            device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (``"auto"`` is resolved before lookup).
-            codec_model_path: Optional codec override (part of the key).
-            **engine_kwargs: Further :class:`MagpieEngine` arguments, used only when the engine is created.
-
-        Returns:
-            The shared engine (possibly still loading: see :meth:`MagpieEngine.wait_ready`).
-
-        """
-        key = (model, resolve_device(device), codec_model_path)
-        with self._lock:
-            engine = self._engines.get(key)
-            if engine is None or engine.closed or engine._load_error is not None:
-                engine = MagpieEngine(
-                    model, device=key[1], codec_model_path=codec_model_path, **engine_kwargs
+        model = self._model
+        tokenizer_name = get_tokenizer_for_language(request.language, list(model.tokenizer.tokenizers.keys()))
+        chunks, chunk_lens, _ = chunk_text_for_inference(
+            text=request.text,
+            language=request.language,
+            tokenizer_name=tokenizer_name,
+            text_tokenizer=model.tokenizer,
+            eos_token_id=model.eos_id,
+        )
+        use_local_transformer = str(getattr(model.local_transformer_type, "value", "none")) != "none"
+        device = next(model.parameters()).device
+        with torch.inference_mode(), frame_hook(model, on_frames):
+            chunk_state = model.create_chunk_state(batch_size=1)
+            for index, (tokens, tokens_len) in enumerate(zip(chunks, chunk_lens, strict=True)):
+                batch = {
+                    "text": tokens.unsqueeze(0).to(device),
+                    "text_lens": torch.tensor([tokens_len], device=device, dtype=torch.long),
+                    "speaker_indices": request.speaker_index,
+                }
+                model.generate_speech(
+                    batch,
+                    chunk_state=chunk_state,
+                    end_of_text=[index == len(chunks) - 1],
+                    beginning_of_text=index == 0,
+                    use_cfg=request.options.use_cfg,
+                    use_local_transformer_for_inference=use_local_transformer,
                 )
-                self._engines[key] = engine
-            self._refs[id(engine)] = self._refs.get(id(engine), 0) + 1
-            return engine
-
-    async def preload(
-        self,
-        model: str = DEFAULT_MAGPIE_MODEL,
-        *,
-        device: str = "auto",
-        codec_model_path: str | None = None,
-        **engine_kwargs: Any,
-    ) -> MagpieEngine:
-        """Load and warm up the engine for (model, device, codec) now and keep it loaded for the process.
-
-        Call it at process start so no session waits for the model (``MagpieTTSService.start`` waits for a
-        loading model, and Pipecat gives a pipeline's ``StartFrame`` only 20 s). Arguments as :meth:`acquire`.
-
-        Raises:
-            MagpieEngineError: Loading failed (the cause is chained).
-
-        """
-        started = time.perf_counter()
-        logger.info(f"Loading the Magpie TTS model {model} ({device}) at process start...")
-        engine = self.acquire(model, device=device, codec_model_path=codec_model_path, **engine_kwargs)
-        try:
-            await engine.wait_ready()
-        except BaseException:
-            self.release(engine)
-            raise
-        with self._lock:
-            if id(engine) in self._pinned:
-                self._refs[id(engine)] -= 1  # one process-lifetime reference is enough
-            self._pinned.add(id(engine))
-        logger.info(f"Magpie TTS model {model} ready after {time.perf_counter() - started:.1f} s")
-        return engine
-
-    def release(self, engine: MagpieEngine) -> None:
-        """Drop one reference to ``engine``; at zero, close it if ``unload_when_unused`` (or if it was replaced)."""
-        with self._lock:
-            refs = self._refs.get(id(engine), 0) - 1
-            if refs > 0:
-                self._refs[id(engine)] = refs
-                return
-            self._refs.pop(id(engine), None)
-            registered = engine in self._engines.values()
-            if registered and not self.unload_when_unused:
-                return
-            for key in [k for k, e in self._engines.items() if e is engine]:
-                del self._engines[key]
-        engine.close()
-
-    def refs(self, engine: MagpieEngine) -> int:
-        """Current users of ``engine``."""
-        with self._lock:
-            return self._refs.get(id(engine), 0)
-
-    def close_all(self) -> None:
-        """Close every engine (process shutdown)."""
-        with self._lock:
-            engines = list(self._engines.values())
-            self._engines.clear()
-            self._refs.clear()
-            self._pinned.clear()
-        for engine in engines:
-            engine.close()
 
 
-shared_magpie_engines = SharedMagpieEngines()
-"""The registry ``MagpieTTSService`` uses."""
+def __getattr__(name: str) -> Any:
+    """The registry's names, from :mod:`~pipecat_nemotron.magpie.shared` (which imports this module), lazily."""
+    if name in ("SharedMagpieEngines", "shared_magpie_engines"):
+        from pipecat_nemotron.magpie import shared
+
+        return getattr(shared, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
