@@ -55,7 +55,7 @@ from pipecat_nemotron.magpie.stream import AudioChunk, SynthesisStats, Synthesis
 if TYPE_CHECKING:
     from pipecat_nemotron.magpie.streaming import StreamingDecoder
 
-# The request and error names stay importable from here; so do the registry's (see ``__getattr__`` below).
+# The request and error names stay importable from here (the registry is in ``magpie.shared``).
 __all__ = [
     "AudioChunk",
     "MagpieEngine",
@@ -474,12 +474,3 @@ class MagpieEngine:
                     use_cfg=request.options.use_cfg,
                     use_local_transformer_for_inference=use_local_transformer,
                 )
-
-
-def __getattr__(name: str) -> Any:
-    """The registry's names, from :mod:`~pipecat_nemotron.magpie.shared` (which imports this module), lazily."""
-    if name in ("SharedMagpieEngines", "shared_magpie_engines"):
-        from pipecat_nemotron.magpie import shared
-
-        return getattr(shared, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
