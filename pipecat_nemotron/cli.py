@@ -143,7 +143,8 @@ def _serve(args: argparse.Namespace) -> int:
     from loguru import logger
 
     from pipecat_nemotron.engine import EngineConfig
-    from pipecat_nemotron.server.app import ServerConfig, run_server, tokens_from
+    from pipecat_nemotron.server.config import ServerConfig, tokens_from
+    from pipecat_nemotron.server.run import run_server
 
     logger.remove()
     # diagnose=False: loguru would otherwise print the values of the variables on every line of a crash's

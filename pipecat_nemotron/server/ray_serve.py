@@ -12,7 +12,7 @@ Example (a node with 4 GPUs)::
     import ray
     from ray import serve
     from pipecat_nemotron.engine import EngineConfig
-    from pipecat_nemotron.server.app import ServerConfig
+    from pipecat_nemotron.server.config import ServerConfig
     from pipecat_nemotron.server.ray_serve import build_app
 
     ray.init()
@@ -33,11 +33,12 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from pipecat_nemotron.engine import EngineConfig
-from pipecat_nemotron.server.app import ASRService, ServerConfig, tokens_from
+from pipecat_nemotron.server.config import ServerConfig, tokens_from
 from pipecat_nemotron.server.metrics import METRICS_CONTENT_TYPE
 from pipecat_nemotron.server.protocol import PROTOCOL_VERSION
 from pipecat_nemotron.server.security import Secret
-from pipecat_nemotron.server.session import Incoming, remote_of
+from pipecat_nemotron.server.service import ASRService
+from pipecat_nemotron.server.transport import Incoming, remote_of
 
 if TYPE_CHECKING:
     from ray.serve import Application
@@ -48,7 +49,7 @@ HTTP_HEADROOM = 0
 
 
 class StarletteTransport:
-    """:class:`~pipecat_nemotron.server.session.Transport` over a Starlette ``WebSocket`` (already accepted).
+    """:class:`~pipecat_nemotron.server.transport.Transport` over a Starlette ``WebSocket`` (already accepted).
 
     Args:
         ws: The accepted WebSocket.

@@ -1,20 +1,23 @@
 """One ASR session: a WebSocket connection bound to one engine stream, independent of the web framework.
 
-The aiohttp server (:mod:`pipecat_nemotron.server.app`) and the Ray Serve deployment
+The aiohttp server (:mod:`pipecat_nemotron.server.aiohttp_server`) and the Ray Serve deployment
 (:mod:`pipecat_nemotron.server.ray_serve`) both adapt their WebSocket object to :class:`Transport` and run a
 :class:`Session` on it. The session enforces the per-connection limits: config timeout, idle timeout, pacing
 (audio no faster than real time plus a burst, control messages no faster than a rate plus a burst),
 engine-backlog guard, send timeout, and the protocol itself. A session whose client has gone ends at once,
 even while its reads are paused, and its undecoded audio is dropped.
+
+Its parts: :mod:`~pipecat_nemotron.server.transport` (the connection it runs on),
+:mod:`~pipecat_nemotron.server.pacing` (read pacing and the backlog guard),
+:mod:`~pipecat_nemotron.server.positions` (exact audio positions of results) and
+:mod:`~pipecat_nemotron.server.errors` (the exceptions that end a session).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING
 
 from loguru import logger
 
@@ -22,20 +25,20 @@ from pipecat_nemotron.engine import (
     ASRStream,
     CapacityError,
     EngineNotRunningError,
-    FinalTranscript,
     InvalidAudioError,
     NemotronEngineError,
     StreamClosedError,
     StreamFailedError,
-    TranscriptUpdate,
 )
+from pipecat_nemotron.server.errors import ClientGone, SessionError
+from pipecat_nemotron.server.pacing import Pacer
+from pipecat_nemotron.server.positions import AudioPositions
 from pipecat_nemotron.server.protocol import (
     CloseCode,
     CloseMessage,
     ConfigMessage,
     ErrorMessage,
     FinalizeMessage,
-    FinalMessage,
     KeepaliveMessage,
     LatencyMessage,
     PartialMessage,
@@ -48,83 +51,13 @@ from pipecat_nemotron.server.protocol import (
     parse_client_message,
 )
 from pipecat_nemotron.server.security import log_safe
+from pipecat_nemotron.server.transport import Incoming, Transport, remote_of
 
 if TYPE_CHECKING:
-    from pipecat_nemotron.server.app import ASRService
+    from pipecat_nemotron.server.service import ASRService
 
-IncomingKind = Literal["text", "binary", "closed", "too_big", "error"]
-
-#: How often a session whose reads are paused checks that its client is still connected, s.
-GONE_POLL_S = 0.05
-
-
-@dataclass(frozen=True, slots=True, repr=False)
-class Incoming:
-    """One thing received from a client.
-
-    ``repr`` shows only the kind and size: a config message's text may carry a bearer token, and ``slots``
-    keeps loguru's traceback annotations (``diagnose``) from reading ``data`` either.
-
-    Attributes:
-        kind: ``text`` / ``binary`` message, ``closed`` (the client closed or vanished), ``too_big`` (over the
-            size limit), ``error`` (a transport error).
-        data: The message (text or bytes) or an error description.
-
-    """
-
-    kind: IncomingKind
-    data: str | bytes = b""
-
-    def __repr__(self) -> str:
-        return f"Incoming(kind={self.kind!r}, {len(self.data)} {'chars' if isinstance(self.data, str) else 'bytes'})"
-
-
-class Transport(Protocol):
-    """What a session needs from a WebSocket connection (already accepted)."""
-
-    @property
-    def closed(self) -> bool:
-        """True once the connection is closed or closing."""
-        ...
-
-    async def receive(self, timeout: float | None) -> Incoming:
-        """Next message; raises ``TimeoutError`` after ``timeout`` seconds without one."""
-        ...
-
-    def peer_gone(self) -> bool:
-        """True once the client's end is gone or going (reset, FIN, closed), without reading any message.
-
-        A session whose reads are paused (pacing, backlog) polls this to end at once when its client leaves.
-        """
-        ...
-
-    async def send_text(self, text: str) -> None:
-        """Send one text message.
-
-        Raises:
-            ConnectionError: The connection is closing or gone.
-
-        """
-        ...
-
-    async def close(self, code: int, reason: str) -> None:
-        """Close the connection with ``code`` (idempotent)."""
-        ...
-
-
-class SessionError(Exception):
-    """Ends a session with a close code and an ``error`` message.
-
-    Args:
-        code: The close code.
-        message: Human-readable explanation (sent to the client).
-
-    """
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = int(code)
-        self.message = message
+# Incoming, Transport, remote_of, SessionError: re-exported (their home was this module).
+__all__ = ["Incoming", "Session", "SessionError", "Transport", "remote_of"]
 
 
 class Session:
@@ -163,19 +96,12 @@ class Session:
         self.close_code: int | None = None
         self._finals_event = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
-        self._credit_ms = service.config.burst_ms
-        self._credit_at = time.monotonic()
-        self._control_credit = float(service.config.control_burst)
+        self._pacer = Pacer(service, transport, lambda: self.backlog_ms)
         #: JSON messages after the config that this session handled (finalize, set_latency, keepalive, close).
         self.control_messages = 0
         self._released = False
         self._send_lock = asyncio.Lock()
-        # Exact audio positions: finals carry the utterance's exact length (samples), decoded frames only
-        # 10 ms resolution, so positions are the sum of exact utterance lengths plus the current utterance's
-        # decoded frames (no error accumulates over utterances).
-        self._final_futures: deque[asyncio.Future[FinalTranscript]] = deque()
-        self._base_ms = 0.0
-        self._decoded_at_final_ms = 0.0
+        self._positions = AudioPositions()
 
     # ---- public -------------------------------------------------------------------------------------------
 
@@ -225,7 +151,7 @@ class Session:
                 self._forward_results(self.stream), name=f"asr-session-{self.session_id}-results"
             )
             await self._read_loop()
-        except _ClientGone:
+        except ClientGone:
             if self.close_code is None:
                 self.close_code = CloseCode.NORMAL
         except SessionError as e:
@@ -250,7 +176,7 @@ class Session:
         try:
             self.config = await self._receive_config()
             return True
-        except _ClientGone:
+        except ClientGone:
             if self.close_code is None:
                 self.close_code = CloseCode.NORMAL
         except SessionError as e:
@@ -299,7 +225,7 @@ class Session:
                 CloseCode.IDLE_TIMEOUT, f"no config message within {cfg.config_timeout_s:g} s"
             ) from None
         if incoming.kind in ("closed", "error"):
-            raise _ClientGone()
+            raise ClientGone()
         if incoming.kind == "too_big":
             raise SessionError(CloseCode.MESSAGE_TOO_BIG, self._too_big_message())
         if incoming.kind != "text":
@@ -335,7 +261,7 @@ class Session:
                 return engine.open_stream(latency_ms=config.latency_ms)
             except CapacityError:
                 # Admitted because a session whose client just left no longer counts: its stream closes
-                # within a poll interval (GONE_POLL_S) of that. Wait for it, briefly, rather than refuse.
+                # within a poll interval (pacing.GONE_POLL_S) of that. Wait for it, briefly, rather than refuse.
                 if not await self.service.engine_slot_freed(timeout_s=1.0):
                     raise
                 return engine.open_stream(latency_ms=config.latency_ms)
@@ -351,7 +277,7 @@ class Session:
     async def _read_loop(self) -> None:
         cfg = self.service.config
         while True:
-            await self._pace()
+            await self._pacer.pace()
             try:
                 incoming = await self.transport.receive(timeout=cfg.idle_timeout_s)
             except (asyncio.TimeoutError, TimeoutError):
@@ -371,7 +297,7 @@ class Session:
                 await self._on_audio(incoming.data)  # type: ignore[arg-type]
                 continue
             self.control_messages += 1
-            self._control_credit -= 1.0
+            self._pacer.control_credit -= 1.0
             try:
                 msg = parse_client_message(incoming.data)
             except ProtocolError as e:
@@ -394,7 +320,7 @@ class Session:
             return
         ms = len(data) / self.config.bytes_per_ms
         self.audio_ms += ms
-        self._credit_ms -= ms
+        self._pacer.credit_ms -= ms
         self.service.metrics.audio_seconds.inc(ms / 1000.0)
         try:
             await self.stream.push(
@@ -416,7 +342,7 @@ class Session:
         except StreamClosedError:
             raise SessionError(CloseCode.INTERNAL, "the ASR stream was closed by the server") from None
         self.finals_requested += 1
-        self._final_futures.append(future)
+        self._positions.final_requested(future)
         # The final is delivered through the updates iterator; only observe the future's error here.
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
@@ -432,59 +358,6 @@ class Session:
             return
         applied = "now" if self.stream.latency_ms == latency_ms else "next_utterance"
         await self._send(LatencyMessage(latency_ms=latency_ms, applied=applied))
-
-    async def _pace(self) -> None:
-        """Pause reading (TCP backpressure throttles the client) while it is ahead of its allowance or backlogged.
-
-        Two token buckets: audio may run ``burst_ms`` ahead of real time, refilled at ``max_speed`` x real time;
-        JSON control messages may come ``control_burst`` at once, refilled at ``max_control_rate`` per second
-        (each ``finalize`` and ``set_latency`` costs engine and event-loop time, so a flood of them would delay
-        every other session's results). Separately, reading pauses while the engine holds more than
-        ``max_backlog_ms`` of this session's audio, and the session is dropped (4029) if that lasts
-        ``backlog_timeout_s``. A paused session costs no engine time, so it never slows the others; it polls
-        its connection and ends at once if the client has gone (raising :class:`_ClientGone`).
-        """
-        cfg = self.service.config
-        now = time.monotonic()
-        elapsed_s = now - self._credit_at
-        self._credit_at = now
-        self._credit_ms = min(cfg.burst_ms, self._credit_ms + elapsed_s * 1000.0 * cfg.max_speed)
-        self._control_credit = min(
-            float(cfg.control_burst), self._control_credit + elapsed_s * cfg.max_control_rate
-        )
-        wait_s = 0.0
-        if self._credit_ms < 0:
-            wait_s = -self._credit_ms / (1000.0 * cfg.max_speed)
-        if self._control_credit < 1.0:
-            wait_s = max(wait_s, (1.0 - self._control_credit) / cfg.max_control_rate)
-        if wait_s > 0:
-            self.service.metrics.throttled_seconds.inc(wait_s)
-            await self._sleep_unless_gone(wait_s)
-        if self.backlog_ms > cfg.max_backlog_ms:
-            started = time.monotonic()
-            resume_ms = cfg.max_backlog_ms / 2
-            while self.backlog_ms > resume_ms:
-                waited = time.monotonic() - started
-                if waited > cfg.backlog_timeout_s:
-                    self.service.metrics.throttled_seconds.inc(waited)
-                    raise SessionError(
-                        CloseCode.BACKLOG,
-                        f"the session stayed more than {cfg.max_backlog_ms:g} ms behind real time for "
-                        f"{cfg.backlog_timeout_s:g} s (server overloaded)",
-                    )
-                await self._sleep_unless_gone(0.02)
-            self.service.metrics.throttled_seconds.inc(time.monotonic() - started)
-
-    async def _sleep_unless_gone(self, seconds: float) -> None:
-        """Sleep ``seconds``, checking the connection every ``GONE_POLL_S``; raise ``_ClientGone`` when it is gone."""
-        deadline = time.monotonic() + seconds
-        while True:
-            if self.transport.peer_gone():
-                raise _ClientGone()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            await asyncio.sleep(min(remaining, GONE_POLL_S))
 
     async def _close_gracefully(self) -> None:
         """After a client ``close``: send the finals still owed (bounded wait), then close with 1000."""
@@ -517,7 +390,7 @@ class Session:
         try:
             async for update in stream.updates():
                 if update.is_final:
-                    await self._send(self._final_message(update, stream))
+                    await self._send(self._positions.final_message(update, stream))
                     self.finals_sent += 1
                     self._finals_event.set()
                     metrics.finalize_seconds.observe((update.ttf_ms or 0.0) / 1000.0)
@@ -533,13 +406,13 @@ class Session:
                                 utterance=update.utterance,
                                 text=update.text,
                                 latency_ms=update.latency_ms,
-                                audio_ms=self._position_ms(stream),
+                                audio_ms=self._positions.position_ms(stream),
                                 queue_ms=update.queue_ms,
                                 step_ms=update.step_ms,
                                 lag_ms=update.lag_ms,
                             )
                         )
-        except _ClientGone:
+        except ClientGone:
             pass  # the client went away; the reader (or its pacing) sees it too
         except SessionError as e:  # from _send: the client stopped reading
             await self.fail(e.code, e.message)
@@ -552,34 +425,12 @@ class Session:
                 logger.exception(f"ASR session {self.session_id}: sending results failed: {e!r}")
                 await self.fail(CloseCode.INTERNAL, f"internal server error: {type(e).__name__}")
 
-    def _position_ms(self, stream: ASRStream) -> float:
-        """Session audio decoded so far, ms: exact up to the last final, then 10 ms resolution."""
-        return self._base_ms + max(0.0, stream.audio_seconds * 1000.0 - self._decoded_at_final_ms)
-
-    def _final_message(self, update: TranscriptUpdate, stream: ASRStream) -> FinalMessage:
-        decoded_ms = stream.audio_seconds * 1000.0
-        utterance_ms = max(0.0, decoded_ms - self._decoded_at_final_ms)
-        future = self._final_futures.popleft() if self._final_futures else None
-        if future is not None and future.done() and not future.cancelled() and future.exception() is None:
-            utterance_ms = future.result().audio_ms
-        self._base_ms += utterance_ms
-        self._decoded_at_final_ms = decoded_ms
-        return FinalMessage(
-            utterance=update.utterance,
-            text=update.text,
-            latency_ms=update.latency_ms,
-            audio_ms=self._base_ms,
-            utterance_audio_ms=utterance_ms,
-            ttf_ms=update.ttf_ms or 0.0,
-            step_ms=update.step_ms,
-        )
-
     async def _send(self, msg: ServerMessage) -> None:
         """Send one message; every send of the session goes through here.
 
         Raises:
             SessionError: 4008, the send blocked ``send_timeout_s`` (the client stopped reading).
-            _ClientGone: The connection is closing or was reset (the client left; nothing to report).
+            ClientGone: The connection is closing or was reset (the client left; nothing to report).
 
         """
         text = dump_server_message(msg)
@@ -593,7 +444,7 @@ class Session:
                     f"the client stopped reading results (a send blocked {timeout_s:g} s)",
                 ) from None
             except ConnectionError:
-                raise _ClientGone() from None
+                raise ClientGone() from None
 
     # ---- closing ------------------------------------------------------------------------------------------
 
@@ -638,17 +489,3 @@ class Session:
             f"{self.audio_ms / 1000.0:.1f} s of audio, {self.finals_sent} final(s)"
             + (f", dropped {dropped_ms / 1000.0:.1f} s of undecoded audio" if dropped_ms >= 50.0 else "")
         )
-
-
-class _ClientGone(SessionError):
-    """The client closed before sending its config (not an error worth a message)."""
-
-    def __init__(self) -> None:
-        super().__init__(CloseCode.NORMAL, "")
-
-
-def remote_of(peer: object) -> str:
-    """Format a peer address (tuple or string) for logs."""
-    if isinstance(peer, tuple) and len(peer) >= 2:
-        return f"{peer[0]}:{peer[1]}"
-    return str(peer) if peer else "?"

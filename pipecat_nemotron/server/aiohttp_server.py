@@ -1,0 +1,349 @@
+"""The aiohttp layer of the ASR server: :class:`ASRServer` and its WebSocket/HTTP handlers.
+
+:class:`ASRServer` puts an :class:`~pipecat_nemotron.server.service.ASRService` behind an aiohttp web
+server (endpoints: :mod:`pipecat_nemotron.server.app`). :class:`AiohttpTransport` adapts an aiohttp
+WebSocket to the session's :class:`~pipecat_nemotron.server.transport.Transport`, and
+:class:`HandshakeGuard` closes connections that do not complete their HTTP request in time (slowloris).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp.http_websocket import WebSocketError
+from loguru import logger
+
+from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+from pipecat_nemotron.server.config import ServerConfig
+from pipecat_nemotron.server.metrics import METRICS_CONTENT_TYPE, ServerMetrics
+from pipecat_nemotron.server.protocol import (
+    PROTOCOL_VERSION,
+    CloseCode,
+    ErrorMessage,
+    close_reason,
+    dump_server_message,
+)
+from pipecat_nemotron.server.security import Secret
+from pipecat_nemotron.server.service import ASRService
+from pipecat_nemotron.server.transport import Incoming, remote_of
+
+
+class _ASRWebSocketResponse(web.WebSocketResponse):
+    """aiohttp closes an oversize message's connection with 1009 itself; map that to the protocol's 4009."""
+
+    too_big_message = "message too big"
+
+    async def close(self, *, code: int = WSCloseCode.OK, message: bytes = b"", drain: bool = True) -> bool:
+        if code == WSCloseCode.MESSAGE_TOO_BIG:
+            code = CloseCode.MESSAGE_TOO_BIG
+            reason = close_reason(code)
+            message = reason.encode()
+            if not self.closed:
+                try:
+                    text = dump_server_message(
+                        ErrorMessage(code=int(code), reason=reason, message=self.too_big_message)
+                    )
+                    await asyncio.wait_for(self.send_str(text), 1.0)
+                except Exception:
+                    pass
+        return await super().close(code=code, message=message, drain=drain)
+
+
+class AiohttpTransport:
+    """:class:`~pipecat_nemotron.server.transport.Transport` over an aiohttp ``WebSocketResponse``.
+
+    Args:
+        ws: The prepared WebSocket.
+        request: Its HTTP request (its TCP transport tells whether the client is still there).
+
+    """
+
+    def __init__(self, ws: web.WebSocketResponse, request: web.BaseRequest) -> None:
+        self.ws = ws
+        self.request = request
+
+    @property
+    def closed(self) -> bool:
+        """True once closed or closing."""
+        return self.ws.closed
+
+    def peer_gone(self) -> bool:
+        """True once the TCP connection is closed or closing (reset, FIN, or closed by us), read or not."""
+        transport = self.request.transport
+        return transport is None or transport.is_closing()
+
+    async def receive(self, timeout: float | None) -> Incoming:
+        """Next data message (pings are answered by aiohttp)."""
+        msg = await self.ws.receive(timeout=timeout)
+        if msg.type is WSMsgType.BINARY:
+            return Incoming("binary", msg.data)
+        if msg.type is WSMsgType.TEXT:
+            return Incoming("text", msg.data)
+        if msg.type is WSMsgType.ERROR:
+            exc = msg.data
+            if isinstance(exc, WebSocketError) and exc.code == WSCloseCode.MESSAGE_TOO_BIG:
+                return Incoming("too_big", str(exc))
+            return Incoming("error", repr(exc))
+        return Incoming("closed")
+
+    async def send_text(self, text: str) -> None:
+        """Send a text message (aiohttp raises ``ConnectionResetError`` on a closing connection)."""
+        await self.ws.send_str(text)
+
+    async def close(self, code: int, reason: str) -> None:
+        """Close with ``code``."""
+        await self.ws.close(code=code, message=reason.encode()[:123])
+
+
+class ASRServer:
+    """The aiohttp server around an :class:`ASRService` (one engine; WebSocket and HTTP on one port).
+
+    Example::
+
+        server = ASRServer(EngineConfig(model="tiny.nemo", device="cpu", max_streams=8),
+                           ServerConfig(insecure=True, port=0))
+        await server.start()          # returns once the model is warm (wait_ready=True)
+        print(server.url)             # ws://127.0.0.1:PORT/v1/asr
+        ...
+        await server.stop()
+
+    Args:
+        engine: The engine (or its config) to serve.
+        config: Limits and security.
+        metrics: Metrics registry holder (default: a new one).
+
+    """
+
+    def __init__(
+        self,
+        engine: NemotronEngine | EngineConfig,
+        config: ServerConfig | None = None,
+        metrics: ServerMetrics | None = None,
+    ) -> None:
+        self.config = config or ServerConfig(insecure=True)
+        self.service = ASRService(self.config, engine, metrics)
+        self._guard = HandshakeGuard(self.config.handshake_timeout_s, self.service.metrics)
+        self.app = web.Application(middlewares=[self._guard.middleware])
+        self.app.add_routes(
+            [
+                web.get(self.config.path, self._ws_handler),
+                web.get("/healthz", self._healthz),
+                web.get("/readyz", self._readyz),
+                web.get("/metrics", self._metrics),
+                web.get("/v1/info", self._info),
+            ]
+        )
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._start_task: asyncio.Task[None] | None = None
+        self.port = self.config.port
+
+    @property
+    def engine(self) -> NemotronEngine:
+        """The served engine."""
+        return self.service.engine
+
+    @property
+    def url(self) -> str:
+        """WebSocket URL of a session (after :meth:`start`)."""
+        host = self.config.host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"ws://{host}:{self.port}{self.config.path}"
+
+    @property
+    def http_url(self) -> str:
+        """Base HTTP URL (after :meth:`start`)."""
+        return self.url.replace("ws://", "http://", 1).removesuffix(self.config.path)
+
+    async def start(self, wait_ready: bool = True) -> None:
+        """Bind the port (health endpoints answer at once), then load and warm up the model.
+
+        Args:
+            wait_ready: Return only once the model is ready (else it loads in the background; ``/readyz``
+                tells when).
+
+        Raises:
+            ModelLoadError: With ``wait_ready``, when the model cannot be loaded.
+
+        """
+        # keepalive_timeout: idle keep-alive connections close after it (and, from aiohttp 3.14.x, a connection
+        # that never sends a request too); the HandshakeGuard covers the rest on every aiohttp version.
+        self._runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=self.config.keepalive_timeout_s,
+        )
+        await self._runner.setup()
+        self._site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        await self._site.start()
+        self._guard.start(self._runner.server)
+        server = getattr(self._site, "_server", None)
+        if server is not None and server.sockets:
+            self.port = server.sockets[0].getsockname()[1]
+        logger.info(f"ASR server listening on {self.url} (health on {self.http_url}/healthz)")
+        self._start_task = asyncio.get_running_loop().create_task(
+            self.service.start(), name="asr-engine-start"
+        )
+        if wait_ready:
+            await self._start_task
+
+    async def wait_ready(self) -> None:
+        """Wait until the model is loaded and warm (raises if loading failed)."""
+        if self._start_task is not None:
+            await self._start_task
+
+    async def stop(self, drain_timeout_s: float | None = None) -> None:
+        """Drain sessions (see :meth:`ASRService.stop`), stop the engine if owned, and release the port."""
+        if self._start_task is not None and not self._start_task.done():
+            self._start_task.cancel()
+        await self.service.stop(drain_timeout_s)
+        await self._guard.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> ASRServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop(drain_timeout_s=0)
+
+    # ---- handlers -----------------------------------------------------------------------------------------
+
+    async def _ws_handler(self, request: web.Request) -> web.StreamResponse:
+        ws = _ASRWebSocketResponse(
+            # aiohttp refuses a message of exactly max_msg_size bytes; the protocol allows up to and including
+            # max_message_bytes.
+            max_msg_size=self.config.max_message_bytes + 1,
+            heartbeat=self.config.heartbeat_s,
+            protocols=(PROTOCOL_VERSION,),
+            compress=False,
+        )
+        ws.too_big_message = f"a message exceeded {self.config.max_message_bytes} bytes; send audio in smaller frames (e.g. 20 ms)"
+        await ws.prepare(request)
+        await self.service.serve(
+            AiohttpTransport(ws, request),
+            origin=request.headers.get("Origin"),
+            authorization=Secret.of(request.headers.get("Authorization")),
+            remote=remote_of(request.remote),
+            peer=request.remote or "?",
+        )
+        return ws
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        # Unauthenticated (load balancers): the status only; the cause is in the server log.
+        if not self.service.alive:
+            error = "the model failed to load" if self.service.load_error else "the ASR scheduler crashed"
+            return web.json_response({"status": "failed", "error": error}, status=500)
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        svc = self.service
+        full = self.config.unready_when_full and svc.active_sessions >= svc.max_sessions
+        if svc.ready and svc.alive and not full:
+            return web.json_response(
+                {"status": "ready", "free_sessions": svc.max_sessions - svc.active_sessions}
+            )
+        status = "draining" if svc.draining else ("full" if full else "loading")
+        return web.json_response({"status": status}, status=503)
+
+    def _denied(self, request: web.Request) -> web.Response | None:
+        denied = self.service.http_access(
+            Secret.of(request.headers.get("Authorization")), request.remote or "?"
+        )
+        if denied is None:
+            return None
+        status, message = denied
+        headers = {"WWW-Authenticate": 'Bearer realm="nemotron-asr"'} if status == 401 else {}
+        return web.json_response({"error": message}, status=status, headers=headers)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        denied = self._denied(request)
+        if denied is not None:
+            return denied
+        return web.Response(
+            body=self.service.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE}
+        )
+
+    async def _info(self, request: web.Request) -> web.Response:
+        denied = self._denied(request)
+        if denied is not None:
+            return denied
+        return web.json_response(self.service.info())
+
+
+class HandshakeGuard:
+    """Closes TCP connections that have not completed an HTTP request within ``timeout_s`` (slowloris).
+
+    aiohttp (before 3.14.x) waits forever for a connection's first request; a half-sent request, or silence,
+    would hold a socket, a task and buffers indefinitely. A middleware marks each connection once a request
+    is complete; a sweep every ``timeout_s / 4`` (at most 1 s) closes the unmarked ones older than
+    ``timeout_s``, so a connection lives at most 1.25 x ``timeout_s`` without a request, however slowly its
+    bytes trickle in. Connections that completed a request are left to aiohttp's keep-alive timeout.
+
+    Args:
+        timeout_s: Time allowed to complete the first request, s.
+        metrics: Where to count closed connections.
+
+    """
+
+    def __init__(self, timeout_s: float, metrics: ServerMetrics) -> None:
+        self.timeout_s = timeout_s
+        self.metrics = metrics
+        self._first_seen: dict[object, float] = {}
+        self._served: set[object] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    @web.middleware
+    async def middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Mark the request's connection as having completed a request."""
+        self._served.add(request.protocol)
+        return await handler(request)
+
+    def start(self, server: web.Server) -> None:
+        """Start sweeping ``server``'s connections."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._sweep(server), name="asr-handshake-guard"
+            )
+
+    async def stop(self) -> None:
+        """Stop sweeping."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    async def _sweep(self, server: web.Server) -> None:
+        period = min(1.0, self.timeout_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            connections = server.connections
+            live = set(connections)
+            self._served &= live
+            self._first_seen = {c: t for c, t in self._first_seen.items() if c in live}
+            closed = 0
+            for connection in connections:
+                if connection in self._served:
+                    continue
+                if now - self._first_seen.setdefault(connection, now) >= self.timeout_s:
+                    connection.force_close()
+                    closed += 1
+            if closed:
+                self.metrics.handshake_timeouts.inc(closed)
+                logger.debug(
+                    f"ASR server: closed {closed} connection(s) without a complete request within "
+                    f"{self.timeout_s:g} s"
+                )

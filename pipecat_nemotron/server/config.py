@@ -1,0 +1,183 @@
+"""Settings of the ASR server: :class:`ServerConfig` (validated on construction) and its helpers.
+
+No web framework and no engine here: the aiohttp server (:mod:`pipecat_nemotron.server.app`), the Ray Serve
+deployment (:mod:`pipecat_nemotron.server.ray_serve`) and the CLI all build their settings from this module.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+
+from pipecat_nemotron.server.protocol import DEFAULT_PATH
+from pipecat_nemotron.server.security import HiddenTokens
+
+
+def is_loopback(host: str) -> bool:
+    """True if ``host`` only accepts connections from this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def tokens_from(values: Iterable[str]) -> tuple[str, ...]:
+    """Split comma/newline separated token lists, dropping blanks and comments (``#``)."""
+    out: list[str] = []
+    for value in values:
+        for line in value.replace(",", "\n").splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                out.append(line)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Limits and security settings of the ASR server (validated on construction).
+
+    ``repr`` never shows the tokens (only how many there are): configs end up in logs and in the variables
+    that loguru prints with a crash's traceback.
+
+    Attributes:
+        host: Address to bind. ``--insecure`` (no tokens) is only allowed on a loopback address.
+        port: TCP port (0 picks a free one; see :attr:`ASRServer.port`).
+        path: WebSocket path of a session.
+        tokens: Accepted bearer tokens (several allow rotation). Required unless ``insecure``. Stored as a
+            :class:`~pipecat_nemotron.server.security.HiddenTokens` tuple.
+        insecure: Accept sessions without a token (loopback only: tests, local development).
+        metrics_token: Bearer token for ``/metrics`` and ``/v1/info`` (then only it works there). None: the
+            session tokens work there (a server without any token serves them openly).
+        public_metrics: Serve ``/metrics`` and ``/v1/info`` without a token (they show the model, device and
+            server id; only behind a network boundary you trust).
+        allowed_origins: ``Origin`` values browsers may connect from; ``"*"`` allows any. Requests without an
+            ``Origin`` header (non-browser clients) are always allowed.
+        max_sessions: Concurrent sessions; default (None) the engine's ``max_streams``. The next connection
+            is refused with 4013 while existing sessions keep running.
+        max_pending_auth: Connections without an ``Authorization`` header that may wait for their config
+            (and its token) at once; default (None) the session capacity, at least 16. When full, the oldest
+            pending connection of the peer holding the most is evicted (4013), see
+            :class:`~pipecat_nemotron.server.security.PendingAuth`.
+        max_message_bytes: Largest WebSocket message, bytes, inclusive (larger: closed with 4009).
+        idle_timeout_s: Close a session with 4008 after this long without a message from its client, s.
+        config_timeout_s: Close a connection with 4008 that sends no ``config`` within this time, s.
+        handshake_timeout_s: Close a TCP connection that has not completed its HTTP request (the WebSocket
+            upgrade, or a request to an HTTP endpoint) within this time, s. Bytes trickling in do not extend it.
+        keepalive_timeout_s: Close an HTTP keep-alive connection idle this long after a response, s.
+        heartbeat_s: WebSocket ping interval that detects dead peers, s (None: off).
+        burst_ms: Audio a client may send ahead of real time before its reads are paused, ms.
+        max_speed: Sustained audio rate allowed, x real time (reads are paused beyond it).
+        max_control_rate: Sustained rate of JSON control messages (finalize, set_latency, keepalive) allowed
+            per session, messages per second (reads are paused beyond it).
+        control_burst: Control messages a session may send at once before the rate applies.
+        max_backlog_ms: Pause reading a session while the engine holds more of its audio than this, ms.
+        backlog_timeout_s: Drop a session with 4029 after its backlog stayed above ``max_backlog_ms`` this long, s.
+        send_timeout_s: Drop a session with 4008 when sending it a result blocks this long (it stopped reading), s.
+        close_timeout_s: After a client ``close``, wait at most this long for the finals still owed, s.
+        drain_timeout_s: On shutdown, let sessions finish for up to this long before closing them with 1001, s.
+        unready_when_full: ``/readyz`` answers 503 while every session slot is taken, so a load balancer that
+            honours readiness sends new sessions to other replicas.
+        auth_max_failures: Failed authentications (wrong or missing token) from one peer (IPv4 address or
+            IPv6 /64) within ``auth_failure_window_s`` that lock it out; 0 disables the lockout (e.g. behind a
+            proxy that hides client addresses, where every client would share one peer).
+        auth_failure_window_s: Window in which failures count, s.
+        auth_backoff_s: First lockout, s; a locked-out peer's connections are refused with 4029
+            (``auth_backoff``) before anything is read. Each failure after a lockout doubles it.
+        auth_backoff_max_s: Longest lockout, s.
+
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    path: str = DEFAULT_PATH
+    tokens: tuple[str, ...] = field(default=(), repr=False)
+    insecure: bool = False
+    metrics_token: str | None = field(default=None, repr=False)
+    public_metrics: bool = False
+    allowed_origins: tuple[str, ...] = ()
+    max_sessions: int | None = None
+    max_pending_auth: int | None = None
+    max_message_bytes: int = 128 * 1024
+    idle_timeout_s: float = 30.0
+    config_timeout_s: float = 10.0
+    handshake_timeout_s: float = 10.0
+    keepalive_timeout_s: float = 15.0
+    heartbeat_s: float | None = 20.0
+    burst_ms: float = 10_000.0
+    max_speed: float = 1.0
+    max_control_rate: float = 20.0
+    control_burst: int = 100
+    max_backlog_ms: float = 5_000.0
+    backlog_timeout_s: float = 30.0
+    send_timeout_s: float = 10.0
+    close_timeout_s: float = 5.0
+    drain_timeout_s: float = 30.0
+    unready_when_full: bool = False
+    auth_max_failures: int = 5
+    auth_failure_window_s: float = 60.0
+    auth_backoff_s: float = 10.0
+    auth_backoff_max_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokens", HiddenTokens(self.tokens))
+        self._check_security()
+        self._check_limits()
+
+    def _check_security(self) -> None:
+        """Validate the bind address, tokens and metrics access."""
+        if self.insecure and not is_loopback(self.host):
+            raise ValueError(
+                f"--insecure (no token) is only allowed when binding to loopback (127.0.0.1, ::1, localhost), "
+                f"not {self.host!r}; set tokens instead (NEMOTRON_ASR_TOKENS or --token-file)"
+            )
+        if not self.insecure and not any(t for t in self.tokens):
+            raise ValueError(
+                "the server needs at least one bearer token (NEMOTRON_ASR_TOKENS or --token-file), or --insecure "
+                "on a loopback address"
+            )
+        if any(len(t) < 16 for t in self.tokens):
+            raise ValueError("bearer tokens must be at least 16 characters (e.g. `openssl rand -hex 32`)")
+        if self.metrics_token is not None and len(self.metrics_token) < 16:
+            raise ValueError("the metrics token must be at least 16 characters (e.g. `openssl rand -hex 32`)")
+        if self.metrics_token is not None and self.public_metrics:
+            raise ValueError("set either a metrics token or public metrics (--public-metrics), not both")
+
+    def _check_limits(self) -> None:
+        """Validate the limits, timeouts and path."""
+        if self.max_sessions is not None and self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.max_pending_auth is not None and self.max_pending_auth < 1:
+            raise ValueError(f"max_pending_auth must be >= 1, got {self.max_pending_auth}")
+        if self.max_message_bytes < 1024:
+            raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
+        for name in (
+            "idle_timeout_s",
+            "config_timeout_s",
+            "handshake_timeout_s",
+            "keepalive_timeout_s",
+            "send_timeout_s",
+            "close_timeout_s",
+            "backlog_timeout_s",
+            "max_control_rate",
+            "auth_failure_window_s",
+            "auth_backoff_s",
+            "auth_backoff_max_s",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.control_burst < 1:
+            raise ValueError(f"control_burst must be >= 1 (messages), got {self.control_burst}")
+        if self.auth_max_failures < 0:
+            raise ValueError(f"auth_max_failures must be >= 0 (0: no lockout), got {self.auth_max_failures}")
+        if self.burst_ms < 0 or self.max_speed <= 0 or self.max_backlog_ms <= 0:
+            raise ValueError("burst_ms must be >= 0, max_speed and max_backlog_ms > 0")
+        if not self.path.startswith("/"):
+            raise ValueError(f"path must start with '/', got {self.path!r}")
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
+        metrics_token = "'<hidden>'" if self.metrics_token else None
+        return f"ServerConfig({shown}, tokens={self.tokens!r}, metrics_token={metrics_token})"

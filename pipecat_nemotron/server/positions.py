@@ -1,0 +1,50 @@
+"""Exact audio positions of one session's results (``audio_ms`` of partials and finals)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from pipecat_nemotron.engine import ASRStream, FinalTranscript, TranscriptUpdate
+from pipecat_nemotron.server.protocol import FinalMessage
+
+
+class AudioPositions:
+    """Where a session's results are in its audio.
+
+    Finals carry the utterance's exact length (samples), decoded frames only 10 ms resolution, so positions are
+    the sum of exact utterance lengths plus the current utterance's decoded frames (no error accumulates over
+    utterances).
+    """
+
+    def __init__(self) -> None:
+        self._final_futures: deque[asyncio.Future[FinalTranscript]] = deque()
+        self._base_ms = 0.0
+        self._decoded_at_final_ms = 0.0
+
+    def final_requested(self, future: asyncio.Future[FinalTranscript]) -> None:
+        """Note a requested final (its result, once done, gives the utterance's exact length)."""
+        self._final_futures.append(future)
+
+    def position_ms(self, stream: ASRStream) -> float:
+        """Session audio decoded so far, ms: exact up to the last final, then 10 ms resolution."""
+        return self._base_ms + max(0.0, stream.audio_seconds * 1000.0 - self._decoded_at_final_ms)
+
+    def final_message(self, update: TranscriptUpdate, stream: ASRStream) -> FinalMessage:
+        """The ``final`` message for ``update``; later positions count from the end of its utterance."""
+        decoded_ms = stream.audio_seconds * 1000.0
+        utterance_ms = max(0.0, decoded_ms - self._decoded_at_final_ms)
+        future = self._final_futures.popleft() if self._final_futures else None
+        if future is not None and future.done() and not future.cancelled() and future.exception() is None:
+            utterance_ms = future.result().audio_ms
+        self._base_ms += utterance_ms
+        self._decoded_at_final_ms = decoded_ms
+        return FinalMessage(
+            utterance=update.utterance,
+            text=update.text,
+            latency_ms=update.latency_ms,
+            audio_ms=self._base_ms,
+            utterance_audio_ms=utterance_ms,
+            ttf_ms=update.ttf_ms or 0.0,
+            step_ms=update.step_ms,
+        )

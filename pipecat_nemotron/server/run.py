@@ -1,0 +1,54 @@
+"""The ASR server process: :func:`run_server` (``pipecat-nemotron serve``, :mod:`pipecat_nemotron.cli`).
+
+It runs an :class:`~pipecat_nemotron.server.aiohttp_server.ASRServer` until SIGINT/SIGTERM, then drains it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from loguru import logger
+
+from pipecat_nemotron.engine import EngineConfig
+from pipecat_nemotron.server.aiohttp_server import ASRServer
+from pipecat_nemotron.server.config import ServerConfig
+
+
+async def run_server(
+    engine_config: EngineConfig, config: ServerConfig, stop: asyncio.Event | None = None
+) -> int:
+    """Run a server until ``stop`` is set (or SIGINT/SIGTERM), then drain and exit.
+
+    Args:
+        engine_config: Engine to load.
+        config: Server settings.
+        stop: Event that ends the server (default: one set by SIGINT/SIGTERM).
+
+    Returns:
+        Process exit code: 0 after a clean shutdown, 1 if the model failed to load.
+
+    """
+    import signal
+
+    loop = asyncio.get_running_loop()
+    stop = stop or asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix or not the main thread
+            pass
+    server = ASRServer(engine_config, config)
+    await server.start(wait_ready=False)
+    start_task = server._start_task
+    assert start_task is not None
+    stop_wait = loop.create_task(stop.wait())
+    await asyncio.wait({start_task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    if start_task.done() and start_task.exception() is not None:
+        logger.error(f"ASR server: the model failed to load: {start_task.exception()}")
+        stop_wait.cancel()
+        await server.stop(drain_timeout_s=0)
+        return 1
+    await stop_wait
+    logger.info("ASR server: shutdown requested")
+    await server.stop()
+    return 0
