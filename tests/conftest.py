@@ -57,3 +57,14 @@ def tiny_magpie(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     moved.parent.mkdir()
     shutil.move(codec, moved)
     return magpie, moved
+
+
+@pytest.fixture(scope="session")
+def bot_magpie(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Magpie for a bot started as a user would (``MAGPIE_TTS_MODEL``): its codec stays at the path the
+    checkpoint stores (the bot's settings take no codec path), and it ends every sentence at NeMo's 4-frame
+    minimum (~0.19 s of audio), so replies are short and do not overlap the next turn."""
+    from pipecat_nemotron.magpie.tiny import build_tiny_magpie
+
+    magpie, _codec = build_tiny_magpie(tmp_path_factory.mktemp("bot_magpie"), end_of_speech_bias=30.0)
+    return magpie

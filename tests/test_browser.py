@@ -102,12 +102,10 @@ def _run_session(out: Path, mic_wav: Path, spoken: list[str], magpie: Path | Non
     return result
 
 
-def test_browser_talks_to_the_whole_agent(tmp_path: Path, mic_wav: Path, spoken: list[str]) -> None:
-    from pipecat_nemotron.magpie.tiny import build_tiny_magpie
-
-    # Ends every sentence at NeMo's 4-frame minimum: short replies that do not overlap the next turn.
-    magpie, _codec = build_tiny_magpie(tmp_path / "magpie", end_of_speech_bias=30.0)
-    result = _run_session(tmp_path / "session", mic_wav, spoken, magpie)
+def test_browser_talks_to_the_whole_agent(
+    tmp_path: Path, mic_wav: Path, spoken: list[str], bot_magpie: Path
+) -> None:
+    result = _run_session(tmp_path / "session", mic_wav, spoken, bot_magpie)
     page = result["page"]
     finals = [f["text"] for f in page["finals"]]
     assert all(text in finals for text in spoken), finals

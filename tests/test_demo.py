@@ -52,17 +52,16 @@ def test_demo_prints_each_final_in_order_with_its_own_finalize_time(tmp_path: Pa
     assert re.search(rf"finalize_ms\s+n=\s*{len(finals)}\s", run.stdout), run.stdout
 
 
-async def test_demo_runs_the_whole_agent_configured_in_env(openai_server, tmp_path: Path) -> None:  # noqa: F811
+async def test_demo_runs_the_whole_agent_configured_in_env(
+    openai_server, bot_magpie: Path, tmp_path: Path  # noqa: F811
+) -> None:
     """The README demo with an LLM and in-process Magpie in the environment (as `.env` sets them): the models
     load before the pipeline starts, so no StartFrame times out, and every turn is answered and measured."""
     import asyncio
 
-    from pipecat_nemotron.magpie.tiny import build_tiny_magpie
-
-    magpie, _ = await asyncio.to_thread(build_tiny_magpie, tmp_path / "magpie", end_of_speech_bias=30.0)
     openai_server.reply = "Four."
     env = clean_env(
-        NEMOTRON_LLM_BASE_URL=openai_server.base_url, NEMOTRON_LLM_API_KEY="none", MAGPIE_TTS_MODEL=str(magpie)
+        NEMOTRON_LLM_BASE_URL=openai_server.base_url, NEMOTRON_LLM_API_KEY="none", MAGPIE_TTS_MODEL=str(bot_magpie)
     )
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pipecat_nemotron.demo", "--wav", str(DEMO_AUDIO_DIR / "two_turns.wav"),

@@ -57,16 +57,6 @@ class TopicalOpenAIServer(FakeOpenAIServer):
         self._fallback = value
 
 
-@pytest.fixture(scope="module")
-def bot_magpie(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Magpie for the bot, its codec left at the path the checkpoint stores (the bot's settings take
-    no codec path); it ends every sentence at the fourth frame (~0.19 s of audio): the replies are short."""
-    from pipecat_nemotron.magpie.tiny import build_tiny_magpie
-
-    magpie, _codec = build_tiny_magpie(tmp_path_factory.mktemp("bot_magpie"), end_of_speech_bias=30.0)
-    return magpie
-
-
 def _launch(args: list[str], log: Path, *, env: dict[str, str], cwd: Path) -> subprocess.Popen:
     with log.open("w") as out:
         return subprocess.Popen(args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
