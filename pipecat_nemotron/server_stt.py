@@ -42,6 +42,7 @@ from pipecat.utils.tracing.service_decorators import traced_stt
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
+from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.engine.config import validate_latency_ms
 from pipecat_nemotron.server.protocol import (
     DEFAULT_PATH,
@@ -245,7 +246,7 @@ class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
 
     @property
     def _bytes_per_ms(self) -> float:
-        return 2 * (self.sample_rate or 16000) / 1000.0
+        return 2 * (self.sample_rate or MODEL_SAMPLE_RATE) / 1000.0
 
     def can_generate_metrics(self) -> bool:
         """Report TTFS and processing metrics."""

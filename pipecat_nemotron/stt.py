@@ -38,6 +38,7 @@ from pipecat_nemotron.engine import (
     NemotronEngineError,
     TranscriptUpdate,
 )
+from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.engine.config import validate_latency_ms
 from pipecat_nemotron.engine.loading import prefetch_nemo_imports
 from pipecat_nemotron.engine.shared import SharedEngines, shared_engines
@@ -248,7 +249,7 @@ class NemotronSTTService(NemotronFinalsMixin):
 
     def _pending_audio_s(self) -> float:
         """Audio kept while the engine loads, seconds."""
-        return sum(len(a) for a in self._pending if a is not None) / (2.0 * (self.sample_rate or 16000))
+        return sum(len(a) for a in self._pending if a is not None) / (2.0 * (self.sample_rate or MODEL_SAMPLE_RATE))
 
     def _drop_pending(self) -> float:
         """Forget the audio kept while loading; return how much it was, seconds."""
