@@ -47,12 +47,10 @@ Then ``python -m pipecat_nemotron.report turns.jsonl -o latency.png``.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +73,19 @@ from pipecat.services.llm_service import LLMService
 from pipecat.services.stt_service import STTService
 from pipecat.services.tts_service import TTSService
 
+# The records and statistics live in ``latency_stats`` (plain Python); they are re-exported here, where the
+# observer that builds them is.
+from pipecat_nemotron.latency_stats import (
+    STAGE_LABELS,
+    STAGES,
+    StageStats,
+    TurnLatency,
+    format_summary,
+    load_turns,
+    percentile,
+    summarize,
+)
+
 __all__ = [
     "ASR_FINALIZE_METRIC",
     "STAGES",
@@ -90,22 +101,9 @@ __all__ = [
     "summarize",
 ]
 
-STAGES: tuple[str, ...] = ("ttfs_ms", "asr_finalize_ms", "llm_ttfb_ms", "tts_ttfb_ms", "v2v_ms")
-"""The per-turn stage fields of :class:`TurnLatency`, in pipeline order."""
-
-STAGE_LABELS: dict[str, str] = {
-    "ttfs_ms": "STT TTFS (speech end -> final)",
-    "asr_finalize_ms": "ASR finalize",
-    "llm_ttfb_ms": "LLM TTFB",
-    "tts_ttfb_ms": "TTS TTFB",
-    "v2v_ms": "voice-to-voice",
-}
-"""Human-readable names of :data:`STAGES`."""
 
 ASR_FINALIZE_METRIC = "asr_finalize"
 """Marker in :attr:`ASRFinalizeMetricsData.metric` (survives JSON serialisation)."""
-
-_PERCENTILES = (50.0, 90.0, 99.0)
 
 
 # --- the ASR finalize metric --------------------------------------------------------
@@ -159,226 +157,6 @@ def is_asr_finalize_metric(data: object) -> bool:
     if isinstance(data, ASRFinalizeMetricsData):
         return True
     return isinstance(data, ProcessingMetricsData) and getattr(data, "metric", None) == ASR_FINALIZE_METRIC
-
-
-# --- records and statistics ----------------------------------------------------------
-
-
-@dataclass
-class TurnLatency:
-    """Latency of one user turn: one JSON line of ``turns.jsonl``.
-
-    Timestamps are Unix seconds (``time.time()``); durations are milliseconds. A
-    stage that did not run or report in this turn is ``None``.
-
-    Attributes:
-        turn: 1-based index of the turn in the session.
-        speech_end_ts: When the user stopped speaking (VAD decision minus ``stop_secs``).
-        vad_stop_ts: When the VAD decided speech had ended.
-        vad_stop_secs: Silence the VAD waited before deciding, seconds.
-        transcript_ts: When the last transcript before the LLM request was observed.
-        bot_started_ts: When the bot started speaking (``BotStartedSpeakingFrame``).
-        ttfs_ms: Speech end to final transcript (STT TTFB metric).
-        asr_finalize_ms: Pure ASR finalize time (:class:`ASRFinalizeMetricsData`).
-        llm_ttfb_ms: LLM request to first token (LLM TTFB metric).
-        tts_ttfb_ms: TTS request to first audio (TTS TTFB metric).
-        v2v_ms: Speech end to bot speaking (Pipecat's voice-to-voice).
-        breakdown_ms: Pipecat's named contributions to ``v2v_ms`` (endpointing_wait,
-            transcription, turn_detection, llm_inference, speech_synthesis,
-            output_transport, pipeline, ...), in time order; they sum to ``v2v_ms``.
-        processors: Processor name that reported each of ``stt``/``llm``/``tts``.
-        transcript: The user's words; only when the observer has ``record_text=True``.
-
-    """
-
-    turn: int
-    speech_end_ts: float | None = None
-    vad_stop_ts: float | None = None
-    vad_stop_secs: float | None = None
-    transcript_ts: float | None = None
-    bot_started_ts: float | None = None
-    ttfs_ms: float | None = None
-    asr_finalize_ms: float | None = None
-    llm_ttfb_ms: float | None = None
-    tts_ttfb_ms: float | None = None
-    v2v_ms: float | None = None
-    breakdown_ms: dict[str, float] = field(default_factory=dict)
-    processors: dict[str, str] = field(default_factory=dict)
-    transcript: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the record as a JSON-ready dict (``transcript`` omitted when None)."""
-        values = asdict(self)
-        if values["transcript"] is None:
-            del values["transcript"]
-        return values
-
-    def to_json(self) -> str:
-        """Return the record as one compact JSON line (no trailing newline)."""
-        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> TurnLatency:
-        """Build a record from a dict, ignoring unknown keys and defaulting missing ones.
-
-        Args:
-            values: A decoded JSON line.
-
-        Returns:
-            The record.
-
-        Raises:
-            ValueError: If ``turn`` is missing.
-
-        """
-        known = {f.name for f in fields(cls)}
-        if "turn" not in values:
-            raise ValueError("turn record has no 'turn' field")
-        kwargs = {k: v for k, v in values.items() if k in known}
-        for stage in STAGES:
-            if kwargs.get(stage) is not None:
-                kwargs[stage] = float(kwargs[stage])
-        return cls(**kwargs)
-
-    def stage(self, name: str) -> float | None:
-        """Value of one of :data:`STAGES`, in ms, or None."""
-        return getattr(self, name)
-
-
-@dataclass(frozen=True)
-class StageStats:
-    """Distribution of one stage over turns, in milliseconds.
-
-    Attributes:
-        stage: One of :data:`STAGES`.
-        count: Turns in which the stage reported a value.
-        p50: Median, or None when ``count`` is 0.
-        p90: 90th percentile, or None.
-        p99: 99th percentile, or None.
-        mean: Mean, or None.
-        min: Minimum, or None.
-        max: Maximum, or None.
-
-    """
-
-    stage: str
-    count: int
-    p50: float | None = None
-    p90: float | None = None
-    p99: float | None = None
-    mean: float | None = None
-    min: float | None = None
-    max: float | None = None
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Percentile with linear interpolation between order statistics (NumPy's default).
-
-    Args:
-        values: Samples; at least one.
-        q: Percentile in [0, 100].
-
-    Returns:
-        The interpolated percentile.
-
-    Raises:
-        ValueError: If ``values`` is empty or ``q`` is out of range.
-
-    """
-    if not values:
-        raise ValueError("percentile of no values")
-    if not 0.0 <= q <= 100.0:
-        raise ValueError(f"percentile q must be in [0, 100], got {q}")
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100.0
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def summarize(turns: Iterable[TurnLatency], stages: Sequence[str] = STAGES) -> dict[str, StageStats]:
-    """p50/p90/p99 (and mean/min/max) per stage, skipping turns where a stage is None.
-
-    Args:
-        turns: Turn records.
-        stages: Which stage fields to summarise.
-
-    Returns:
-        Stage name to statistics, in ``stages`` order; a stage with no values has
-        ``count == 0`` and None statistics.
-
-    """
-    turns = list(turns)
-    result: dict[str, StageStats] = {}
-    for stage in stages:
-        values = [v for t in turns if (v := t.stage(stage)) is not None and math.isfinite(v)]
-        if not values:
-            result[stage] = StageStats(stage=stage, count=0)
-            continue
-        p50, p90, p99 = (percentile(values, q) for q in _PERCENTILES)
-        result[stage] = StageStats(
-            stage=stage,
-            count=len(values),
-            p50=p50,
-            p90=p90,
-            p99=p99,
-            mean=sum(values) / len(values),
-            min=min(values),
-            max=max(values),
-        )
-    return result
-
-
-def format_summary(stats: Mapping[str, StageStats]) -> str:
-    """Render statistics as a fixed-width table (ms).
-
-    Args:
-        stats: Output of :func:`summarize`.
-
-    Returns:
-        A multi-line table with one row per stage.
-
-    """
-
-    def cell(value: float | None) -> str:
-        return f"{value:8.1f}" if value is not None else f"{'-':>8}"
-
-    width = max([len(STAGE_LABELS.get(s, s)) for s in stats] + [5])
-    lines = [f"{'stage':<{width}}  {'n':>4}  {'p50':>8}  {'p90':>8}  {'p99':>8}  {'max':>8}   (ms)"]
-    for name, s in stats.items():
-        lines.append(
-            f"{STAGE_LABELS.get(name, name):<{width}}  {s.count:>4}  {cell(s.p50)}  {cell(s.p90)}  "
-            f"{cell(s.p99)}  {cell(s.max)}"
-        )
-    return "\n".join(lines)
-
-
-def load_turns(path: str | Path) -> list[TurnLatency]:
-    """Read a JSONL file written by :class:`VoiceLatencyObserver`.
-
-    Args:
-        path: The file; blank lines are skipped.
-
-    Returns:
-        The records in file order.
-
-    Raises:
-        ValueError: If a line is not a JSON object with a ``turn`` field (names the line).
-
-    """
-    turns: list[TurnLatency] = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                values = json.loads(line)
-                if not isinstance(values, dict):
-                    raise ValueError("not a JSON object")
-                turns.append(TurnLatency.from_dict(values))
-            except (ValueError, TypeError) as e:
-                raise ValueError(f"{path}:{number}: bad turn record: {e}") from e
-    return turns
 
 
 # --- the observer ---------------------------------------------------------------------

@@ -124,7 +124,7 @@ def print_latency_summary(
     utterances: list[UtteranceRecord], out: TextIO = sys.stdout
 ) -> dict[str, dict[str, float]]:
     """Print and return p50/p90/p99 of TTFS and finalize time over ``utterances``."""
-    from pipecat_nemotron.metrics import percentile
+    from pipecat_nemotron.latency_stats import percentile
 
     summary: dict[str, dict[str, float]] = {}
     for name, values in (
