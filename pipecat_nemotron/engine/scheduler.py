@@ -1,7 +1,12 @@
-"""The one task that owns the model: collect ready chunks, run one batched step off the loop, resolve results.
+"""The one task that owns the model: plan a step, run it off the loop, deliver its results.
 
 Between steps (and only then) the scheduler applies joins, leaves, finalizes and latency changes. While a
 step runs on the worker thread, the event loop keeps accepting audio; that audio is picked up by the next step.
+
+One turn of the loop hands typed objects along, as vLLM's engine core does between schedule, execute and
+update: :meth:`Scheduler._plan` turns the open :class:`StreamEntry` objects into a :class:`StepPlan` (on the
+loop), :meth:`Scheduler._execute` runs the plan's groups through :meth:`ModelRunner.run_step` (on the worker
+thread), and :meth:`Scheduler._resolve` delivers the plan's results to the streams (on the loop).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class StepStats:
         queue_ms_max: Longest time a chunk in this step waited for it, ms.
         open_streams: Streams open when the step ran.
         finals: Utterances finalized by the step.
+        latency_modes: Latency mode of each group, ms.
 
     """
 
@@ -43,6 +49,63 @@ class StepStats:
     open_streams: int
     finals: int
     latency_modes: tuple[int, ...] = ()
+
+
+@dataclass
+class StreamEntry:
+    """One open stream as the scheduler holds it.
+
+    Attributes:
+        state: The stream's state.
+        push: Delivers a transcript update to the stream's reader.
+        end: Ends the stream's updates (with the error that failed it, or None).
+
+    """
+
+    state: StreamState
+    push: Callable[[TranscriptUpdate], None]
+    end: Callable[[BaseException | None], None]
+
+
+@dataclass
+class StepPlan:
+    """The work of one step, picked between steps.
+
+    Attributes:
+        items: The stream chunks the step decodes, oldest first (at most ``max_batch_size``).
+        groups: ``items`` split into batched forwards (same latency mode, chunk kind and length).
+        immediate: Streams whose pending final has nothing left to decode: finished without the model.
+        releases: Stream ids whose cache slots are zeroed and freed before the step's forwards.
+
+    """
+
+    items: list[StepItem]
+    groups: list[StepGroup]
+    immediate: list[StreamState]
+    releases: list[int]
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to do: the loop waits for the next wake-up."""
+        return not self.groups and not self.immediate and not self.releases
+
+    @property
+    def runs_model(self) -> bool:
+        """The step needs the worker thread (forwards to run or slots to free)."""
+        return bool(self.groups or self.releases)
+
+    @property
+    def latency_modes(self) -> tuple[int, ...]:
+        """Latency mode of each group, ms."""
+        return tuple(group.latency_ms for group in self.groups)
+
+
+def _fail_finals(state: StreamState, error: BaseException) -> None:
+    """Fail the stream's pending finalize requests with ``error`` and forget them."""
+    for pending in state.finals:
+        if not pending.future.done():
+            pending.future.set_exception(error)
+    state.finals.clear()
 
 
 class Scheduler:
@@ -63,10 +126,8 @@ class Scheduler:
         self.executor = executor
         self.max_batch_size = max_batch_size
         self.hard_reset = hard_reset
-        self.streams: dict[
-            int,
-            tuple[StreamState, Callable[[TranscriptUpdate], None], Callable[[BaseException | None], None]],
-        ] = {}
+        #: Open streams by id.
+        self.streams: dict[int, StreamEntry] = {}
         self.step_listeners: list[Callable[[StepStats], None]] = []
         self._wake = asyncio.Event()
         self._pending_releases: dict[int, list[asyncio.Future[None]]] = {}
@@ -92,14 +153,8 @@ class Scheduler:
             except asyncio.CancelledError:
                 pass
             self._task = None
-        for state, _push, end in list(self.streams.values()):
-            error = StreamClosedError("the engine was stopped")
-            for pending in state.finals:
-                if not pending.future.done():
-                    pending.future.set_exception(error)
-            state.finals.clear()
-            state.closed = True
-            end(None)
+        for entry in list(self.streams.values()):
+            self._end(entry, StreamClosedError("the engine was stopped"), None)
         self.streams.clear()
         for futures in self._pending_releases.values():
             for fut in futures:
@@ -118,7 +173,7 @@ class Scheduler:
         end: Callable[[BaseException | None], None],
     ) -> None:
         """Register a stream (its slot is taken on its first step)."""
-        self.streams[state.stream_id] = (state, push, end)
+        self.streams[state.stream_id] = StreamEntry(state, push, end)
 
     def release(self, state: StreamState, error: BaseException | None = None) -> asyncio.Future[None]:
         """Close a stream: fail its pending finals, end its updates, free its slot before the next step.
@@ -129,24 +184,22 @@ class Scheduler:
         """
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = self.streams.pop(state.stream_id, None)
-        state.closed = True
         if error is not None and state.error is None:
             state.error = error
-        for pending in state.finals:
-            if not pending.future.done():
-                pending.future.set_exception(
-                    StreamFailedError(f"stream {state.stream_id} failed: {error}")
-                    if error is not None
-                    else StreamClosedError(f"stream {state.stream_id} was closed before its final")
-                )
-        state.finals.clear()
+        finals_error = (
+            StreamFailedError(f"stream {state.stream_id} failed: {error}")
+            if error is not None
+            else StreamClosedError(f"stream {state.stream_id} was closed before its final")
+        )
         if entry is None:  # already released: resolve with that release
+            state.closed = True
+            _fail_finals(state, finals_error)
             if state.stream_id in self._pending_releases:
                 self._pending_releases[state.stream_id].append(fut)
             else:
                 fut.set_result(None)
             return fut
-        entry[2](state.error if error is not None else None)
+        self._end(entry, finals_error, state.error if error is not None else None)
         self._pending_releases.setdefault(state.stream_id, []).append(fut)
         self._wake.set()
         return fut
@@ -159,6 +212,13 @@ class Scheduler:
         else:
             state.pending_latency_ms = latency_ms
 
+    @staticmethod
+    def _end(entry: StreamEntry, finals_error: BaseException, error: BaseException | None) -> None:
+        """The one way a stream ends: fail its pending finals, mark it closed, end its updates with ``error``."""
+        _fail_finals(entry.state, finals_error)
+        entry.state.closed = True
+        entry.end(error)
+
     # ---- the loop ----------------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
@@ -167,14 +227,11 @@ class Scheduler:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                while True:
-                    groups, items, immediate, releases = self._collect()
-                    if not groups and not immediate and not releases:
-                        break
+                while not (plan := self._plan()).empty:
                     step_ms = 0.0
-                    if groups or releases:
-                        step_ms = await loop.run_in_executor(self.executor, self._execute, groups, releases)
-                    self._resolve(items, immediate, releases, step_ms, tuple(g.latency_ms for g in groups))
+                    if plan.runs_model:
+                        step_ms = await loop.run_in_executor(self.executor, self._execute, plan)
+                    self._resolve(plan, step_ms)
                     # Let pushes and other tasks run between steps, even under sustained load.
                     await asyncio.sleep(0)
         except asyncio.CancelledError:
@@ -182,120 +239,127 @@ class Scheduler:
         except BaseException as e:  # a bug in the scheduler itself: fail every stream loudly
             logger.exception(f"ASR scheduler crashed: {e!r}")
             self.error = e
-            for state, _push, end in list(self.streams.values()):
-                for pending in state.finals:
-                    if not pending.future.done():
-                        pending.future.set_exception(StreamFailedError(f"ASR scheduler crashed: {e!r}"))
-                state.closed = True
-                end(StreamFailedError(f"ASR scheduler crashed: {e!r}"))
+            crash = StreamFailedError(f"ASR scheduler crashed: {e!r}")
+            for entry in list(self.streams.values()):
+                self._end(entry, crash, crash)
             raise
 
-    def _collect(self) -> tuple[list[StepGroup], list[StepItem], list[StreamState], list[int]]:
+    def _plan(self) -> StepPlan:
         """Pick this step's work. Runs on the loop, between steps."""
         releases = list(self._pending_releases) + sorted(self._reset_slots - set(self._pending_releases))
         self._reset_slots.clear()
-        frontend = self.runner.frontend
         candidates: list[StepItem] = []
         immediate: list[StreamState] = []
-        for state, _push, _end in self.streams.values():
-            if state.closed:
+        for entry in self.streams.values():
+            if entry.state.closed:
                 continue
-            limit, at_boundary = state.segment_limit()
-            frames = self.runner.chunk_frames(state)
-            need = frontend.samples_needed(state.cursor.next_frame, frames)
-            first = not state.encoder_started
-            if need <= limit:
-                ready_at = state.arrival_time(state.segment_origin + need)
-                segment = frontend.chunk_segment(state.cursor, frames)
-                candidates.append(StepItem(state, segment, frames, first, False, ready_at))
-            elif at_boundary:
-                segment, frames = frontend.final_segment(state.cursor, limit)
-                if frames > 0:
-                    ready_at = state.finals[0].requested_at
-                    candidates.append(StepItem(state, segment, frames, first, True, ready_at))
-                else:
-                    immediate.append(state)
+            item = self._next_item(entry.state)
+            if isinstance(item, StepItem):
+                candidates.append(item)
+            elif item is not None:
+                immediate.append(item)
         candidates.sort(key=lambda it: it.ready_at)
         items = candidates[: self.max_batch_size]
         by_key: dict[tuple[int, bool, int], list[StepItem]] = {}
         for it in items:
-            frontend.advance(it.state.cursor, it.num_frames)
+            self.runner.frontend.advance(it.state.cursor, it.num_frames)
             it.state.utterance_frames += it.num_frames
             it.state.in_flight = True
             by_key.setdefault((it.state.latency_ms, it.first, it.num_frames), []).append(it)
         groups = [StepGroup(key[0], group) for key, group in by_key.items()]
-        return groups, items, immediate, releases
+        return StepPlan(items, groups, immediate, releases)
 
-    def _execute(self, groups: list[StepGroup], releases: list[int]) -> float:
+    def _next_item(self, state: StreamState) -> StepItem | StreamState | None:
+        """The stream's next chunk if its audio is ready; the stream itself if a final needs no model step."""
+        frontend = self.runner.frontend
+        limit, at_boundary = state.segment_limit()
+        frames = self.runner.chunk_frames(state)
+        need = frontend.samples_needed(state.cursor.next_frame, frames)
+        first = not state.encoder_started
+        if need <= limit:
+            ready_at = state.arrival_time(state.segment_origin + need)
+            segment = frontend.chunk_segment(state.cursor, frames)
+            return StepItem(state, segment, frames, first, False, ready_at)
+        if not at_boundary:
+            return None
+        segment, frames = frontend.final_segment(state.cursor, limit)
+        if frames <= 0:
+            return state
+        return StepItem(state, segment, frames, first, True, state.finals[0].requested_at)
+
+    def _execute(self, plan: StepPlan) -> float:
         """Run the step on the worker thread and detokenise the streams whose tokens changed."""
-        step_ms = self.runner.run_step(groups, releases)
-        for group in groups:
-            for it in group.items:
-                if it.error is None and it.new_tokens:
-                    it.state.tokens.extend(it.new_tokens)
-                    it.state.text = self.runner.detokenize(it.state.tokens)
+        step_ms = self.runner.run_step(plan.groups, plan.releases)
+        for it in plan.items:
+            if it.error is None and it.new_tokens:
+                it.state.tokens.extend(it.new_tokens)
+                it.state.text = self.runner.detokenize(it.state.tokens)
         return step_ms
 
-    def _resolve(
-        self,
-        items: list[StepItem],
-        immediate: list[StreamState],
-        releases: list[int],
-        step_ms: float,
-        modes: tuple[int, ...],
-    ) -> None:
+    def _resolve(self, plan: StepPlan, step_ms: float) -> None:
         """Deliver results and apply what happens between steps. Runs on the loop."""
         now = time.monotonic()
-        for sid in releases:
+        for sid in plan.releases:
             for fut in self._pending_releases.pop(sid, []):
                 if not fut.done():
                     fut.set_result(None)
         queue_max = 0.0
         finals = 0
-        hop_s = self.runner.frontend.hop / MODEL_SAMPLE_RATE
-        for it in items:
-            state = it.state
-            state.in_flight = False
-            entry = self.streams.get(state.stream_id)
-            if entry is None or state.closed:
-                continue
-            if it.error is not None:
-                logger.error(f"ASR stream {state.stream_id} failed in a model step: {it.error!r}")
-                self.release(state, StreamFailedError(f"model step failed: {it.error!r}"))
-                continue
-            push = entry[1]
-            state.audio_seconds += it.num_frames * hop_s
-            queue_ms = max(0.0, (now - it.ready_at) * 1000.0 - step_ms)
-            queue_max = max(queue_max, queue_ms)
-            if it.new_tokens and not it.final:
-                push(
-                    TranscriptUpdate(
-                        text=state.text,
-                        is_final=False,
-                        utterance=state.utterance_index,
-                        latency_ms=state.latency_ms,
-                        queue_ms=queue_ms,
-                        step_ms=step_ms,
-                        lag_ms=(now - it.ready_at) * 1000.0,
-                    )
-                )
-            if it.final:
-                self._finish_utterance(state, push, now, step_ms)
-                finals += 1
-        for state in immediate:
+        for it in plan.items:
+            queue_ms = self._deliver(it, now, step_ms)
+            if queue_ms is not None:
+                queue_max = max(queue_max, queue_ms)
+                finals += 1 if it.final else 0
+        for state in plan.immediate:
             entry = self.streams.get(state.stream_id)
             if entry is not None and not state.closed:
-                self._finish_utterance(state, entry[1], now, 0.0)
+                self._finish_utterance(entry, now, 0.0)
                 finals += 1
-        if items:
+        if plan.items:
             self.steps += 1
-            stats = StepStats(step_ms, len(items), len(modes), queue_max, len(self.streams), finals, modes)
+            modes = plan.latency_modes
+            stats = StepStats(
+                step_ms, len(plan.items), len(modes), queue_max, len(self.streams), finals, modes
+            )
             for listener in self.step_listeners:
                 listener(stats)
 
-    def _finish_utterance(
-        self, state: StreamState, push: Callable[[TranscriptUpdate], None], now: float, step_ms: float
-    ) -> None:
+    def _deliver(self, it: StepItem, now: float, step_ms: float) -> float | None:
+        """Hand one item's result to its stream: a partial, or its final. Returns its queue time, ms.
+
+        Returns None (nothing delivered) if the stream was closed meanwhile or its forward failed (then the
+        stream is failed alone).
+        """
+        state = it.state
+        state.in_flight = False
+        entry = self.streams.get(state.stream_id)
+        if entry is None or state.closed:
+            return None
+        if it.error is not None:
+            logger.error(f"ASR stream {state.stream_id} failed in a model step: {it.error!r}")
+            self.release(state, StreamFailedError(f"model step failed: {it.error!r}"))
+            return None
+        hop_s = self.runner.frontend.hop / MODEL_SAMPLE_RATE
+        state.audio_seconds += it.num_frames * hop_s
+        queue_ms = max(0.0, (now - it.ready_at) * 1000.0 - step_ms)
+        if it.new_tokens and not it.final:
+            entry.push(
+                TranscriptUpdate(
+                    text=state.text,
+                    is_final=False,
+                    utterance=state.utterance_index,
+                    latency_ms=state.latency_ms,
+                    queue_ms=queue_ms,
+                    step_ms=step_ms,
+                    lag_ms=(now - it.ready_at) * 1000.0,
+                )
+            )
+        if it.final:
+            self._finish_utterance(entry, now, step_ms)
+        return queue_ms
+
+    def _finish_utterance(self, entry: StreamEntry, now: float, step_ms: float) -> None:
+        state = entry.state
         pending = state.finals.popleft()
         ttf_ms = (now - pending.requested_at) * 1000.0
         self.recent_ttf_ms.append(ttf_ms)
@@ -309,7 +373,7 @@ class Scheduler:
             latency_ms=state.latency_ms,
             tokens=tuple(state.tokens),
         )
-        push(
+        entry.push(
             TranscriptUpdate(
                 text=state.text,
                 is_final=True,
