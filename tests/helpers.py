@@ -13,21 +13,27 @@ from pipecat_nemotron.engine import ASRStream, NemotronEngine
 def offline_decode(
     engine: NemotronEngine, audio: np.ndarray, latency_ms: int
 ) -> tuple[list[int], torch.Tensor]:
-    """Whole-clip (non-streaming) decode with the same attention context: tokens and encoder output [D, T]."""
-    from pipecat_nemotron.engine.config import LATENCY_MODES
+    """Whole-clip (non-streaming) decode with the same attention context: tokens and encoder output [D, T].
 
-    runner = engine._runner
-    model = runner.model
-    with torch.inference_mode():
-        model.encoder.set_default_att_context_size([70, LATENCY_MODES[latency_ms]])
-        runner._active_mode = None
-        feats, feat_len = model.preprocessor(
-            input_signal=torch.from_numpy(audio)[None], length=torch.tensor([audio.size])
-        )
-        enc, enc_len = model.encoder(audio_signal=feats, length=feat_len)
-        hyp = model.decoding.rnnt_decoder_predictions_tensor(
-            encoder_output=enc, encoded_lengths=enc_len, return_hypotheses=True
-        )[0]
+    Runs the engine's model on the calling thread, so call it while no stream is being decoded; the encoder's
+    attention context is restored afterwards (the engine's worker thread sets it only when it changes).
+    """
+    from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
+
+    model = engine.model
+    previous = list(model.encoder.att_context_size)
+    try:
+        with torch.inference_mode():
+            model.encoder.set_default_att_context_size([LEFT_CONTEXT_FRAMES, LATENCY_MODES[latency_ms]])
+            feats, feat_len = model.preprocessor(
+                input_signal=torch.from_numpy(audio)[None], length=torch.tensor([audio.size])
+            )
+            enc, enc_len = model.encoder(audio_signal=feats, length=feat_len)
+            hyp = model.decoding.rnnt_decoder_predictions_tensor(
+                encoder_output=enc, encoded_lengths=enc_len, return_hypotheses=True
+            )[0]
+    finally:
+        model.encoder.set_default_att_context_size(previous)
     return [int(t) for t in hyp.y_sequence.tolist()], enc[0, :, : int(enc_len[0])]
 
 

@@ -46,12 +46,11 @@ async def test_streaming_equals_offline(engine: NemotronEngine, latency_ms: int)
             if sid == stream.stream_id:
                 captured.append(enc[row, :, : int(enc_len[row])].clone())
 
-    engine._runner.encoder_output_hook = hook
     try:
-        await push_realtime_chunks(stream, to_pcm16(audio), chunk_bytes=3200)
-        final = await stream.finalize()
+        with engine.observe_encoder_output(hook):
+            await push_realtime_chunks(stream, to_pcm16(audio), chunk_bytes=3200)
+            final = await stream.finalize()
     finally:
-        engine._runner.encoder_output_hook = None
         await stream.close()
     # The same int16 rounding as the pushed audio.
     audio16 = np.frombuffer(to_pcm16(audio), dtype="<i2").astype(np.float32) / 32768.0
@@ -105,7 +104,7 @@ async def test_final_keeps_the_tail(engine: NemotronEngine) -> None:
     reader = asyncio.create_task(read())
     await stream.push(to_pcm16(audio))
     await wait_caught_up(stream)
-    last_partial_tokens = len(stream._state.tokens)
+    last_partial_tokens = len(stream.tokens)
     final = await stream.finalize()
     await stream.close()
     await reader
@@ -195,8 +194,7 @@ async def test_no_slot_leak_over_many_open_close_cycles(tiny_random_model) -> No
                 await stream.push(chunk)  # some streams close mid-utterance, holding audio
             await stream.close()
         assert eng.open_streams == 0
-        assert eng._runner.slots.free_slots.qsize() == 4
-        assert not eng._scheduler.streams
+        assert eng.free_slots == 4
 
 
 async def test_latency_change_applies_at_utterance_boundary(engine: NemotronEngine) -> None:
@@ -249,16 +247,13 @@ async def test_failing_stream_fails_alone(engine: NemotronEngine) -> None:
         if victim.stream_id in ids:
             raise RuntimeError("simulated CUDA error")
 
-    engine._runner.encoder_output_hook = hook
-    try:
+    with engine.observe_encoder_output(hook):
         clip = to_pcm16(noise_clip(0.6, seed=30))
         for s in [victim, *others]:
             await s.push(clip)
         results = await asyncio.gather(
             victim.finalize(), *(s.finalize() for s in others), return_exceptions=True
         )
-    finally:
-        engine._runner.encoder_output_hook = None
     assert isinstance(results[0], StreamFailedError)
     assert all(not isinstance(r, BaseException) and r.tokens for r in results[1:])
     assert victim.closed
@@ -285,11 +280,10 @@ async def test_finalize_encodes_only_the_tail_whatever_the_utterance_length(tiny
             def hook(ids: list[int], enc: torch.Tensor, enc_len: torch.Tensor) -> None:
                 frames.extend(int(enc_len[row]) for row, sid in enumerate(ids) if sid == stream.stream_id)
 
-            eng._runner.encoder_output_hook = hook
             try:
-                final = await stream.finalize()
+                with eng.observe_encoder_output(hook):
+                    final = await stream.finalize()
             finally:
-                eng._runner.encoder_output_hook = None
                 await stream.close()
             assert final.audio_ms == pytest.approx(seconds * 1000)
             return frames

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from loguru import logger
@@ -20,6 +21,14 @@ from pipecat_nemotron.engine.scheduler import Scheduler, StepStats
 from pipecat_nemotron.engine.state import StreamState
 from pipecat_nemotron.engine.stream import ASRStream
 from pipecat_nemotron.engine.types import FinalTranscript
+
+if TYPE_CHECKING:
+    import torch
+
+    from pipecat_nemotron.engine.runner import ModelRunner
+
+#: ``hook(stream_ids, encoded [B, D, T], encoded_len [B])``, see :meth:`NemotronEngine.observe_encoder_output`.
+EncoderOutputHook = Callable[[list[int], "torch.Tensor", "torch.Tensor"], None]
 
 #: Duration of the warm-up clip per latency mode, seconds.
 _WARMUP_SECONDS = 1.5
@@ -75,7 +84,7 @@ class NemotronEngine:
         self.config = config or EngineConfig()
         self._executor: ThreadPoolExecutor | None = None
         self._scheduler: Scheduler | None = None
-        self._runner: Any = None
+        self._runner: ModelRunner | None = None
         self._ids = itertools.count(1)
         self._info: EngineInfo | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -94,6 +103,23 @@ class NemotronEngine:
         if self._info is None:
             raise EngineNotRunningError("the engine has not been started; call `await engine.start()`")
         return self._info
+
+    @property
+    def error(self) -> BaseException | None:
+        """What crashed the scheduler (the engine then refuses new streams), or None while it is healthy or stopped.
+
+        Health checks read it: a server's liveness is ``engine.error is None``.
+        """
+        return self._scheduler.error if self._scheduler is not None else None
+
+    @property
+    def model(self) -> Any:
+        """The loaded NeMo model (None before ``start()``).
+
+        The engine's worker thread owns it: read it, or run it only while no stream is being decoded (tests use
+        it to decode a clip offline for reference), and leave the encoder's attention context as found.
+        """
+        return self._runner.model if self._runner is not None else None
 
     async def start(self) -> None:
         """Load the model (off the event loop), warm it up and start the scheduler. Idempotent.
@@ -139,7 +165,7 @@ class NemotronEngine:
                 f"{runner.slot_bytes / 1e6:.2f} MB, loaded in {load_s:.1f} s"
             )
 
-    def _load(self) -> Any:
+    def _load(self) -> ModelRunner:
         import torch
 
         from pipecat_nemotron.engine.loading import (
@@ -162,7 +188,7 @@ class NemotronEngine:
     async def _warmup(self) -> None:
         rng = np.random.default_rng(0)
         clip = (rng.standard_normal(int(MODEL_SAMPLE_RATE * _WARMUP_SECONDS)) * 0.01).astype(np.float32)
-        modes = sorted(self._runner.modes)
+        modes = sorted(self._require().runner.modes)
         slots = min(len(modes), self.config.max_streams)
         for start in range(0, len(modes), slots):
             streams = [self.open_stream(latency_ms=m) for m in modes[start : start + slots]]
@@ -202,6 +228,14 @@ class NemotronEngine:
         return self._scheduler.steps if self._scheduler is not None else 0
 
     @property
+    def free_slots(self) -> int:
+        """Cache slots no stream holds (``max_streams`` once every closed stream's slot is freed; 0 before start).
+
+        A stream takes its slot at its first model step; a closed stream's slot is freed at the next step.
+        """
+        return self._runner.slots.free_slots.qsize() if self._runner is not None else 0
+
+    @property
     def hop_samples(self) -> int:
         """Samples (16 kHz) per mel frame."""
         return self._runner.frontend.hop if self._runner is not None else 160
@@ -214,12 +248,44 @@ class NemotronEngine:
 
     def chunk_ms(self, latency_ms: int) -> float:
         """Audio per regular step in a latency mode, ms."""
-        shape = self._require().runner.shape(latency_ms)
-        return shape.chunk_frames * self._runner.frontend.hop / SAMPLES_PER_MS
+        runner = self._require().runner
+        return runner.shape(latency_ms).chunk_frames * runner.frontend.hop / SAMPLES_PER_MS
 
     def add_step_listener(self, listener: Callable[[StepStats], None]) -> None:
-        """Call ``listener`` after every step (benchmarks, metrics). It runs on the event loop: keep it cheap."""
+        """Call ``listener`` after every step (benchmarks, metrics). It runs on the event loop: keep it cheap.
+
+        Raises:
+            EngineNotRunningError: The engine is not running.
+
+        """
         self._require().step_listeners.append(listener)
+
+    def remove_step_listener(self, listener: Callable[[StepStats], None]) -> None:
+        """Stop calling ``listener`` (a no-op if it is not registered or the engine has stopped)."""
+        if self._scheduler is not None and listener in self._scheduler.step_listeners:
+            self._scheduler.step_listeners.remove(listener)
+
+    @contextlib.contextmanager
+    def observe_encoder_output(self, hook: EncoderOutputHook) -> Iterator[None]:
+        """Call ``hook(stream_ids, encoded, encoded_len)`` after every batched encoder forward inside the block.
+
+        ``encoded`` is the encoder output of the forward's streams, ``[batch, features, encoder frames]`` (one
+        encoder frame is 80 ms), ``encoded_len`` its valid frames per stream; row ``i`` belongs to stream
+        ``stream_ids[i]``. For tests and diagnostics: the hook runs on the model's worker thread inside the step
+        (keep it cheap, copy what it keeps), and an exception it raises fails that forward's streams as a model
+        error would (each stream is retried alone, so only the streams it raises for fail).
+
+        Raises:
+            EngineNotRunningError: The engine is not running.
+
+        """
+        runner = self._require().runner
+        previous = runner.encoder_output_hook
+        runner.encoder_output_hook = hook
+        try:
+            yield
+        finally:
+            runner.encoder_output_hook = previous
 
     def _require(self) -> Scheduler:
         if self._scheduler is None:
@@ -242,8 +308,10 @@ class NemotronEngine:
         """
         scheduler = self._require()
         latency = validate_latency_ms(self.config.default_latency_ms if latency_ms is None else latency_ms)
-        if latency not in self._runner.modes:
-            raise ValueError(f"this model supports latency_ms in {sorted(self._runner.modes)}, got {latency}")
+        if latency not in scheduler.runner.modes:
+            raise ValueError(
+                f"this model supports latency_ms in {sorted(scheduler.runner.modes)}, got {latency}"
+            )
         if len(scheduler.streams) >= self.config.max_streams:
             raise CapacityError(
                 f"all {self.config.max_streams} ASR stream slots are in use; close a stream or raise "
@@ -279,11 +347,12 @@ class NemotronEngine:
             self._scheduler.wake()
 
     def _request_latency(self, state: StreamState, latency_ms: int) -> None:
-        if latency_ms not in self._runner.modes:
+        scheduler = self._require()
+        if latency_ms not in scheduler.runner.modes:
             raise ValueError(
-                f"this model supports latency_ms in {sorted(self._runner.modes)}, got {latency_ms}"
+                f"this model supports latency_ms in {sorted(scheduler.runner.modes)}, got {latency_ms}"
             )
-        self._require().request_latency(state, latency_ms)
+        scheduler.request_latency(state, latency_ms)
 
     async def _close_stream(self, state: StreamState, error: BaseException | None = None) -> None:
         if self._scheduler is None or state.stream_id not in self._scheduler.streams:

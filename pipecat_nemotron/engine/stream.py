@@ -101,6 +101,11 @@ class ASRStream:
         return self.backlog_ms > 0 or bool(self._state.tokens)
 
     @property
+    def tokens(self) -> tuple[int, ...]:
+        """Token ids decoded so far in the current utterance (the final's ``tokens`` once it ends)."""
+        return tuple(self._state.tokens)
+
+    @property
     def in_flight(self) -> bool:
         """A chunk of this stream is in the model step running now."""
         return self._state.in_flight
