@@ -39,7 +39,7 @@ from pipecat.transports.base_transport import BaseTransport
 
 from pipecat_nemotron.engine.config import EngineConfig, validate_latency_ms
 from pipecat_nemotron.metrics import TurnLatency, VoiceLatencyObserver
-from pipecat_nemotron.stt_common import VAD_STOP_SECS
+from pipecat_nemotron.stt_base import VAD_STOP_SECS
 
 #: ``type`` of the RTVI ``server-message`` carrying one :class:`~pipecat_nemotron.metrics.TurnLatency` record.
 TURN_LATENCY_MESSAGE = "nemotron-turn-latency"

@@ -19,7 +19,6 @@ import os
 import time
 from collections import deque
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
 from typing import Any
 
 from loguru import logger
@@ -28,22 +27,16 @@ from pipecat.frames.frames import (
     EndFrame,
     ErrorFrame,
     Frame,
-    InterimTranscriptionFrame,
     StartFrame,
-    STTMetadataFrame,
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
-from pipecat.services.settings import STTSettings
 from pipecat.services.stt_service import WebsocketSTTService
-from pipecat.transcriptions.language import Language
-from pipecat.utils.time import time_now_iso8601
-from pipecat.utils.tracing.service_decorators import traced_stt
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
-from pipecat_nemotron.engine.config import validate_latency_ms
+from pipecat_nemotron.latency_stats import percentile
 from pipecat_nemotron.server.protocol import (
     DEFAULT_PATH,
     PROTOCOL_VERSION,
@@ -62,8 +55,8 @@ from pipecat_nemotron.server.protocol import (
     parse_server_message,
 )
 from pipecat_nemotron.server.security import MaskedHeaders, Secret
-from pipecat_nemotron.stt import NEMOTRON_TTFS_P99, NemotronSTTSettings
-from pipecat_nemotron.stt_common import VAD_STOP_SECS, NemotronFinalsMixin
+from pipecat_nemotron.stt_base import NemotronSTTBase, NemotronSTTSettings
+from pipecat_nemotron.stt_replay import ReplayBuffer, pieces
 
 #: Default server URL (a server on this machine).
 DEFAULT_URL = f"ws://127.0.0.1:8765{DEFAULT_PATH}"
@@ -71,17 +64,8 @@ DEFAULT_URL = f"ws://127.0.0.1:8765{DEFAULT_PATH}"
 #: Environment variable holding the bearer token when ``token`` is not passed.
 TOKEN_ENV = "NEMOTRON_ASR_TOKEN"
 
-_TTFS_MARGIN = 1.5
-
 #: Largest audio message sent, bytes (64 KiB = 2 s at 16 kHz), unless the server announces a smaller limit.
 MAX_AUDIO_MESSAGE_BYTES = 65536
-
-
-def _pieces(audio: bytes, max_bytes: int) -> list[bytes]:
-    """``audio`` cut into messages of at most ``max_bytes`` (an even number: whole 16-bit samples)."""
-    if len(audio) <= max_bytes:
-        return [audio]
-    return [audio[i : i + max_bytes] for i in range(0, len(audio), max_bytes)]
 
 
 class ServerRefusedError(ConnectionError):
@@ -97,30 +81,7 @@ class ServerRefusedError(ConnectionError):
         self.code = code
 
 
-@dataclass
-class _Segment:
-    """Audio of one utterance not yet confirmed by its final, kept for replay after a reconnect."""
-
-    chunks: deque[bytes] = field(default_factory=deque)
-    nbytes: int = 0
-    finalized: bool = False
-    finalize_sent_at: float | None = None
-
-    def append(self, audio: bytes) -> None:
-        self.chunks.append(audio)
-        self.nbytes += len(audio)
-
-    def drop_front(self, nbytes: int) -> int:
-        """Drop whole chunks from the front until at least ``nbytes`` are gone (or empty); return bytes dropped."""
-        dropped = 0
-        while self.chunks and dropped < nbytes:
-            chunk = self.chunks.popleft()
-            dropped += len(chunk)
-        self.nbytes -= dropped
-        return dropped
-
-
-class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
+class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
     """Remote NVIDIA Nemotron Speech streaming ASR: a Pipecat STT client of a ``pipecat-nemotron serve`` server.
 
     Use it instead of the in-process :class:`~pipecat_nemotron.stt.NemotronSTTService` when bots run on
@@ -134,9 +95,6 @@ class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
     a wrong token, 4001) and replays the audio of every utterance whose final has not arrived, so no finalized
     text is lost. Between turns (user not speaking) only the last ``replay_preroll_s`` of audio is kept.
     """
-
-    Settings = NemotronSTTSettings
-    _settings: NemotronSTTSettings
 
     def __init__(
         self,
@@ -187,16 +145,13 @@ class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
             ValueError: Unsupported latency, or a URL that is not ``ws://`` / ``wss://``.
 
         """
-        validate_latency_ms(latency_ms)
         if not url.startswith(("ws://", "wss://")):
             raise ValueError(f"url must start with ws:// or wss://, got {url!r}")
-        default_settings = NemotronSTTSettings(model=None, language=Language.EN, latency_ms=latency_ms)
-        if settings is not None:
-            default_settings.apply_update(settings)
-        validate_latency_ms(default_settings.latency_ms)  # type: ignore[arg-type]
         super().__init__(
+            latency_ms=latency_ms,
+            model=None,
             ttfs_p99_latency=ttfs_p99_latency,
-            settings=default_settings,
+            settings=settings,
             keepalive_timeout=keepalive_timeout,
             keepalive_interval=keepalive_interval,
             reconnect_backoff_min_wait=reconnect_backoff_min_wait,
@@ -212,27 +167,16 @@ class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
         self._replay_preroll_s = replay_preroll_s
         self._final_timeout_s = final_timeout_s
         self._max_reconnect_attempts = max_reconnect_attempts
-        self._explicit_ttfs = ttfs_p99_latency is not None
         self._receive_task: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
-        self._segments: deque[_Segment] = deque([_Segment()])
-        self._finals_done = asyncio.Event()
-        self._finals_done.set()
+        self._replay = ReplayBuffer()
         self._ready: ReadyMessage | None = None
-        self._server_model: str | None = None
-        self._last_interim = ""
         self._finalize_rtts_ms: deque[float] = deque(maxlen=512)
-        self._dropped_replay_ms = 0.0
         self._fatal_error: ErrorMessage | None = None
         self._max_send_bytes = MAX_AUDIO_MESSAGE_BYTES
         self.sessions_opened = 0
 
     # ---- properties ---------------------------------------------------------------------------------------
-
-    @property
-    def latency_ms(self) -> int:
-        """Latency mode requested in the settings, ms."""
-        return int(self._settings.latency_ms)  # type: ignore[arg-type]
 
     @property
     def ready(self) -> ReadyMessage | None:
@@ -242,29 +186,15 @@ class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
     @property
     def pending_replay_ms(self) -> float:
         """Audio held for replay (utterances not yet confirmed by a final), ms."""
-        return sum(s.nbytes for s in self._segments) / self._bytes_per_ms
+        return self._replay.nbytes / self._bytes_per_ms
 
     @property
     def _bytes_per_ms(self) -> float:
         return 2 * (self.sample_rate or MODEL_SAMPLE_RATE) / 1000.0
 
-    def can_generate_metrics(self) -> bool:
-        """Report TTFS and processing metrics."""
-        return True
-
-    def service_metadata_frame(self) -> STTMetadataFrame:
-        """Broadcast a TTFS p99 derived from the measured finalize round trips (unless given explicitly)."""
-        if not self._explicit_ttfs:
-            self._ttfs_p99_latency = self.measured_ttfs_p99()
-        return super().service_metadata_frame()
-
-    def measured_ttfs_p99(self) -> float:
-        """``VAD_STOP_SECS`` + 1.5x the finalize round-trip p99 (at least 20 ms), or the default before any."""
-        if not self._finalize_rtts_ms:
-            return NEMOTRON_TTFS_P99
-        ordered = sorted(self._finalize_rtts_ms)
-        p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
-        return round(VAD_STOP_SECS + max(p99 * _TTFS_MARGIN, 20.0) / 1000.0, 3)
+    def _finalize_p99_ms(self) -> float | None:
+        """p99 of the finalize round trips measured (finalize sent to final received), ms; None before any."""
+        return percentile(self._finalize_rtts_ms, 99.0) if self._finalize_rtts_ms else None
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
 
@@ -281,8 +211,7 @@ class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
     async def cancel(self, frame: CancelFrame) -> None:
         """Disconnect at once (the server frees the session's slot)."""
         await super().cancel(frame)
-        self._segments = deque([_Segment()])
-        self._finals_done.set()
+        self._replay.clear()
 
     async def _connect(self) -> None:
         await super()._connect()
@@ -383,21 +312,13 @@ class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
         async with self._send_lock:
             self._max_send_bytes = max_bytes
             replay_ms = self.pending_replay_ms
-            for seg in self._segments:
-                buf = bytearray()
-                for chunk in seg.chunks:
-                    for piece in _pieces(chunk, max_bytes):
-                        if len(buf) + len(piece) > max_bytes and buf:
-                            await ws.send(bytes(buf))
-                            buf.clear()
-                        buf += piece
-                if buf:
-                    await ws.send(bytes(buf))
+            for seg in self._replay:
+                for message in seg.messages(max_bytes):
+                    await ws.send(message)
                 if seg.finalized:
                     await ws.send(FinalizeMessage().to_json())
                     seg.finalize_sent_at = time.monotonic()
             self._ready = ready
-            self._server_model = ready.model
             self._settings.model = ready.model
             self._fatal_error = None
         self.sessions_opened += 1
@@ -456,11 +377,7 @@ class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
 
     async def _handle_message(self, msg: Any) -> None:
         if isinstance(msg, PartialMessage):
-            if msg.text and msg.text != self._last_interim:
-                self._last_interim = msg.text
-                await self.push_frame(
-                    InterimTranscriptionFrame(msg.text, self._user_id, time_now_iso8601(), Language.EN)
-                )
+            await self._push_interim(msg.text)
         elif isinstance(msg, FinalMessage):
             await self._on_final(msg)
         elif isinstance(msg, LatencyMessage):
@@ -477,11 +394,11 @@ class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
     async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame | None, None]:
         """Keep the audio for replay and send it if a session is open (else it is sent after reconnecting)."""
         async with self._send_lock:
-            self._segments[-1].append(audio)
+            self._replay.append(audio)
             self._trim_replay()
             if self._ready is not None and self._websocket is not None:
                 try:
-                    for piece in _pieces(audio, self._max_send_bytes):
+                    for piece in pieces(audio, self._max_send_bytes):
                         await self._websocket.send(piece)
                 except Exception as e:  # the receive loop notices the drop and reconnects
                     logger.debug(f"{self}: audio send failed: {e!r}")
@@ -497,20 +414,10 @@ class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
 
     def _trim_replay(self) -> None:
         """Bound the replay buffer: preroll only between turns, ``replay_max_s`` in total."""
-        open_seg = self._segments[-1]
-        if not self._user_speaking:
-            keep = int(self._replay_preroll_s * 1000 * self._bytes_per_ms)
-            if open_seg.nbytes > keep + 8192:
-                open_seg.drop_front(open_seg.nbytes - keep)
+        preroll = None if self._user_speaking else int(self._replay_preroll_s * 1000 * self._bytes_per_ms)
         limit = int(self._replay_max_s * 1000 * self._bytes_per_ms)
-        total = sum(s.nbytes for s in self._segments)
-        while total > limit:
-            seg = next((s for s in self._segments if s.nbytes > 0), None)
-            if seg is None:
-                break
-            dropped = seg.drop_front(total - limit)
-            total -= dropped
-            self._dropped_replay_ms += dropped / self._bytes_per_ms
+        dropped = self._replay.trim(preroll_bytes=preroll, max_bytes=limit)
+        if dropped:
             logger.warning(
                 f"{self}: replay buffer over {self._replay_max_s:g} s; dropped {dropped / self._bytes_per_ms:.0f} ms "
                 "of unconfirmed audio (a reconnect now would lose it)"
@@ -527,10 +434,7 @@ class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
 
     async def _finalize(self) -> None:
         async with self._send_lock:
-            seg = self._segments[-1]
-            seg.finalized = True
-            self._segments.append(_Segment())
-            self._finals_done.clear()
+            seg = self._replay.finalize()
             if self._ready is not None and self._websocket is not None:
                 seg.finalize_sent_at = time.monotonic()
                 try:
@@ -540,58 +444,39 @@ class NemotronServerSTTService(NemotronFinalsMixin, WebsocketSTTService):
 
     async def _flush_finals(self) -> None:
         """At the end of the session: finalize an unfinished utterance and wait for every final owed."""
-        if self._segments[-1].nbytes > 0 and self._ready is not None:
+        if self._replay.open_segment.nbytes > 0 and self._ready is not None:
             await self._finalize()
-        if any(s.finalized for s in self._segments):
+        if self._replay.owes_finals:
             try:
-                await asyncio.wait_for(self._finals_done.wait(), self._final_timeout_s)
+                await asyncio.wait_for(self._replay.wait_for_finals(), self._final_timeout_s)
             except (asyncio.TimeoutError, TimeoutError):
                 logger.warning(
                     f"{self}: finals still owed {self._final_timeout_s:g} s after the end of the session"
                 )
 
     async def _on_final(self, msg: FinalMessage) -> None:
-        self._last_interim = ""
-        seg = self._segments[0] if self._segments and self._segments[0].finalized else None
+        seg = self._replay.confirm()
         if seg is None:
             logger.warning(f"{self}: unexpected final for utterance {msg.utterance} (no finalize pending)")
-        else:
-            self._segments.popleft()
-            if seg.finalize_sent_at is not None:
-                self._finalize_rtts_ms.append((time.monotonic() - seg.finalize_sent_at) * 1000.0)
-        if not any(s.finalized for s in self._segments):
-            self._finals_done.set()
-        if not msg.text:
-            await self._skip_empty_final(msg.utterance, msg.ttf_ms)
-            return
-        await self._deliver_final(msg.text, msg.ttf_ms, self._server_model)
-        rtt = f", round trip {self._finalize_rtts_ms[-1]:.1f} ms" if seg and seg.finalize_sent_at else ""
-        logger.info(
-            f"{self}: final for utterance {msg.utterance} in {msg.ttf_ms:.1f} ms on the server{rtt} "
-            f"({msg.latency_ms} ms mode)"
-        )
-
-    @traced_stt
-    async def _handle_transcription(
-        self, transcript: str, is_final: bool, language: Language | None = None
-    ) -> None:
-        """Tracing hook for a final transcript (spans are opened and closed by ``traced_stt``)."""
+        elif seg.finalize_sent_at is not None:
+            self._finalize_rtts_ms.append((time.monotonic() - seg.finalize_sent_at) * 1000.0)
+        if await self._push_final(msg.text, msg.utterance, msg.ttf_ms, self._settings.model):
+            rtt = f", round trip {self._finalize_rtts_ms[-1]:.1f} ms" if seg and seg.finalize_sent_at else ""
+            logger.info(
+                f"{self}: final for utterance {msg.utterance} in {msg.ttf_ms:.1f} ms on the server{rtt} "
+                f"({msg.latency_ms} ms mode)"
+            )
 
     # ---- settings -----------------------------------------------------------------------------------------
 
-    async def _update_settings(self, delta: STTSettings) -> dict[str, Any]:
-        """Apply a settings delta: ``latency_ms`` switches the session's mode; the model cannot change."""
-        await self._check_settings_delta(
-            delta, "the model is chosen by the ASR server and cannot change here"
-        )
-        changed = await super()._update_settings(delta)
-        if "latency_ms" in changed:
-            async with self._send_lock:
-                if self._ready is not None and self._websocket is not None:
-                    try:
-                        await self._websocket.send(SetLatencyMessage(latency_ms=self.latency_ms).to_json())
-                    except Exception as e:  # the reconnect's config carries the new mode
-                        logger.debug(f"{self}: set_latency send failed: {e!r}")
-            logger.info(f"{self}: latency mode -> {self.latency_ms} ms")
-        self._warn_unhandled_updated_settings(set(changed) - {"latency_ms", "model"})
-        return changed
+    def _model_change_refusal(self) -> str:
+        return "the model is chosen by the ASR server and cannot change here"
+
+    async def _apply_latency(self) -> None:
+        """Tell the server the new mode (a reconnect's ``config`` carries it anyway)."""
+        async with self._send_lock:
+            if self._ready is not None and self._websocket is not None:
+                try:
+                    await self._websocket.send(SetLatencyMessage(latency_ms=self.latency_ms).to_json())
+                except Exception as e:  # the reconnect's config carries the new mode
+                    logger.debug(f"{self}: set_latency send failed: {e!r}")

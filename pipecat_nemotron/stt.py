@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
 from typing import Any
 
 from loguru import logger
@@ -18,20 +17,13 @@ from pipecat.frames.frames import (
     CancelFrame,
     EndFrame,
     Frame,
-    InterimTranscriptionFrame,
     StartFrame,
-    STTMetadataFrame,
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
-from pipecat.services.settings import NOT_GIVEN, NotGiven, STTSettings, is_given
-from pipecat.transcriptions.language import Language
-from pipecat.utils.time import time_now_iso8601
-from pipecat.utils.tracing.service_decorators import traced_stt
 
 from pipecat_nemotron.engine import (
     DEFAULT_MODEL,
-    LATENCY_MODES,
     ASRStream,
     EngineConfig,
     NemotronEngine,
@@ -39,38 +31,18 @@ from pipecat_nemotron.engine import (
     TranscriptUpdate,
 )
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
-from pipecat_nemotron.engine.config import validate_latency_ms
 from pipecat_nemotron.engine.loading import prefetch_nemo_imports
 from pipecat_nemotron.engine.shared import SharedEngines, shared_engines
-from pipecat_nemotron.stt_common import VAD_STOP_SECS, NemotronFinalsMixin
+from pipecat_nemotron.stt_base import NEMOTRON_TTFS_P99, NemotronSTTBase, NemotronSTTSettings
 
-#: TTFS p99 used before the engine has measured its own finalize time: 0.2 s of VAD stop plus 50 ms, the
-#: reference finalize p99 on a GPU (24 ms max measured) with margin, seconds.
-NEMOTRON_TTFS_P99 = 0.25
-
-#: Safety factor applied to the engine's measured finalize p99 when deriving ``ttfs_p99_latency``.
-_TTFS_MARGIN = 1.5
+__all__ = ["DEFAULT_LOAD_WAIT_S", "NEMOTRON_TTFS_P99", "NemotronSTTService", "NemotronSTTSettings"]
 
 #: Default bound on how long the end of a session waits for a model that is still loading, seconds. A cold
 #: process imports NeMo and restores the checkpoint (~20 s on a 2-core CPU, more for the 600M model from disk).
 DEFAULT_LOAD_WAIT_S = 120.0
 
 
-@dataclass
-class NemotronSTTSettings(STTSettings):
-    """Runtime-updatable settings of :class:`NemotronSTTService` (store and delta mode).
-
-    Parameters
-    ----------
-        latency_ms: Latency mode (80, 160, 560 or 1120 ms). A change applies at once if the user is not
-            mid-utterance, else at the next utterance boundary. The weights are shared; nothing reloads.
-
-    """
-
-    latency_ms: int | NotGiven = field(default_factory=lambda: NOT_GIVEN)
-
-
-class NemotronSTTService(NemotronFinalsMixin):
+class NemotronSTTService(NemotronSTTBase):
     """Local, in-process NVIDIA Nemotron Speech streaming ASR (cache-aware FastConformer-RNNT) for Pipecat.
 
     ``run_stt`` only queues audio; partial transcripts are pushed as ``InterimTranscriptionFrame`` whenever
@@ -86,9 +58,6 @@ class NemotronSTTService(NemotronFinalsMixin):
 
         stt = NemotronSTTService(model="nvidia/nemotron-speech-streaming-en-0.6b", latency_ms=160)
     """
-
-    Settings = NemotronSTTSettings
-    _settings: NemotronSTTSettings
 
     def __init__(
         self,
@@ -129,7 +98,6 @@ class NemotronSTTService(NemotronFinalsMixin):
             ValueError: Unsupported latency, device or ``load_wait_s`` (the message names the allowed values).
 
         """
-        validate_latency_ms(latency_ms)
         if not load_wait_s >= 0:
             raise ValueError(f"load_wait_s must be >= 0 (seconds), got {load_wait_s!r}")
         if engine is not None:
@@ -138,14 +106,13 @@ class NemotronSTTService(NemotronFinalsMixin):
             config = engine_config
         else:
             config = EngineConfig(model=model, model_revision=model_revision, device=device)
-        default_settings = NemotronSTTSettings(
-            model=config.model, language=Language.EN, latency_ms=latency_ms
+        super().__init__(
+            latency_ms=latency_ms,
+            model=config.model,
+            ttfs_p99_latency=ttfs_p99_latency,
+            settings=settings,
+            **kwargs,
         )
-        if settings is not None:
-            default_settings.apply_update(settings)
-        validate_latency_ms(default_settings.latency_ms)  # type: ignore[arg-type]
-        super().__init__(ttfs_p99_latency=ttfs_p99_latency, settings=default_settings, **kwargs)
-        self._explicit_ttfs = ttfs_p99_latency is not None
         self._engine_config = config
         self._owned_engine = engine
         self._registry = registry or shared_engines
@@ -157,7 +124,6 @@ class NemotronSTTService(NemotronFinalsMixin):
         # Audio (bytes) and finalize marks (None) received before the engine was ready, in order. Items stay
         # here, and later ones queue behind them, until ``_replay_pending`` has handed all of them to the stream.
         self._pending: list[bytes | None] = []
-        self._last_interim = ""
         self._ready = asyncio.Event()
         # Set when the engine could not be started for this session: audio is then not kept (it was reported).
         self._load_failed = False
@@ -177,32 +143,14 @@ class NemotronSTTService(NemotronFinalsMixin):
         """The engine stream of this session (None until connected, and after stop)."""
         return self._stream
 
-    @property
-    def latency_ms(self) -> int:
-        """Latency mode requested in the settings, ms."""
-        return int(self._settings.latency_ms)  # type: ignore[arg-type]
-
     async def wait_until_ready(self) -> None:
         """Wait until the model is loaded and this session's stream is open (after ``StartFrame``)."""
         await self._ready.wait()
 
-    def can_generate_metrics(self) -> bool:
-        """Report TTFS and processing metrics."""
-        return True
-
-    def service_metadata_frame(self) -> STTMetadataFrame:
-        """Broadcast a TTFS p99 derived from the engine's measured finalize time (unless given explicitly)."""
-        if not self._explicit_ttfs:
-            self._ttfs_p99_latency = self.measured_ttfs_p99()
-        return super().service_metadata_frame()
-
-    def measured_ttfs_p99(self) -> float:
-        """``VAD_STOP_SECS`` + 1.5x the engine's finalize p99 (at least 20 ms), or the default before any final."""
+    def _finalize_p99_ms(self) -> float | None:
+        """The engine's finalize p99 (its recent finals), ms; None before the engine runs or finalizes."""
         engine = self._engine or self._owned_engine
-        p99_ms = engine.finalize_ms_percentile(99.0) if engine is not None and engine.running else None
-        if p99_ms is None:
-            return NEMOTRON_TTFS_P99
-        return round(VAD_STOP_SECS + max(p99_ms * _TTFS_MARGIN, 20.0) / 1000.0, 3)
+        return engine.finalize_ms_percentile(99.0) if engine is not None and engine.running else None
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
 
@@ -288,7 +236,7 @@ class NemotronSTTService(NemotronFinalsMixin):
     def _open_stream(self) -> None:
         assert self._engine is not None
         self._stream = self._engine.open_stream(latency_ms=self.latency_ms)
-        self._last_interim = ""
+        self._last_interim = ""  # a new stream starts its interim text afresh
         self._reader_task = self.create_task(self._read_updates(self._stream), name=f"{self}::results")
 
     async def _close(self, drain: bool = False) -> None:
@@ -407,49 +355,22 @@ class NemotronSTTService(NemotronFinalsMixin):
             async for update in stream.updates():
                 if update.is_final:
                     await self._on_final(update)
-                elif update.text and update.text != self._last_interim:
-                    self._last_interim = update.text
-                    await self.push_frame(
-                        InterimTranscriptionFrame(update.text, self._user_id, time_now_iso8601(), Language.EN)
-                    )
+                else:
+                    await self._push_interim(update.text)
         except NemotronEngineError as e:
             if self._stream is stream:
                 await self._stream_failed(e)
 
     async def _on_final(self, update: TranscriptUpdate) -> None:
-        self._last_interim = ""
         ttf_ms = update.ttf_ms or 0.0
-        if not update.text:
-            await self._skip_empty_final(update.utterance, ttf_ms)
-            return
-        await self._deliver_final(update.text, ttf_ms, self._engine_config.model)
-        logger.info(
-            f"{self}: final for utterance {update.utterance} in {ttf_ms:.1f} ms ({update.latency_ms} ms mode)"
-        )
-
-    @traced_stt
-    async def _handle_transcription(
-        self, transcript: str, is_final: bool, language: Language | None = None
-    ) -> None:
-        """Tracing hook for a final transcript (spans are opened and closed by ``traced_stt``)."""
+        if await self._push_final(update.text, update.utterance, ttf_ms, self._engine_config.model):
+            logger.info(
+                f"{self}: final for utterance {update.utterance} in {ttf_ms:.1f} ms ({update.latency_ms} ms mode)"
+            )
 
     # ---- settings -----------------------------------------------------------------------------------------
 
-    async def _update_settings(self, delta: STTSettings) -> dict[str, Any]:
-        """Apply a settings delta: ``latency_ms`` switches this session's mode; other models are refused."""
-        if isinstance(delta, NemotronSTTSettings) and is_given(delta.latency_ms):
-            if delta.latency_ms not in LATENCY_MODES:
-                msg = f"latency_ms must be one of {sorted(LATENCY_MODES)} (ms), got {delta.latency_ms!r}"
-                await self.push_error(error_msg=msg)
-                delta.latency_ms = NOT_GIVEN
-        if is_given(delta.model) and delta.model != self._settings.model:
-            await self.push_error(
-                error_msg=f"the model cannot change at run time (loaded: {self._settings.model})"
-            )
-            delta.model = NOT_GIVEN
-        changed = await super()._update_settings(delta)
-        if "latency_ms" in changed and self._stream is not None and not self._stream.closed:
+    async def _apply_latency(self) -> None:
+        """Switch the open stream to the new mode (a stream opened later starts in it)."""
+        if self._stream is not None and not self._stream.closed:
             self._stream.set_latency(self.latency_ms)
-            logger.info(f"{self}: latency mode -> {self.latency_ms} ms")
-        self._warn_unhandled_updated_settings(set(changed) - {"latency_ms", "model"})
-        return changed

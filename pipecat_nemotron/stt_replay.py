@@ -1,0 +1,150 @@
+"""The client-side replay buffer of :class:`~pipecat_nemotron.server_stt.NemotronServerSTTService`.
+
+A connection to the ASR server can drop mid-turn. So that no finalized turn is lost, the service keeps the audio
+of every utterance whose final has not arrived yet, one :class:`Segment` per utterance, and replays it (with the
+utterance's ``finalize``) on the next session. Between turns only a short preroll is kept; in total the buffer is
+bounded. All sizes here are bytes of 16-bit mono PCM; the service converts to and from time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+__all__ = ["ReplayBuffer", "Segment", "pieces"]
+
+
+def pieces(audio: bytes, max_bytes: int) -> list[bytes]:
+    """``audio`` cut into messages of at most ``max_bytes`` (an even number: whole 16-bit samples)."""
+    if len(audio) <= max_bytes:
+        return [audio]
+    return [audio[i : i + max_bytes] for i in range(0, len(audio), max_bytes)]
+
+
+@dataclass
+class Segment:
+    """Audio of one utterance not yet confirmed by its final, kept for replay after a reconnect.
+
+    Attributes:
+        chunks: The audio, in the pieces it arrived in.
+        nbytes: Total size of ``chunks``, bytes.
+        finalized: Whether the utterance was finalized (its final is owed).
+        finalize_sent_at: ``time.monotonic()`` when its ``finalize`` was last sent, seconds (None: not sent).
+
+    """
+
+    chunks: deque[bytes] = field(default_factory=deque)
+    nbytes: int = 0
+    finalized: bool = False
+    finalize_sent_at: float | None = None
+
+    def append(self, audio: bytes) -> None:
+        """Keep ``audio`` at the end of the utterance."""
+        self.chunks.append(audio)
+        self.nbytes += len(audio)
+
+    def drop_front(self, nbytes: int) -> int:
+        """Drop whole chunks from the front until at least ``nbytes`` are gone (or empty); return bytes dropped."""
+        dropped = 0
+        while self.chunks and dropped < nbytes:
+            chunk = self.chunks.popleft()
+            dropped += len(chunk)
+        self.nbytes -= dropped
+        return dropped
+
+    def messages(self, max_bytes: int) -> Iterator[bytes]:
+        """The audio packed into as few messages as fit in ``max_bytes`` each (a larger chunk is split)."""
+        buf = bytearray()
+        for chunk in self.chunks:
+            for piece in pieces(chunk, max_bytes):
+                if len(buf) + len(piece) > max_bytes and buf:
+                    yield bytes(buf)
+                    buf.clear()
+                buf += piece
+        if buf:
+            yield bytes(buf)
+
+
+class ReplayBuffer:
+    """The unconfirmed utterances of a session, oldest first; the last one is open (receiving audio)."""
+
+    def __init__(self) -> None:
+        """Start with one open, empty utterance."""
+        self._segments: deque[Segment] = deque([Segment()])
+        self._finals_done = asyncio.Event()
+        self._finals_done.set()
+
+    def __iter__(self) -> Iterator[Segment]:
+        """The utterances, oldest first."""
+        return iter(self._segments)
+
+    @property
+    def nbytes(self) -> int:
+        """Audio held, bytes."""
+        return sum(s.nbytes for s in self._segments)
+
+    @property
+    def open_segment(self) -> Segment:
+        """The utterance receiving audio now."""
+        return self._segments[-1]
+
+    @property
+    def owes_finals(self) -> bool:
+        """Whether some finalized utterance still waits for its final."""
+        return any(s.finalized for s in self._segments)
+
+    def clear(self) -> None:
+        """Forget everything (the session was cancelled)."""
+        self._segments = deque([Segment()])
+        self._finals_done.set()
+
+    def append(self, audio: bytes) -> None:
+        """Keep ``audio`` in the open utterance."""
+        self._segments[-1].append(audio)
+
+    def finalize(self) -> Segment:
+        """Close the open utterance (its final is now owed) and open the next; return the closed one."""
+        segment = self._segments[-1]
+        segment.finalized = True
+        self._segments.append(Segment())
+        self._finals_done.clear()
+        return segment
+
+    def confirm(self) -> Segment | None:
+        """A final arrived: forget the oldest finalized utterance and return it (None if none was owed)."""
+        segment = self._segments.popleft() if self._segments[0].finalized else None
+        if not self.owes_finals:
+            self._finals_done.set()
+        return segment
+
+    async def wait_for_finals(self) -> None:
+        """Return once no final is owed (every finalized utterance was confirmed, or the buffer cleared)."""
+        await self._finals_done.wait()
+
+    def trim(self, *, preroll_bytes: int | None, max_bytes: int) -> int:
+        """Bound the buffer.
+
+        Args:
+            preroll_bytes: Audio the open utterance keeps while the user is not speaking, bytes (None while the
+                user speaks: keep it all).
+            max_bytes: Most audio held in total, bytes; the oldest goes first.
+
+        Returns:
+            Bytes of unconfirmed audio dropped to stay under ``max_bytes`` (the preroll trim is not counted).
+
+        """
+        open_seg = self._segments[-1]
+        if preroll_bytes is not None and open_seg.nbytes > preroll_bytes + 8192:
+            open_seg.drop_front(open_seg.nbytes - preroll_bytes)
+        total = self.nbytes
+        dropped = 0
+        while total > max_bytes:
+            seg = next((s for s in self._segments if s.nbytes > 0), None)
+            if seg is None:
+                break
+            n = seg.drop_front(total - max_bytes)
+            total -= n
+            dropped += n
+        return dropped
