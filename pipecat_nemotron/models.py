@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipecat_nemotron.devices import resolve_device
 from pipecat_nemotron.engine.config import DEFAULT_MODEL
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
@@ -22,9 +23,6 @@ def default_asr_model(device: str = "auto") -> str:
         device: The device the engine will use (``"auto"``, ``"cpu"``, ``"cuda"``...).
 
     """
-    import torch
-
-    wants_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    if wants_gpu or not TINY_MODEL_PATH.exists():
+    if resolve_device(device).startswith("cuda") or not TINY_MODEL_PATH.exists():
         return DEFAULT_MODEL
     return str(TINY_MODEL_PATH)

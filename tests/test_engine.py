@@ -314,7 +314,7 @@ async def test_non_streaming_model_is_rejected(tmp_path) -> None:
 
     from pipecat_nemotron.engine import ModelLoadError
     from pipecat_nemotron.engine.architectures import tiny_config, train_tokenizer
-    from pipecat_nemotron.engine.loading import quiet_nemo
+    from pipecat_nemotron.nemo_logs import quiet_nemo
 
     cfg = tiny_config(str(train_tokenizer(tmp_path / "tok")))
     cfg["encoder"].update(att_context_style="regular", att_context_size=[-1, -1], conv_context_size=None)

@@ -221,7 +221,7 @@ def build_random_model(
     import torch
     from omegaconf import OmegaConf
 
-    from pipecat_nemotron.engine.loading import quiet_nemo
+    from pipecat_nemotron.nemo_logs import quiet_nemo
 
     configs = {"tiny": tiny_config, "600m": nemotron_600m_config}
     if size not in configs:

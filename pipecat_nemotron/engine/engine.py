@@ -170,15 +170,15 @@ class NemotronEngine:
 
         from pipecat_nemotron.engine.loading import (
             load_asr_model,
-            resolve_device,
             resolve_dtype,
+            resolve_torch_device,
             wait_for_nemo_imports,
         )
 
         wait_for_nemo_imports()
         from pipecat_nemotron.engine.runner import ModelRunner
 
-        device = resolve_device(self.config.device)
+        device = resolve_torch_device(self.config.device)
         dtype = resolve_dtype(self.config.dtype, device)
         if device.type == "cpu":
             torch.set_num_threads(max(1, torch.get_num_threads()))

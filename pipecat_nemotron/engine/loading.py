@@ -5,18 +5,17 @@ NeMo is imported lazily here (it takes seconds and ~800 MB), never at ``import p
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import logging as std_logging
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
+from pipecat_nemotron.devices import resolve_device
 from pipecat_nemotron.engine.config import EngineConfig
 from pipecat_nemotron.engine.errors import ModelLoadError
+from pipecat_nemotron.nemo_logs import quiet_nemo
 
 if TYPE_CHECKING:
     import torch
@@ -66,26 +65,10 @@ def wait_for_nemo_imports() -> None:
         thread.join()
 
 
-@contextlib.contextmanager
-def quiet_nemo(level: int = std_logging.ERROR) -> Iterator[None]:
-    """Lower NeMo's logging (it prints hundreds of INFO lines to stdout while building) for a block.
+def resolve_torch_device(device: str) -> torch.device:
+    """Turn the config's ``"auto"``/``"cpu"``/``"cuda"``/``"cuda:N"`` into a :class:`torch.device` the engine can use.
 
-    Args:
-        level: The ``logging`` level NeMo uses inside the block; restored afterwards.
-
-    """
-    from nemo.utils import logging as nemo_logging
-
-    previous = nemo_logging.getEffectiveLevel()
-    nemo_logging.setLevel(level)
-    try:
-        yield
-    finally:
-        nemo_logging.setLevel(previous)
-
-
-def resolve_device(device: str) -> torch.device:
-    """Turn ``"auto"``/``"cpu"``/``"cuda"``/``"cuda:N"`` into a :class:`torch.device`.
+    ``"auto"`` follows :func:`pipecat_nemotron.devices.resolve_device`, warning when it falls back to the CPU.
 
     Raises:
         ModelLoadError: A CUDA device was asked for and none is available.
@@ -93,15 +76,13 @@ def resolve_device(device: str) -> torch.device:
     """
     import torch
 
-    if device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
+    name = resolve_device(device)
+    if device == "auto" and name == "cpu":
         logger.warning(
             "No CUDA GPU found: running the ASR model on the CPU. Expect only the tiny model or the 560/1120 ms "
             "modes to keep up with real time."
         )
-        return torch.device("cpu")
-    dev = torch.device(device)
+    dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError(
             f"device={device!r} was requested but torch.cuda.is_available() is False (torch {torch.__version__}). "

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -35,14 +36,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from loguru import logger
 
+from pipecat_nemotron.devices import resolve_device
 from pipecat_nemotron.magpie.errors import MagpieEngineError, MagpieSynthesisError
-from pipecat_nemotron.magpie.loading import (
-    check_model_source,
-    check_tts_dependencies,
-    load_magpie_model,
-    quiet_nemo_logging,
-    resolve_device,
-)
+from pipecat_nemotron.magpie.loading import check_model_source, check_tts_dependencies, load_magpie_model
 from pipecat_nemotron.magpie.options import (
     DEFAULT_MAGPIE_MODEL,
     VOICES,
@@ -51,6 +47,7 @@ from pipecat_nemotron.magpie.options import (
     normalize_voice,
 )
 from pipecat_nemotron.magpie.stream import AudioChunk, SynthesisStats, SynthesisStream, _Request
+from pipecat_nemotron.nemo_logs import quiet_nemo
 
 if TYPE_CHECKING:
     from pipecat_nemotron.magpie.streaming import StreamingDecoder
@@ -265,7 +262,7 @@ class MagpieEngine:
     # Worker thread.
 
     def _run(self) -> None:
-        with quiet_nemo_logging():
+        with quiet_nemo(logging.WARNING):
             try:
                 self._load()
             except BaseException as e:  # Reported to every waiter; the thread then drains the queue.

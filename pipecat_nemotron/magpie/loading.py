@@ -5,65 +5,20 @@ Users and tests go through :func:`load_magpie_model`; nothing else in the packag
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import logging
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
+from pipecat_nemotron.devices import resolve_device
+from pipecat_nemotron.nemo_logs import quiet_nemo
+
 TTS_EXTRA_HINT = 'pip install "pipecat-nemotron[tts]"'
 """The install command named by errors about NeMo's TTS collection."""
 
 _HUB_MODEL_MODULES = ("jieba", "pypinyin", "pypinyin_dict")  # The released checkpoint's Mandarin G2P.
-
-
-class _QuietThreadsFilter(logging.Filter):
-    """Drops NeMo records below WARNING that come from registered threads.
-
-    NeMo logs hundreds of INFO lines while restoring a model and a few per synthesised sentence ("Decoding
-    timestep 0", "End detected ..."). Changing NeMo's process-wide level would also silence the ASR engine running
-    beside us, so records are filtered by the thread that emits them instead.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._lock = threading.Lock()
-        self._counts: dict[int, int] = {}
-
-    def enter(self) -> None:
-        ident = threading.get_ident()
-        with self._lock:
-            self._counts[ident] = self._counts.get(ident, 0) + 1
-
-    def leave(self) -> None:
-        ident = threading.get_ident()
-        with self._lock:
-            count = self._counts.get(ident, 0) - 1
-            if count <= 0:
-                self._counts.pop(ident, None)
-            else:
-                self._counts[ident] = count
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or record.thread not in self._counts
-
-
-_QUIET = _QuietThreadsFilter()
-logging.getLogger("nemo_logger").addFilter(_QUIET)
-
-
-@contextlib.contextmanager
-def quiet_nemo_logging() -> Iterator[None]:
-    """Silence NeMo's INFO/DEBUG records emitted by the calling thread (warnings and errors still show)."""
-    _QUIET.enter()
-    try:
-        yield
-    finally:
-        _QUIET.leave()
 
 
 def is_local_path(model: str) -> bool:
@@ -141,23 +96,6 @@ def check_model_source(model: str, codec_model_path: str | None) -> None:
         raise FileNotFoundError(f"Codec checkpoint not found: codec_model_path={codec_model_path!r}.")
 
 
-def resolve_device(device: str) -> str:
-    """Resolve ``"auto"`` to ``"cuda"`` when a GPU is visible, else ``"cpu"``; other values pass through.
-
-    Args:
-        device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
-
-    Returns:
-        A torch device string.
-
-    """
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def load_magpie_model(model: str, device: str = "auto", codec_model_path: str | None = None) -> Any:
     """Load a ``MagpieTTSModel`` for inference.
 
@@ -186,7 +124,7 @@ def load_magpie_model(model: str, device: str = "auto", codec_model_path: str | 
     check_tts_dependencies(model)
     check_model_source(model, codec_model_path)
     map_location = torch.device(resolve_device(device))
-    with quiet_nemo_logging():
+    with quiet_nemo(logging.WARNING):
         try:
             from nemo.collections.tts.models import MagpieTTSModel
         except ImportError as e:

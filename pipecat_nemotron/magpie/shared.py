@@ -8,8 +8,8 @@ from typing import Any
 
 from loguru import logger
 
+from pipecat_nemotron.devices import resolve_device
 from pipecat_nemotron.magpie.engine import MagpieEngine
-from pipecat_nemotron.magpie.loading import resolve_device
 from pipecat_nemotron.magpie.options import DEFAULT_MAGPIE_MODEL
 
 _EngineKey = tuple[str, str, str | None]

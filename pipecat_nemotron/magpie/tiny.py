@@ -9,11 +9,12 @@ is ~1.7M parameters and says nothing intelligible. Nothing is downloaded.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from pipecat_nemotron.magpie._nemo_private import set_baked_speakers
-from pipecat_nemotron.magpie.loading import quiet_nemo_logging
+from pipecat_nemotron.nemo_logs import quiet_nemo
 
 TINY_SAMPLE_RATE = 22050
 """Codec sample rate of the tiny model, in Hz (the real codec's rate)."""
@@ -163,7 +164,7 @@ def build_tiny_magpie(
     import torch
     from omegaconf import OmegaConf
 
-    with quiet_nemo_logging():
+    with quiet_nemo(logging.WARNING):
         from nemo.collections.tts.models import AudioCodecModel, MagpieTTSModel
 
         out = Path(out_dir)
