@@ -137,7 +137,6 @@ class ASRServer:
             ]
         )
         self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
         self._start_task: asyncio.Task[None] | None = None
         self.port = self.config.port
 
@@ -179,12 +178,12 @@ class ASRServer:
             keepalive_timeout=self.config.keepalive_timeout_s,
         )
         await self._runner.setup()
-        self._site = web.TCPSite(self._runner, self.config.host, self.config.port)
-        await self._site.start()
+        await web.TCPSite(self._runner, self.config.host, self.config.port).start()
         self._guard.start(self._runner.server)
-        server = getattr(self._site, "_server", None)
-        if server is not None and server.sockets:
-            self.port = server.sockets[0].getsockname()[1]
+        # The socket address the site bound (the port the OS chose for ``port=0``), via aiohttp's public API.
+        addresses = self._runner.addresses
+        if addresses:
+            self.port = addresses[0][1]
         logger.info(f"ASR server listening on {self.url} (health on {self.http_url}/healthz)")
         self._start_task = asyncio.get_running_loop().create_task(
             self.service.start(), name="asr-engine-start"

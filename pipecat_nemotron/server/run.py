@@ -39,16 +39,15 @@ async def run_server(
             pass
     server = ASRServer(engine_config, config)
     await server.start(wait_ready=False)
-    start_task = server._start_task
-    assert start_task is not None
+    ready = loop.create_task(server.wait_ready(), name="asr-wait-ready")
     stop_wait = loop.create_task(stop.wait())
-    await asyncio.wait({start_task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-    if start_task.done() and start_task.exception() is not None:
-        logger.error(f"ASR server: the model failed to load: {start_task.exception()}")
+    await asyncio.wait({ready, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    if ready.done() and ready.exception() is not None:
+        logger.error(f"ASR server: the model failed to load: {ready.exception()}")
         stop_wait.cancel()
         await server.stop(drain_timeout_s=0)
         return 1
     await stop_wait
     logger.info("ASR server: shutdown requested")
-    await server.stop()
+    await server.stop()  # cancels a load still under way, and with it ``ready``
     return 0

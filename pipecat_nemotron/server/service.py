@@ -122,10 +122,7 @@ class ASRService:
     @property
     def alive(self) -> bool:
         """False if loading failed or the engine's scheduler crashed (liveness)."""
-        if self.load_error is not None:
-            return False
-        scheduler = getattr(self.engine, "_scheduler", None)
-        return scheduler is None or scheduler.error is None
+        return self.load_error is None and self.engine.error is None
 
     async def start(self) -> None:
         """Load and warm up the model (if not already), then accept sessions.
