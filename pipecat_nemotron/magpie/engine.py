@@ -164,6 +164,11 @@ class MagpieEngine:
         self.wait_until_ready(0)
 
     @property
+    def load_error(self) -> BaseException | None:
+        """Why loading failed (None while loading and once ready); a failed engine serves no request."""
+        return self._load_error
+
+    @property
     def model(self) -> Any:
         """The loaded ``MagpieTTSModel`` (None until ready). Only the worker thread may run it."""
         return self._model

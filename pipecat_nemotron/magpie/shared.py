@@ -2,39 +2,42 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from loguru import logger
 
 from pipecat_nemotron.devices import resolve_device
 from pipecat_nemotron.magpie.engine import MagpieEngine
 from pipecat_nemotron.magpie.options import DEFAULT_MAGPIE_MODEL
+from pipecat_nemotron.registry import EngineRegistry
 
-_EngineKey = tuple[str, str, str | None]
+
+class MagpieKey(NamedTuple):
+    """What makes two Magpie engines the same: the checkpoint, the resolved device and the codec override."""
+
+    model: str
+    device: str
+    codec_model_path: str | None
 
 
-class SharedMagpieEngines:
+def _cannot_serve(engine: MagpieEngine) -> bool:
+    return engine.closed or engine.load_error is not None
+
+
+class SharedMagpieEngines(EngineRegistry[MagpieKey, MagpieEngine]):
     """Ref-counted engines keyed by (model, device, codec): services naming the same ones share one loaded model.
 
-    An engine stays loaded when its last user releases it (a bot server keeps serving sessions without reloading),
-    unless ``unload_when_unused`` is set; :meth:`close_all` stops every engine at process shutdown. Thread-safe.
+    The bookkeeping is the one both registries share (:class:`~pipecat_nemotron.registry.EngineRegistry`): an
+    engine stays loaded when its last user releases it (a bot server keeps serving sessions without reloading),
+    unless ``unload_when_unused`` is set; a preloaded engine stays loaded regardless; :meth:`close_all` stops
+    every engine at process shutdown. ``acquire`` and ``release`` are synchronous (the engine loads on its own
+    thread) and thread-safe.
+
+    Args:
+        unload_when_unused: Close an engine (freeing its model) when its last user releases it.
+
     """
-
-    def __init__(self, unload_when_unused: bool = False) -> None:
-        """Create an empty registry.
-
-        Args:
-            unload_when_unused: Close an engine (freeing its model) when its last user releases it.
-
-        """
-        self.unload_when_unused = unload_when_unused
-        self._lock = threading.Lock()
-        self._engines: dict[_EngineKey, MagpieEngine] = {}
-        self._refs: dict[int, int] = {}
-        # Engines loaded by :meth:`preload`: each holds one reference for the life of the process.
-        self._pinned: set[int] = set()
 
     def acquire(
         self,
@@ -58,16 +61,18 @@ class SharedMagpieEngines:
             The shared engine (possibly still loading: see :meth:`MagpieEngine.wait_ready`).
 
         """
-        key = (model, resolve_device(device), codec_model_path)
-        with self._lock:
-            engine = self._engines.get(key)
-            if engine is None or engine.closed or engine._load_error is not None:
-                engine = MagpieEngine(
-                    model, device=key[1], codec_model_path=codec_model_path, **engine_kwargs
-                )
-                self._engines[key] = engine
-            self._refs[id(engine)] = self._refs.get(id(engine), 0) + 1
-            return engine
+        key = MagpieKey(model, resolve_device(device), codec_model_path)
+        held, orphan = self._checkout(
+            key,
+            lambda: MagpieEngine(
+                model, device=key.device, codec_model_path=codec_model_path, **engine_kwargs
+            ),
+            hold=True,
+            replace_if=_cannot_serve,
+        )
+        if orphan is not None:
+            orphan.close()
+        return held.engine
 
     async def preload(
         self,
@@ -94,42 +99,19 @@ class SharedMagpieEngines:
         except BaseException:
             self.release(engine)
             raise
-        with self._lock:
-            if id(engine) in self._pinned:
-                self._refs[id(engine)] -= 1  # one process-lifetime reference is enough
-            self._pinned.add(id(engine))
+        self._pin(engine)
         logger.info(f"Magpie TTS model {model} ready after {time.perf_counter() - started:.1f} s")
         return engine
 
     def release(self, engine: MagpieEngine) -> None:
         """Drop one reference to ``engine``; at zero, close it if ``unload_when_unused`` (or if it was replaced)."""
-        with self._lock:
-            refs = self._refs.get(id(engine), 0) - 1
-            if refs > 0:
-                self._refs[id(engine)] = refs
-                return
-            self._refs.pop(id(engine), None)
-            registered = engine in self._engines.values()
-            if registered and not self.unload_when_unused:
-                return
-            for key in [k for k, e in self._engines.items() if e is engine]:
-                del self._engines[key]
-        engine.close()
-
-    def refs(self, engine: MagpieEngine) -> int:
-        """Current users of ``engine``."""
-        with self._lock:
-            return self._refs.get(id(engine), 0)
+        if self._drop(engine):
+            engine.close()
 
     def close_all(self) -> None:
         """Close every engine (process shutdown)."""
-        with self._lock:
-            engines = list(self._engines.values())
-            self._engines.clear()
-            self._refs.clear()
-            self._pinned.clear()
-        for engine in engines:
-            engine.close()
+        for held in self._take_all():
+            held.engine.close()
 
 
 shared_magpie_engines = SharedMagpieEngines()
