@@ -15,6 +15,7 @@ LATENCY_MODES: dict[int, int] = {80: 0, 160: 1, 560: 6, 1120: 13}
 LEFT_CONTEXT_FRAMES = 70
 
 FinalizeMode = Literal["soft", "hard"]
+EncoderStep = Literal["fast", "nemo"]
 
 
 def validate_latency_ms(latency_ms: int) -> int:
@@ -47,6 +48,10 @@ class EngineConfig:
             (context carries over, cheaper); ``"hard"`` resets them after each final (each utterance is
             decoded exactly as if it were a clip of its own).
         warmup: Run a few steps in every mode at ``start()`` so the first user does not pay for it.
+        encoder_step: ``"fast"`` runs our encoder step (:mod:`pipecat_nemotron.engine.fast_step`: cached
+            projected K/V, reused positional projections, matmul convolutions; same output as NeMo's, twice
+            the attention cache per stream); ``"nemo"`` runs NeMo's ``cache_aware_stream_step`` (for
+            comparison, or for encoders the fast step does not support).
 
     """
 
@@ -59,6 +64,7 @@ class EngineConfig:
     default_latency_ms: int = 160
     finalize_mode: FinalizeMode = "soft"
     warmup: bool = True
+    encoder_step: EncoderStep = "fast"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -75,4 +81,6 @@ class EngineConfig:
             raise ValueError(f"max_batch_size must be a positive int, got {self.max_batch_size!r}")
         if self.finalize_mode not in ("soft", "hard"):
             raise ValueError(f"finalize_mode must be 'soft' or 'hard', got {self.finalize_mode!r}")
+        if self.encoder_step not in ("fast", "nemo"):
+            raise ValueError(f"encoder_step must be 'fast' or 'nemo', got {self.encoder_step!r}")
         validate_latency_ms(self.default_latency_ms)

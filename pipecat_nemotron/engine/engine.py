@@ -183,7 +183,7 @@ class NemotronEngine:
         if device.type == "cpu":
             torch.set_num_threads(max(1, torch.get_num_threads()))
         model = load_asr_model(self.config, device, dtype)
-        return ModelRunner(model, self.config.max_streams, device, dtype)
+        return ModelRunner(model, self.config.max_streams, device, dtype, self.config.encoder_step)
 
     async def _warmup(self) -> None:
         rng = np.random.default_rng(0)

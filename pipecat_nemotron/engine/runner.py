@@ -3,7 +3,8 @@
 One call of :meth:`ModelRunner.run_step` executes every group of a step: for each group (streams of one
 latency mode and chunk shape) it computes exact mel features, gathers the streams' encoder caches from NeMo's
 slot pool (:class:`~nemo.collections.asr.inference.utils.context_manager.CacheAwareContextManager`), runs one
-batched ``conformer_stream_step`` and writes the caches back.
+batched encoder step (ours, :class:`~pipecat_nemotron.engine.fast_step.FastEncoderStep`, or NeMo's
+``cache_aware_stream_step``), one batched greedy RNNT decode, and writes the caches back.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import numpy as np
 import torch
 from loguru import logger
 
-from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
+from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES, EncoderStep
+from pipecat_nemotron.engine.fast_step import FastEncoderStep, UnsupportedEncoderError
 from pipecat_nemotron.engine.features import MelFrontend
 from pipecat_nemotron.engine.state import StreamState
 
@@ -84,10 +86,19 @@ class ModelRunner:
         num_slots: Cache slots to preallocate (the engine's ``max_streams``).
         device: The model's device.
         dtype: The encoder's dtype.
+        encoder_step: ``"fast"`` (ours; falls back to NeMo's with a warning for an encoder it does not
+            support) or ``"nemo"``.
 
     """
 
-    def __init__(self, model: Any, num_slots: int, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        model: Any,
+        num_slots: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        encoder_step: EncoderStep = "fast",
+    ) -> None:
         from nemo.collections.asr.inference.utils.context_manager import CacheAwareContextManager
 
         self.model = model
@@ -115,7 +126,15 @@ class ModelRunner:
         self._active_mode: int | None = None
         #: Called with ``(stream_ids, encoded [B, D, T], encoded_len [B])`` after every encoder step.
         self.encoder_output_hook: Callable[[list[int], torch.Tensor, torch.Tensor], None] | None = None
-        self.slots = CacheAwareContextManager(model.encoder, num_slots=num_slots)
+        self.fast_step: FastEncoderStep | None = None
+        if encoder_step == "fast":
+            try:
+                self.fast_step = FastEncoderStep(model.encoder)
+            except UnsupportedEncoderError as e:
+                logger.warning(f"{e}: running NeMo's encoder step instead")
+        #: The encoder step that runs: ``"fast"`` or ``"nemo"``.
+        self.encoder_step: EncoderStep = "fast" if self.fast_step is not None else "nemo"
+        self.slots = CacheAwareContextManager(self.fast_step or model.encoder, num_slots=num_slots)
         for name in ("cache_last_channel", "cache_last_time"):
             setattr(self.slots, name, getattr(self.slots, name).to(device=device, dtype=dtype))
         keeps = {m.pre_encode_cache_frames for m in self.modes.values()}
@@ -212,18 +231,10 @@ class ModelRunner:
             for it in items
         ]
         self._set_mode(latency_ms)
-        # The two halves of NeMo's ``conformer_stream_step``, called directly so the encoder output can be
-        # observed (``encoder_output_hook``, used by the streaming-equals-offline tests).
-        encoded, encoded_len, cache_channel, cache_time, cache_channel_len = (
-            self.model.encoder.cache_aware_stream_step(
-                processed_signal=signal.to(self.dtype),
-                processed_signal_length=lengths,
-                cache_last_channel=context.cache_last_channel,
-                cache_last_time=context.cache_last_time,
-                cache_last_channel_len=context.cache_last_channel_len,
-                keep_all_outputs=True,
-                drop_extra_pre_encoded=drop,
-            )
+        # The encoder half of NeMo's ``conformer_stream_step`` and the decoder half are called separately so
+        # the encoder output can be observed (``encoder_output_hook``, used by the equivalence tests).
+        encoded, encoded_len, cache_channel, cache_time, cache_channel_len = self._encode(
+            signal.to(self.dtype), lengths, context, drop, mode.right_context
         )
         if self.encoder_output_hook is not None:
             self.encoder_output_hook(stream_ids, encoded, encoded_len)
@@ -247,6 +258,30 @@ class ModelRunner:
             it.new_tokens = tokens
             it.state.dec_state = hyp.dec_state
             it.state.encoder_started = True
+
+    def _encode(
+        self, signal: torch.Tensor, lengths: torch.Tensor, context: Any, drop: int, right_context: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One batched encoder step; returns the output, its lengths and the three next caches."""
+        if self.fast_step is not None:
+            return self.fast_step(
+                signal,
+                lengths,
+                context.cache_last_channel,
+                context.cache_last_time,
+                context.cache_last_channel_len,
+                drop_extra_pre_encoded=drop,
+                right_context=right_context,
+            )
+        return self.model.encoder.cache_aware_stream_step(
+            processed_signal=signal,
+            processed_signal_length=lengths,
+            cache_last_channel=context.cache_last_channel,
+            cache_last_time=context.cache_last_time,
+            cache_last_channel_len=context.cache_last_channel_len,
+            keep_all_outputs=True,
+            drop_extra_pre_encoded=drop,
+        )
 
     def detokenize(self, tokens: list[int]) -> str:
         """Text of a token sequence."""
