@@ -86,6 +86,7 @@ class AgentSettings:
             ValueError: A value does not parse (the message names the key).
 
         """
+        from pipecat_nemotron.llm import ENV_BACKEND, ENV_BASE_URL, ENV_NVIDIA_API_KEY, ENV_PREFIX
 
         def get(key: str) -> str | None:
             value = environ.get(key, "").strip()
@@ -94,14 +95,12 @@ class AgentSettings:
         latency = get("NEMOTRON_ASR_LATENCY_MS") or "160"
         if not latency.isdigit():
             raise ValueError(f"NEMOTRON_ASR_LATENCY_MS must be 80, 160, 560 or 1120, got {latency!r}")
-        llm_keys = {
-            k: v for k, v in environ.items() if k.startswith("NEMOTRON_LLM_") or k == "NVIDIA_API_KEY"
-        }
+        llm_keys = {k: v for k, v in environ.items() if k.startswith(ENV_PREFIX) or k == ENV_NVIDIA_API_KEY}
         return cls(
             asr_model=get("NEMOTRON_ASR_MODEL"),
             asr_device=get("NEMOTRON_ASR_DEVICE") or "auto",
             asr_latency_ms=int(latency),
-            llm_configured=bool(get("NEMOTRON_LLM_BASE_URL") or get("NEMOTRON_LLM_BACKEND")),
+            llm_configured=bool(get(ENV_BASE_URL) or get(ENV_BACKEND)),
             llm_env=llm_keys,
             tts_model=get("MAGPIE_TTS_MODEL"),
             tts_voice=get("MAGPIE_TTS_VOICE") or "aria",

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -131,7 +131,10 @@ ENV_TOP_P = "NEMOTRON_LLM_TOP_P"
 ENV_MAX_TOKENS = "NEMOTRON_LLM_MAX_TOKENS"
 ENV_ENABLE_THINKING = "NEMOTRON_LLM_ENABLE_THINKING"
 ENV_SYSTEM_PROMPT = "NEMOTRON_LLM_SYSTEM_PROMPT"
-_ENV_NVIDIA_API_KEY = "NVIDIA_API_KEY"
+ENV_NVIDIA_API_KEY = "NVIDIA_API_KEY"
+"""The hosted API's key, read when ``NEMOTRON_LLM_API_KEY`` is unset."""
+ENV_PREFIX = "NEMOTRON_LLM_"
+"""Every ``ENV_*`` key above but :data:`ENV_NVIDIA_API_KEY` starts with it."""
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -227,6 +230,16 @@ class NemotronLLMSettings:
             ValueError: If a field is out of range; the message names the fix.
 
         """
+        url = self._check_base_url()
+        self._check_model_and_key(url)
+        self._check_sampling()
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise ValueError(
+                f"Nemotron LLM system_prompt must be a string or None, got {type(self.system_prompt).__name__}."
+            )
+
+    def _check_base_url(self) -> str:
+        """Validate ``base_url`` and store it stripped; return it."""
         if not isinstance(self.base_url, str) or not self.base_url.strip():
             raise ValueError(
                 f"Nemotron LLM base_url is empty: set {ENV_BASE_URL}, e.g. {DEFAULT_LOCAL_BASE_URL}."
@@ -250,7 +263,10 @@ class NemotronLLMSettings:
                 f"Nemotron LLM base_url {url!r} does not end in /v1; vLLM, NIM and llama.cpp "
                 "serve the OpenAI API under /v1 (requests will 404 otherwise)."
             )
+        return url
 
+    def _check_model_and_key(self, url: str) -> None:
+        """Validate ``model`` and ``api_key`` (the hosted API at ``url`` needs a real key)."""
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError(
                 f"Nemotron LLM model is empty: set {ENV_MODEL} (vLLM: {VLLM_MODEL_BF16}; NIM or hosted: "
@@ -263,10 +279,12 @@ class NemotronLLMSettings:
             )
         if "integrate.api.nvidia.com" in url and self.api_key.strip().lower() == NO_API_KEY:
             raise ValueError(
-                f"NVIDIA's hosted API needs a key: set {ENV_API_KEY} (or {_ENV_NVIDIA_API_KEY}) to an "
+                f"NVIDIA's hosted API needs a key: set {ENV_API_KEY} (or {ENV_NVIDIA_API_KEY}) to an "
                 "nvapi-... key from build.nvidia.com."
             )
 
+    def _check_sampling(self) -> None:
+        """Validate ``temperature``, ``top_p``, ``max_tokens`` and ``enable_thinking``."""
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
             raise ValueError(f"Nemotron LLM temperature must be a number, got {self.temperature!r}.")
         if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= 2.0:
@@ -291,10 +309,6 @@ class NemotronLLMSettings:
         if not isinstance(self.enable_thinking, bool):
             raise ValueError(
                 f"Nemotron LLM enable_thinking must be True or False, got {self.enable_thinking!r}."
-            )
-        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
-            raise ValueError(
-                f"Nemotron LLM system_prompt must be a string or None, got {type(self.system_prompt).__name__}."
             )
 
     @classmethod
@@ -346,42 +360,16 @@ class NemotronLLMSettings:
                 names the key.
 
         """
-
-        def get(key: str) -> str | None:
-            value = environ.get(key)
-            if value is None or not value.strip():
-                return None
-            return value.strip()
-
-        backend = _parse_backend(get(ENV_BACKEND) or NemotronLLMBackend.VLLM.value)
+        backend = _parse_backend(_env_text(environ, ENV_BACKEND) or NemotronLLMBackend.VLLM.value)
         values: dict[str, Any] = {}
-        if (base_url := get(ENV_BASE_URL)) is not None:
-            values["base_url"] = base_url
-        if (model := get(ENV_MODEL)) is not None:
-            values["model"] = model
-        api_key = get(ENV_API_KEY)
+        for key, name, parse in _ENV_FIELDS:
+            if (text := _env_text(environ, key)) is not None:
+                values[name] = parse(key, text)
+        api_key = _env_text(environ, ENV_API_KEY)
         if api_key is None and backend is NemotronLLMBackend.HOSTED:
-            api_key = get(_ENV_NVIDIA_API_KEY)
+            api_key = _env_text(environ, ENV_NVIDIA_API_KEY)
         if api_key is not None:
             values["api_key"] = api_key
-        if (text := get(ENV_TEMPERATURE)) is not None:
-            values["temperature"] = _parse_float(ENV_TEMPERATURE, text)
-        if (text := get(ENV_TOP_P)) is not None:
-            values["top_p"] = _parse_float(ENV_TOP_P, text)
-        if (text := get(ENV_MAX_TOKENS)) is not None:
-            try:
-                values["max_tokens"] = int(text)
-            except ValueError:
-                raise ValueError(f"{ENV_MAX_TOKENS}={text!r} is not an integer (e.g. 256).") from None
-        if (text := get(ENV_ENABLE_THINKING)) is not None:
-            if text.lower() in _TRUE:
-                values["enable_thinking"] = True
-            elif text.lower() in _FALSE:
-                values["enable_thinking"] = False
-            else:
-                raise ValueError(f"{ENV_ENABLE_THINKING}={text!r}: use true or false.")
-        if (prompt := environ.get(ENV_SYSTEM_PROMPT)) is not None and prompt.strip():
-            values["system_prompt"] = prompt.strip()
         return cls.preset(backend, **values)
 
     def extra_body(self) -> dict[str, Any]:
@@ -421,11 +409,50 @@ def thinking_extra_body(enable_thinking: bool) -> dict[str, Any]:
     return {"chat_template_kwargs": {"enable_thinking": bool(enable_thinking)}}
 
 
+def _env_text(environ: Mapping[str, str], key: str) -> str | None:
+    """``environ[key]`` stripped, or None when unset or blank."""
+    value = environ.get(key)
+    if value is None or not value.strip():
+        return None
+    return value.strip()
+
+
+def _parse_text(key: str, text: str) -> str:
+    return text
+
+
 def _parse_float(key: str, text: str) -> float:
     try:
         return float(text)
     except ValueError:
         raise ValueError(f"{key}={text!r} is not a number.") from None
+
+
+def _parse_int(key: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{key}={text!r} is not an integer (e.g. 256).") from None
+
+
+def _parse_bool(key: str, text: str) -> bool:
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise ValueError(f"{key}={text!r}: use true or false.")
+
+
+#: What :meth:`NemotronLLMSettings.from_env` reads besides the backend and the API key: (key, field, parser).
+_ENV_FIELDS: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
+    (ENV_BASE_URL, "base_url", _parse_text),
+    (ENV_MODEL, "model", _parse_text),
+    (ENV_TEMPERATURE, "temperature", _parse_float),
+    (ENV_TOP_P, "top_p", _parse_float),
+    (ENV_MAX_TOKENS, "max_tokens", _parse_int),
+    (ENV_ENABLE_THINKING, "enable_thinking", _parse_bool),
+    (ENV_SYSTEM_PROMPT, "system_prompt", _parse_text),
+)
 
 
 def create_nemotron_llm(

@@ -13,7 +13,7 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
 from pipecat_nemotron.agent import AgentSettings, SimulatedPlayback, build_voice_agent
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-from pipecat_nemotron.llm import create_nemotron_llm
+from pipecat_nemotron.llm import ENV_BASE_URL, create_nemotron_llm
 from pipecat_nemotron.magpie import MagpieEngine, MagpieSynthesisOptions
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.stt import NemotronSTTService
@@ -112,7 +112,7 @@ def test_agent_settings_from_env_and_validation() -> None:
     settings = AgentSettings.from_env(
         {
             "NEMOTRON_ASR_LATENCY_MS": "560",
-            "NEMOTRON_LLM_BASE_URL": "http://127.0.0.1:9/v1",
+            ENV_BASE_URL: "http://127.0.0.1:9/v1",
             "MAGPIE_NIM_SERVER": "",
         }
     )
