@@ -313,10 +313,10 @@ async def test_non_streaming_model_is_rejected(tmp_path) -> None:
     from omegaconf import OmegaConf
 
     from pipecat_nemotron.engine import ModelLoadError
-    from pipecat_nemotron.engine.architectures import tiny_config, train_tokenizer
+    from pipecat_nemotron.engine.architectures import TINY, asr_model_config, train_tokenizer
     from pipecat_nemotron.nemo_logs import quiet_nemo
 
-    cfg = tiny_config(str(train_tokenizer(tmp_path / "tok")))
+    cfg = asr_model_config(str(train_tokenizer(tmp_path / "tok")), TINY)
     cfg["encoder"].update(att_context_style="regular", att_context_size=[-1, -1], conv_context_size=None)
     cfg["encoder"].pop("att_context_probs")
     cfg["preprocessor"]["normalize"] = "per_feature"

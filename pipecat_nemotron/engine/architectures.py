@@ -2,22 +2,29 @@
 
 These configs describe the architecture of ``nvidia/nemotron-speech-streaming-en-0.6b`` (FastConformer
 encoder, 8x ``dw_striding`` subsampling, ``chunked_limited`` multi-lookahead attention, causal convolutions,
-RNNT head) at two sizes:
+RNNT head) at any size; two are named:
 
-* :func:`nemotron_600m_config` — the real 24-layer, d_model 1024 architecture (random weights), used by
-  benchmarks when the checkpoint is not available.
-* :func:`tiny_config` — a 4-layer, d_model 128 model of the same family, used by tests.
+* :data:`NEMOTRON_600M` — the real 24-layer, d_model 1024 architecture (random weights), used by benchmarks
+  when the checkpoint is not available.
+* :data:`TINY` — a 4-layer, d_model 128 model of the same family, used by tests (the bundled trained tiny
+  model, built by ``scripts/make_tiny_model.py``, has this shape too).
 
-:func:`build_random_model` instantiates either with a freshly trained SentencePiece tokenizer and writes a
-``.nemo`` file that the engine then loads through exactly the same code path as a real checkpoint.
+:func:`asr_model_config` writes the NeMo config of a size; :func:`build_random_model` instantiates it with a
+freshly trained SentencePiece tokenizer and writes a ``.nemo`` file that the engine then loads through exactly
+the same code path as a real checkpoint. Nothing here is imported by ``import pipecat_nemotron`` or
+``import pipecat_nemotron.engine``.
 """
 
 from __future__ import annotations
 
 import random
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.nemo_logs import quiet_nemo
 
 #: The attention contexts the real checkpoint was trained with, in 80 ms encoder frames.
 NEMOTRON_ATT_CONTEXT_SIZES: list[list[int]] = [[70, 13], [70, 6], [70, 1], [70, 0]]
@@ -29,80 +36,153 @@ _TOKENIZER_TEXT = (
 )
 
 
-def _preprocessor_cfg(features: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FastConformerSize:
+    """Layer sizes of a cache-aware FastConformer-RNNT of the Nemotron streaming family.
+
+    Attributes:
+        features: Mel bins of the preprocessor (the encoder's input width).
+        n_layers: Conformer layers.
+        d_model: Encoder width.
+        n_heads: Attention heads.
+        conv_kernel: Causal depthwise convolution kernel, encoder frames.
+        sub_channels: Channels of the ``dw_striding`` subsampling convolutions.
+        pred_hidden: RNNT prediction network width.
+        joint_hidden: RNNT joint network width.
+
+    """
+
+    features: int
+    n_layers: int
+    d_model: int
+    n_heads: int
+    conv_kernel: int
+    sub_channels: int
+    pred_hidden: int
+    joint_hidden: int
+
+
+#: ~2M parameters: the tests' random models and the bundled tiny model.
+TINY = FastConformerSize(
+    features=80,
+    n_layers=4,
+    d_model=128,
+    n_heads=4,
+    conv_kernel=9,
+    sub_channels=64,
+    pred_hidden=128,
+    joint_hidden=128,
+)
+
+#: ~614M parameters: the architecture of ``nvidia/nemotron-speech-streaming-en-0.6b``.
+NEMOTRON_600M = FastConformerSize(
+    features=128,
+    n_layers=24,
+    d_model=1024,
+    n_heads=8,
+    conv_kernel=9,
+    sub_channels=256,
+    pred_hidden=640,
+    joint_hidden=640,
+)
+
+#: The sizes :func:`build_random_model` knows by name.
+SIZES: dict[str, FastConformerSize] = {"tiny": TINY, "600m": NEMOTRON_600M}
+
+
+def _preprocessor_cfg(size: FastConformerSize, dither: float) -> dict[str, Any]:
     return {
         "_target_": "nemo.collections.asr.modules.AudioToMelSpectrogramPreprocessor",
-        "sample_rate": 16000,
+        "sample_rate": MODEL_SAMPLE_RATE,
         "normalize": "NA",
         "window_size": 0.025,
         "window_stride": 0.01,
         "window": "hann",
-        "features": features,
+        "features": size.features,
         "n_fft": 512,
         "log": True,
         "frame_splicing": 1,
-        "dither": 0.0,
+        "dither": dither,
         "pad_to": 0,
         "pad_value": 0.0,
     }
 
 
 def _encoder_cfg(
-    features: int, n_layers: int, d_model: int, n_heads: int, conv_kernel: int, sub_channels: int
+    size: FastConformerSize, att_context_sizes: list[list[int]], dropout: float
 ) -> dict[str, Any]:
     return {
         "_target_": "nemo.collections.asr.modules.ConformerEncoder",
-        "feat_in": features,
+        "feat_in": size.features,
         "feat_out": -1,
-        "n_layers": n_layers,
-        "d_model": d_model,
+        "n_layers": size.n_layers,
+        "d_model": size.d_model,
         "subsampling": "dw_striding",
         "subsampling_factor": 8,
-        "subsampling_conv_channels": sub_channels,
+        "subsampling_conv_channels": size.sub_channels,
         "causal_downsampling": True,
         "ff_expansion_factor": 4,
         "self_attention_model": "rel_pos",
-        "n_heads": n_heads,
-        "att_context_size": [list(c) for c in NEMOTRON_ATT_CONTEXT_SIZES],
-        "att_context_probs": [0.25, 0.25, 0.25, 0.25],
+        "n_heads": size.n_heads,
+        "att_context_size": [list(c) for c in att_context_sizes],
+        "att_context_probs": [1.0 / len(att_context_sizes)] * len(att_context_sizes),
         "att_context_style": "chunked_limited",
         "xscaling": True,
         "untie_biases": True,
         "pos_emb_max_len": 5000,
-        "conv_kernel_size": conv_kernel,
+        "conv_kernel_size": size.conv_kernel,
         "conv_norm_type": "layer_norm",
         "conv_context_size": "causal",
-        "dropout": 0.0,
-        "dropout_pre_encoder": 0.0,
+        "dropout": dropout,
+        "dropout_pre_encoder": dropout,
         "dropout_emb": 0.0,
-        "dropout_att": 0.0,
+        "dropout_att": dropout,
     }
 
 
-def _model_cfg(
+def asr_model_config(
     tokenizer_dir: str,
+    size: FastConformerSize = TINY,
     *,
-    features: int,
-    n_layers: int,
-    d_model: int,
-    n_heads: int,
-    conv_kernel: int,
-    sub_channels: int,
-    pred_hidden: int,
-    joint_hidden: int,
+    att_context_sizes: list[list[int]] = NEMOTRON_ATT_CONTEXT_SIZES,
+    dropout: float = 0.0,
+    dither: float = 0.0,
 ) -> dict[str, Any]:
+    """Return the NeMo config of an ``EncDecRNNTBPEModel`` of the Nemotron streaming family.
+
+    The defaults give an inference model (no dropout, no dither). A training script sets ``dropout`` and
+    ``dither`` and adds its own keys (datasets, ``spec_augment``, ``aux_ctc``, ``optim`` settings) to the dict.
+
+    Args:
+        tokenizer_dir: Folder holding a SentencePiece ``tokenizer.model`` (and ``vocab.txt``).
+        size: Layer sizes (:data:`TINY`, :data:`NEMOTRON_600M` or your own).
+        att_context_sizes: ``[left, right]`` attention contexts trained jointly, encoder frames (80 ms); the
+            first is the model's default. Each is equally likely in training.
+        dropout: Dropout of the encoder (all but the embedding), prediction and joint networks.
+        dither: Preprocessor dither (NeMo trains with ``1e-5``).
+
+    """
     return {
-        "sample_rate": 16000,
+        "sample_rate": MODEL_SAMPLE_RATE,
         "tokenizer": {"dir": tokenizer_dir, "type": "bpe"},
-        "model_defaults": {"enc_hidden": d_model, "pred_hidden": pred_hidden, "joint_hidden": joint_hidden},
-        "preprocessor": _preprocessor_cfg(features),
-        "encoder": _encoder_cfg(features, n_layers, d_model, n_heads, conv_kernel, sub_channels),
+        "model_defaults": {
+            "enc_hidden": size.d_model,
+            "pred_hidden": size.pred_hidden,
+            "joint_hidden": size.joint_hidden,
+        },
+        "preprocessor": _preprocessor_cfg(size, dither),
+        "encoder": _encoder_cfg(size, att_context_sizes, dropout),
         "decoder": {
             "_target_": "nemo.collections.asr.modules.RNNTDecoder",
             "normalization_mode": None,
             "random_state_sampling": False,
             "blank_as_pad": True,
-            "prednet": {"pred_hidden": pred_hidden, "pred_rnn_layers": 1, "t_max": None, "dropout": 0.0},
+            "prednet": {
+                "pred_hidden": size.pred_hidden,
+                "pred_rnn_layers": 1,
+                "t_max": None,
+                "dropout": dropout,
+            },
         },
         "joint": {
             "_target_": "nemo.collections.asr.modules.RNNTJoint",
@@ -110,57 +190,17 @@ def _model_cfg(
             "preserve_memory": False,
             "fuse_loss_wer": False,
             "jointnet": {
-                "joint_hidden": joint_hidden,
+                "joint_hidden": size.joint_hidden,
                 "activation": "relu",
-                "dropout": 0.0,
-                "encoder_hidden": d_model,
-                "pred_hidden": pred_hidden,
+                "dropout": dropout,
+                "encoder_hidden": size.d_model,
+                "pred_hidden": size.pred_hidden,
             },
         },
         "decoding": {"strategy": "greedy_batch", "greedy": {"max_symbols": 10}},
         "loss": {"loss_name": "pytorch"},
         "optim": {"name": "adamw", "lr": 1e-3},
     }
-
-
-def tiny_config(tokenizer_dir: str) -> dict[str, Any]:
-    """Return a ~2M-parameter config of the Nemotron streaming family (4 layers, d_model 128).
-
-    Args:
-        tokenizer_dir: Folder holding a SentencePiece ``tokenizer.model`` (and ``vocab.txt``).
-
-    """
-    return _model_cfg(
-        tokenizer_dir,
-        features=80,
-        n_layers=4,
-        d_model=128,
-        n_heads=4,
-        conv_kernel=9,
-        sub_channels=64,
-        pred_hidden=128,
-        joint_hidden=128,
-    )
-
-
-def nemotron_600m_config(tokenizer_dir: str) -> dict[str, Any]:
-    """Return the full ``nemotron-speech-streaming-en-0.6b`` architecture (24 layers, d_model 1024, ~614M).
-
-    Args:
-        tokenizer_dir: Folder holding a SentencePiece ``tokenizer.model`` (and ``vocab.txt``).
-
-    """
-    return _model_cfg(
-        tokenizer_dir,
-        features=128,
-        n_layers=24,
-        d_model=1024,
-        n_heads=8,
-        conv_kernel=9,
-        sub_channels=256,
-        pred_hidden=640,
-        joint_hidden=640,
-    )
 
 
 def train_tokenizer(out_dir: Path, vocab_size: int = 64, text: str = _TOKENIZER_TEXT) -> Path:
@@ -208,7 +248,7 @@ def build_random_model(
 
     Args:
         out_path: Destination ``.nemo`` path.
-        size: ``"tiny"`` (tests) or ``"600m"`` (the real architecture, for benchmarks).
+        size: A name in :data:`SIZES`: ``"tiny"`` (tests) or ``"600m"`` (the real architecture, for benchmarks).
         seed: Seed for the weights, so tests are reproducible.
         vocab_size: Tokenizer size.
         blank_bias: Added to the joint's blank logit. Random joints emit many symbols per frame (a worst
@@ -221,11 +261,8 @@ def build_random_model(
     import torch
     from omegaconf import OmegaConf
 
-    from pipecat_nemotron.nemo_logs import quiet_nemo
-
-    configs = {"tiny": tiny_config, "600m": nemotron_600m_config}
-    if size not in configs:
-        raise ValueError(f"size must be one of {sorted(configs)}, got {size!r}")
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp, quiet_nemo():
@@ -233,7 +270,7 @@ def build_random_model(
 
         tok_dir = train_tokenizer(Path(tmp) / "tokenizer", vocab_size=vocab_size)
         torch.manual_seed(seed)
-        cfg = OmegaConf.create(configs[size](str(tok_dir)))
+        cfg = OmegaConf.create(asr_model_config(str(tok_dir), SIZES[size]))
         model = EncDecRNNTBPEModel(cfg=cfg)
         if blank_bias:
             with torch.no_grad():
