@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 
+# The benchmarks' wait (until the engine has taken every complete chunk the stream has received), re-exported.
+from pipecat_nemotron.bench.audio import wait_caught_up as wait_caught_up
 from pipecat_nemotron.engine import ASRStream, NemotronEngine
 
 
@@ -46,14 +50,18 @@ async def push_realtime_chunks(
         await asyncio.sleep(pause)
 
 
-async def wait_caught_up(stream: ASRStream, timeout: float = 120.0) -> None:
-    """Wait until the engine has decoded every complete chunk the stream has received."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while stream.backlog_ms >= stream.chunk_ms + 16 or stream.in_flight:
-        if loop.time() > deadline:
-            raise TimeoutError(f"stream still {stream.backlog_ms} ms behind")
-        await asyncio.sleep(0.01)
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op torch thread inside the block.
+
+    On 2 busy cores, OpenMP threads spinning at barriers make the tiny models' latency-bound steps ~10x slower.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def noise_clip(seconds: float, seed: int = 0, level: float = 0.1) -> np.ndarray:

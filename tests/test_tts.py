@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import one_torch_thread
 from pipecat.frames.frames import (
     EndFrame,
     ErrorFrame,
@@ -51,14 +52,9 @@ def options_for(frames: int, **kwargs) -> MagpieSynthesisOptions:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model is latency-bound; one thread avoids oversubscribing a shared 2-core machine."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_torch_thread():
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
