@@ -203,6 +203,11 @@ def asr_model_config(
     }
 
 
+def nemotron_600m_config(tokenizer_dir: str) -> dict[str, Any]:
+    """:func:`asr_model_config` of :data:`NEMOTRON_600M` (24 layers, d_model 1024, ~614M parameters)."""
+    return asr_model_config(tokenizer_dir, NEMOTRON_600M)
+
+
 def train_tokenizer(out_dir: Path, vocab_size: int = 64, text: str = _TOKENIZER_TEXT) -> Path:
     """Train a SentencePiece BPE tokenizer in the layout NeMo's ``tokenizer.dir`` expects.
 
