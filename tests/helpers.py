@@ -9,8 +9,6 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-# The benchmarks' wait (until the engine has taken every complete chunk the stream has received), re-exported.
-from pipecat_nemotron.bench.audio import wait_caught_up as wait_caught_up
 from pipecat_nemotron.engine import ASRStream, NemotronEngine
 
 
@@ -48,6 +46,16 @@ async def push_realtime_chunks(
     for i in range(0, len(pcm), chunk_bytes):
         await stream.push(pcm[i : i + chunk_bytes])
         await asyncio.sleep(pause)
+
+
+async def wait_caught_up(stream: ASRStream, timeout: float = 120.0) -> None:
+    """Wait until the engine has decoded every complete chunk the stream has received."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while stream.backlog_ms >= stream.chunk_ms + 16 or stream.in_flight:
+        if loop.time() > deadline:
+            raise TimeoutError(f"stream still {stream.backlog_ms} ms behind")
+        await asyncio.sleep(0.01)
 
 
 @contextlib.contextmanager
