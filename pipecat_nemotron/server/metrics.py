@@ -16,6 +16,9 @@ from pipecat_nemotron.engine import StepStats
 #: ``Content-Type`` of the text exposition format.
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 
+#: Start of every metric name.
+_PREFIX = "nemotron_asr_"
+
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 _STEP_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -25,6 +28,9 @@ _FINALIZE_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 
 class ServerMetrics:
     """The server's metrics and the hooks that update them.
 
+    Every metric is an attribute named as below; its Prometheus name is ``nemotron_asr_`` plus the name given
+    here, its help text the one given here.
+
     Args:
         registry: Registry to register on (default: a new one, so several servers can live in one process).
 
@@ -32,93 +38,92 @@ class ServerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.info = Info("nemotron_asr_server", "Model, device and protocol of this server.", registry=r)
-        self.ready = Gauge(
-            "nemotron_asr_ready", "1 once the model is loaded and warm, 0 otherwise.", registry=r
+        self.info = Info(_PREFIX + "server", "Model, device and protocol of this server.", registry=self.registry)
+        self._declare_sessions()
+        self._declare_traffic()
+        self._declare_steps()
+
+    def _declare_sessions(self) -> None:
+        """Readiness, capacity and the life of sessions."""
+        self.ready = self._gauge("ready", "1 once the model is loaded and warm, 0 otherwise.")
+        self.capacity = self._gauge("capacity_sessions", "Session slots of this server.")
+        self.active_sessions = self._gauge(
+            "active_sessions", "Sessions connected now (admitted, holding a slot)."
         )
-        self.capacity = Gauge("nemotron_asr_capacity_sessions", "Session slots of this server.", registry=r)
-        self.active_sessions = Gauge(
-            "nemotron_asr_active_sessions", "Sessions connected now (admitted, holding a slot).", registry=r
-        )
-        self.engine_streams = Gauge(
-            "nemotron_asr_engine_open_streams", "Engine streams holding a cache slot now.", registry=r
-        )
-        self.sessions = Counter("nemotron_asr_sessions", "Sessions admitted.", registry=r)
-        self.refused = Counter(
-            "nemotron_asr_sessions_refused",
+        self.engine_streams = self._gauge("engine_open_streams", "Engine streams holding a cache slot now.")
+        self.sessions = self._counter("sessions", "Sessions admitted.")
+        self.refused = self._counter(
+            "sessions_refused",
             "Connections refused before a session opened, by reason "
             "(capacity, unauthorized, forbidden_origin, not_ready, auth_backoff: the peer is locked out after "
             "failed authentications, pending_evicted: evicted while waiting to authenticate).",
-            ["reason"],
-            registry=r,
+            "reason",
         )
-        self.dropped = Counter(
-            "nemotron_asr_sessions_dropped",
+        self.dropped = self._counter(
+            "sessions_dropped",
             "Sessions the server closed with an error code, by reason "
             "(idle_timeout, message_too_big, protocol_error, backlog, internal, going_away, ...).",
-            ["reason"],
-            registry=r,
+            "reason",
         )
-        self.ended = Counter(
-            "nemotron_asr_sessions_ended",
+        self.ended = self._counter(
+            "sessions_ended",
             "Sessions ended, by how (client_close: close message, disconnect: the client went away, "
             "dropped: the server closed it).",
-            ["how"],
-            registry=r,
+            "how",
         )
-        self.audio_seconds = Counter(
-            "nemotron_asr_audio_received_seconds", "Audio received from clients, seconds.", registry=r
-        )
-        self.audio_dropped_seconds = Counter(
-            "nemotron_asr_audio_dropped_seconds",
+
+    def _declare_traffic(self) -> None:
+        """Audio in, audio lost, and connections cut or paused."""
+        self.audio_seconds = self._counter("audio_received_seconds", "Audio received from clients, seconds.")
+        self.audio_dropped_seconds = self._counter(
+            "audio_dropped_seconds",
             "Audio received but never decoded because its session ended first (client gone, error), seconds.",
-            registry=r,
         )
-        self.handshake_timeouts = Counter(
-            "nemotron_asr_handshake_timeouts",
+        self.handshake_timeouts = self._counter(
+            "handshake_timeouts",
             "TCP connections closed for not completing an HTTP request within the handshake timeout.",
-            registry=r,
         )
-        self.throttled_seconds = Counter(
-            "nemotron_asr_throttled_seconds",
+        self.throttled_seconds = self._counter(
+            "throttled_seconds",
             "Time sessions' reads were paused for sending audio ahead of real time, control messages above "
             "their rate, or for engine backlog, seconds.",
-            registry=r,
         )
-        self.steps = Counter("nemotron_asr_steps", "Batched model steps run.", registry=r)
-        self.batch_size = Histogram(
-            "nemotron_asr_batch_size", "Stream chunks per model step.", buckets=_BATCH_BUCKETS, registry=r
+
+    def _declare_steps(self) -> None:
+        """The engine's batched model steps and what sessions wait for."""
+        self.steps = self._counter("steps", "Batched model steps run.")
+        self.batch_size = self._histogram("batch_size", "Stream chunks per model step.", _BATCH_BUCKETS)
+        self.step_seconds = self._histogram(
+            "step_seconds", "Wall time of one batched model step, seconds.", _STEP_BUCKETS
         )
-        self.step_seconds = Histogram(
-            "nemotron_asr_step_seconds",
-            "Wall time of one batched model step, seconds.",
-            buckets=_STEP_BUCKETS,
-            registry=r,
-        )
-        self.queue_wait_seconds = Histogram(
-            "nemotron_asr_queue_wait_seconds",
+        self.queue_wait_seconds = self._histogram(
+            "queue_wait_seconds",
             "Longest time a chunk of a step waited for that step, seconds (one sample per step).",
-            buckets=_WAIT_BUCKETS,
-            registry=r,
+            _WAIT_BUCKETS,
         )
-        self.partial_lag_seconds = Histogram(
-            "nemotron_asr_partial_lag_seconds",
+        self.partial_lag_seconds = self._histogram(
+            "partial_lag_seconds",
             "From a chunk's last needed sample arriving to its partial result, seconds.",
-            buckets=_WAIT_BUCKETS,
-            registry=r,
+            _WAIT_BUCKETS,
         )
-        self.finalize_seconds = Histogram(
-            "nemotron_asr_finalize_seconds",
+        self.finalize_seconds = self._histogram(
+            "finalize_seconds",
             "Time-to-final: from the finalize message to the final text, seconds.",
-            buckets=_FINALIZE_BUCKETS,
-            registry=r,
+            _FINALIZE_BUCKETS,
         )
-        self.max_backlog = Gauge(
-            "nemotron_asr_max_session_backlog_seconds",
+        self.max_backlog = self._gauge(
+            "max_session_backlog_seconds",
             "Largest audio backlog (received, not yet decoded) of any session, seconds.",
-            registry=r,
         )
+
+    def _gauge(self, name: str, documentation: str) -> Gauge:
+        return Gauge(_PREFIX + name, documentation, registry=self.registry)
+
+    def _counter(self, name: str, documentation: str, *labels: str) -> Counter:
+        return Counter(_PREFIX + name, documentation, labels, registry=self.registry)
+
+    def _histogram(self, name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(_PREFIX + name, documentation, buckets=buckets, registry=self.registry)
 
     def set_backlog_source(self, source: Callable[[], float]) -> None:
         """Compute ``nemotron_asr_max_session_backlog_seconds`` at scrape time from ``source`` (seconds)."""

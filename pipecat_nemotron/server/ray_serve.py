@@ -44,10 +44,6 @@ if TYPE_CHECKING:
     from ray.serve import Application
     from starlette.websockets import WebSocket
 
-#: Extra concurrent requests a replica admits beyond its sessions (health and metrics requests).
-HTTP_HEADROOM = 0
-
-
 class StarletteTransport:
     """:class:`~pipecat_nemotron.server.transport.Transport` over a Starlette ``WebSocket`` (already accepted).
 
@@ -162,7 +158,7 @@ def build_app(
         name=name,
         num_replicas=num_replicas,
         ray_actor_options={"num_gpus": gpus_per_replica, "num_cpus": cpus_per_replica},
-        max_ongoing_requests=max_sessions + HTTP_HEADROOM,
+        max_ongoing_requests=max_sessions,  # one request per session: the router fills free slots
         max_queued_requests=max_queued_requests,
         health_check_period_s=10,
         health_check_timeout_s=30,

@@ -295,24 +295,32 @@ class Session:
                 return
             if incoming.kind == "binary":
                 await self._on_audio(incoming.data)  # type: ignore[arg-type]
-                continue
-            self.control_messages += 1
-            self._pacer.control_credit -= 1.0
-            try:
-                msg = parse_client_message(incoming.data)
-            except ProtocolError as e:
-                raise SessionError(CloseCode.PROTOCOL_ERROR, str(e)) from None
-            if isinstance(msg, FinalizeMessage):
-                self._on_finalize()
-            elif isinstance(msg, SetLatencyMessage):
-                await self._on_set_latency(msg.latency_ms)
-            elif isinstance(msg, KeepaliveMessage):
-                pass
-            elif isinstance(msg, CloseMessage):
-                await self._close_gracefully()
+            elif await self._on_control(incoming.data):
                 return
-            else:
-                raise SessionError(CloseCode.PROTOCOL_ERROR, "config was already received for this session")
+
+    async def _on_control(self, data: str | bytes) -> bool:
+        """Handle one JSON message after the config; return whether it ended the session (``close``).
+
+        Raises:
+            SessionError: A malformed message, or a second ``config`` (protocol error, 4002).
+
+        """
+        self.control_messages += 1
+        self._pacer.control_credit -= 1.0
+        try:
+            msg = parse_client_message(data)
+        except ProtocolError as e:
+            raise SessionError(CloseCode.PROTOCOL_ERROR, str(e)) from None
+        if isinstance(msg, FinalizeMessage):
+            self._on_finalize()
+        elif isinstance(msg, SetLatencyMessage):
+            await self._on_set_latency(msg.latency_ms)
+        elif isinstance(msg, CloseMessage):
+            await self._close_gracefully()
+            return True
+        elif not isinstance(msg, KeepaliveMessage):
+            raise SessionError(CloseCode.PROTOCOL_ERROR, "config was already received for this session")
+        return False
 
     async def _on_audio(self, data: bytes) -> None:
         assert self.stream is not None and self.config is not None
