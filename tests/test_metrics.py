@@ -75,72 +75,54 @@ async def push(
     )
 
 
+@dataclass(frozen=True)
+class TurnTimes:
+    """How long each stage of a fed turn takes, seconds (``tts`` None: the TTS reports no TTFB)."""
+
+    stop_secs: float = 0.2
+    finalize: float = 0.018
+    ttfs: float = 0.25
+    llm: float = 0.16
+    tts: float | None = 0.10
+
+
+def ttfb(source: FrameProcessor, seconds: float) -> MetricsFrame:
+    return MetricsFrame(data=[TTFBMetricsData(processor=source.name, value=seconds)])
+
+
 async def feed_turn(
     observer: VoiceLatencyObserver,
     clock: FakeClock,
     t0: float,
-    *,
-    stop_secs: float = 0.2,
-    finalize: float = 0.018,
-    ttfs: float = 0.25,
-    llm: float = 0.16,
-    tts: float | None = 0.10,
     text: str = "what time is it",
+    t: TurnTimes = TurnTimes(),  # noqa: B008  (frozen)
 ) -> None:
-    """One user turn as Pipecat pushes it; all times in seconds after t0 (speech start)."""
+    """One user turn as Pipecat pushes it, from speech start at ``t0``, its stages taking ``t``."""
     speech_end = t0 + 1.0
-    await push(observer, clock, t0, STT, VADUserStartedSpeakingFrame(start_secs=0.2))
-    vad_stop = speech_end + stop_secs
-    await push(
-        observer, clock, vad_stop, STT, VADUserStoppedSpeakingFrame(stop_secs=stop_secs, timestamp=vad_stop)
-    )
-    transcript_at = speech_end + ttfs
-    await push(
-        observer,
-        clock,
-        transcript_at - 0.001,
-        STT,
-        asr_finalize_metrics_frame(STT.name, "asr", finalize * 1000),
-    )
-    await push(
-        observer,
-        clock,
-        transcript_at,
-        STT,
-        MetricsFrame(data=[TTFBMetricsData(processor=STT.name, value=ttfs)]),
-    )
-    await push(
-        observer,
-        clock,
-        transcript_at,
-        STT,
-        TranscriptionFrame(text=text, user_id="u", timestamp=time_now_iso8601(), finalized=True),
-    )
-    await push(observer, clock, transcript_at + 0.005, STT, UserStoppedSpeakingFrame())
-    llm_start = transcript_at + 0.01
-    await push(observer, clock, llm_start, LLM, LLMFullResponseStartFrame())
-    first_token = llm_start + llm
-    await push(
-        observer, clock, first_token, LLM, MetricsFrame(data=[TTFBMetricsData(processor=LLM.name, value=llm)])
-    )
-    await push(observer, clock, first_token, LLM, LLMTextFrame(text="It is noon."))
-    first_audio = first_token + (tts or 0.05)
-    if tts is not None:
-        await push(
-            observer,
-            clock,
-            first_audio,
-            TTS,
-            MetricsFrame(data=[TTFBMetricsData(processor=TTS.name, value=tts)]),
-        )
-    await push(
-        observer,
-        clock,
-        first_audio,
-        TTS,
-        TTSAudioRawFrame(audio=b"\0\0" * 160, sample_rate=16000, num_channels=1),
-    )
-    await push(observer, clock, first_audio + 0.02, TTS, BotStartedSpeakingFrame())
+    vad_stop = speech_end + t.stop_secs
+    transcript_at = speech_end + t.ttfs
+    first_token = transcript_at + 0.01 + t.llm
+    first_audio = first_token + (t.tts or 0.05)
+    events: list[tuple[float, FrameProcessor, Frame]] = [
+        (t0, STT, VADUserStartedSpeakingFrame(start_secs=0.2)),
+        (vad_stop, STT, VADUserStoppedSpeakingFrame(stop_secs=t.stop_secs, timestamp=vad_stop)),
+        (transcript_at - 0.001, STT, asr_finalize_metrics_frame(STT.name, "asr", t.finalize * 1000)),
+        (transcript_at, STT, ttfb(STT, t.ttfs)),
+        (
+            transcript_at,
+            STT,
+            TranscriptionFrame(text=text, user_id="u", timestamp=time_now_iso8601(), finalized=True),
+        ),
+        (transcript_at + 0.005, STT, UserStoppedSpeakingFrame()),
+        (transcript_at + 0.01, LLM, LLMFullResponseStartFrame()),
+        (first_token, LLM, ttfb(LLM, t.llm)),
+        (first_token, LLM, LLMTextFrame(text="It is noon.")),
+        *([(first_audio, TTS, ttfb(TTS, t.tts))] if t.tts is not None else []),
+        (first_audio, TTS, TTSAudioRawFrame(audio=b"\0\0" * 160, sample_rate=16000, num_channels=1)),
+        (first_audio + 0.02, TTS, BotStartedSpeakingFrame()),
+    ]
+    for at, source, frame in events:
+        await push(observer, clock, at, source, frame)
 
 
 def test_asr_finalize_frame() -> None:
@@ -202,9 +184,8 @@ async def test_percentiles_and_missing_stage() -> None:
     observer = VoiceLatencyObserver(time_source=clock, record_text=True, log_turns=False)
     llm_values = [0.10, 0.20, 0.30, 0.40, 0.90]
     for i, llm in enumerate(llm_values):
-        await feed_turn(
-            observer, clock, 2_000.0 + 10 * i, llm=llm, tts=None if i == 4 else 0.1, text=f"turn {i}"
-        )
+        times = TurnTimes(llm=llm, tts=None if i == 4 else 0.1)
+        await feed_turn(observer, clock, 2_000.0 + 10 * i, text=f"turn {i}", t=times)
     turns = observer.turns
     assert [t.turn for t in turns] == [1, 2, 3, 4, 5]
     assert turns[4].tts_ttfb_ms is None and turns[4].transcript == "turn 4"
@@ -232,7 +213,7 @@ async def test_interrupted_segment_resets() -> None:
     await push(observer, clock, 10.0, STT, VADUserStartedSpeakingFrame())
     await push(observer, clock, 11.2, STT, VADUserStoppedSpeakingFrame(stop_secs=0.2, timestamp=11.2))
     await push(observer, clock, 11.3, STT, asr_finalize_metrics_frame(STT.name, None, 99.0))
-    await feed_turn(observer, clock, 11.5, finalize=0.02)
+    await feed_turn(observer, clock, 11.5, t=TurnTimes(finalize=0.02))
     (turn,) = observer.turns
     assert turn.asr_finalize_ms == pytest.approx(20.0)
     assert turn.speech_end_ts == pytest.approx(12.5)
