@@ -31,6 +31,7 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest_asyncio
@@ -43,6 +44,24 @@ DEFAULT_MODEL = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
 def split_reply(text: str) -> list[str]:
     """Split a reply into word chunks the way a tokenizer streams it (spaces kept)."""
     return re.findall(r"\s*\S+", text) or [text]
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """What every chunk of one answer repeats (id, time, model), the words it streams, and its usage."""
+
+    id: str
+    created: int
+    model: str
+    words: list[str]
+    usage: dict[str, int]
+
+    def envelope(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, **fields}
+
+    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        return self.envelope("chat.completion.chunk", choices=[choice])
 
 
 class FakeOpenAIServer:
@@ -176,80 +195,60 @@ class FakeOpenAIServer:
         self.requests.append(body)
         self.headers.append(dict(request.headers))
         self._request_event.set()
-
         if self.status != 200:
             return web.json_response(
                 {"error": {"message": "test error", "type": "server_error", "code": self.status}},
                 status=self.status,
             )
-
-        completion_id = f"chatcmpl-{uuid.uuid4().hex[:12]}"
-        created = int(time.time())
-        model = body.get("model") or self.model
         words = split_reply(self.reply)
-
+        reply = _Reply(
+            id=f"chatcmpl-{uuid.uuid4().hex[:12]}",
+            created=int(time.time()),
+            model=body.get("model") or self.model,
+            words=words,
+            usage=self._usage(body, words),
+        )
+        first_token_at = received + self.first_token_delay_s
         if not body.get("stream"):
-            await asyncio.sleep(max(0.0, self.first_token_delay_s - (time.monotonic() - received)))
-            message: dict[str, Any] = {"role": "assistant", "content": self.reply}
-            if self.reasoning:
-                message["reasoning_content"] = self.reasoning
-            return web.json_response(
-                {
-                    "id": completion_id,
-                    "object": "chat.completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                    "usage": self._usage(body, words),
-                }
-            )
+            await asyncio.sleep(max(0.0, first_token_at - time.monotonic()))
+            return web.json_response(self._completion(reply))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        return await self._stream(request, reply, first_token_at, include_usage)
 
+    def _completion(self, reply: _Reply) -> dict[str, Any]:
+        """A whole (non-streamed) ``chat.completion`` answer."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.reply}
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        return reply.envelope("chat.completion", choices=[choice], usage=reply.usage)
+
+    async def _stream(
+        self, request: web.Request, reply: _Reply, first_token_at: float, include_usage: bool
+    ) -> web.StreamResponse:
+        """Stream the reply as Server-Sent Events: role, reasoning, words, finish, usage, ``[DONE]``."""
         response = web.StreamResponse(
             status=200,
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
         )
         await response.prepare(request)
 
-        def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-            return {
-                "id": completion_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
-            }
-
         async def send(payload: dict[str, Any] | str) -> None:
             data = payload if isinstance(payload, str) else json.dumps(payload)
             await response.write(f"data: {data}\n\n".encode())
 
+        deltas = [{"reasoning_content": p} for p in split_reply(self.reasoning)] if self.reasoning else []
+        deltas += [{"content": p} for p in reply.words]
         try:
-            await asyncio.sleep(max(0.0, self.first_token_delay_s - (time.monotonic() - received)))
-            await send(chunk({"role": "assistant", "content": ""}))
-            first = True
-            if self.reasoning:
-                for piece in split_reply(self.reasoning):
-                    if not first:
-                        await asyncio.sleep(self.chunk_delay_s)
-                    first = False
-                    await send(chunk({"reasoning_content": piece}))
-            for piece in words:
-                if not first:
+            await asyncio.sleep(max(0.0, first_token_at - time.monotonic()))
+            await send(reply.chunk({"role": "assistant", "content": ""}))
+            for i, delta in enumerate(deltas):
+                if i:
                     await asyncio.sleep(self.chunk_delay_s)
-                first = False
-                await send(chunk({"content": piece}))
-            await send(chunk({}, finish_reason="stop"))
-            if (body.get("stream_options") or {}).get("include_usage"):
-                await send(
-                    {
-                        "id": completion_id,
-                        "object": "chat.completion.chunk",
-                        "created": created,
-                        "model": model,
-                        "choices": [],
-                        "usage": self._usage(body, words),
-                    }
-                )
+                await send(reply.chunk(delta))
+            await send(reply.chunk({}, finish_reason="stop"))
+            if include_usage:
+                await send(reply.envelope("chat.completion.chunk", choices=[], usage=reply.usage))
             await send("[DONE]")
             await response.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
