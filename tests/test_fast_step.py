@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 import torch
 
-from pipecat_nemotron.bench.common import normalize_text, read_pcm16, word_errors
+from pipecat_nemotron.bench.wer import normalize_text, word_errors
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
 from pipecat_nemotron.engine.fast_step import FastEncoderStep
 from pipecat_nemotron.engine.loading import load_asr_model
-from pipecat_nemotron.models import TINY_MODEL_PATH
+from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
+from pipecat_nemotron.wav_input import read_float32, read_pcm16
 
 HELDOUT = TINY_MODEL_PATH.parents[2] / "tests" / "assets" / "heldout"
 MODES = sorted(LATENCY_MODES)
@@ -194,17 +195,18 @@ def test_600m_architecture_fast_step_decodes_like_nemo_step(tmp_path) -> None:
     """The real architecture (24 layers, d_model 1024, random weights): the same tokens in the 160 ms mode."""
     from omegaconf import OmegaConf
 
-    from pipecat_nemotron.engine.architectures import nemotron_600m_config, train_tokenizer
-    from pipecat_nemotron.engine.loading import quiet_nemo
+    from pipecat_nemotron.engine.architectures import NEMOTRON_600M, asr_model_config, train_tokenizer
+    from pipecat_nemotron.nemo_logs import quiet_nemo
 
     with quiet_nemo():
         from nemo.collections.asr.models import EncDecRNNTBPEModel
 
         torch.manual_seed(0)
         tokenizer = train_tokenizer(tmp_path / "tokenizer")
-        model = EncDecRNNTBPEModel(cfg=OmegaConf.create(nemotron_600m_config(str(tokenizer)))).eval()
-    demo = read_pcm16(TINY_MODEL_PATH.parent / "demo" / "demo_timer.wav")
-    audio = torch.frombuffer(bytearray(demo[: 2 * 16000 * 2]), dtype=torch.int16).float()[None] / 32768.0
+        model = EncDecRNNTBPEModel(
+            cfg=OmegaConf.create(asr_model_config(str(tokenizer), NEMOTRON_600M))
+        ).eval()
+    audio = torch.from_numpy(read_float32(DEMO_AUDIO_DIR / "demo_timer.wav")[: 2 * 16000])[None]
     features, _ = model.preprocessor(input_signal=audio, length=torch.tensor([audio.size(-1)]))
     model.encoder.set_default_att_context_size([LEFT_CONTEXT_FRAMES, LATENCY_MODES[160]])
     fast = FastEncoderStep(model.encoder)
@@ -212,3 +214,66 @@ def test_600m_architecture_fast_step_decodes_like_nemo_step(tmp_path) -> None:
     theirs = _stream_tokens(model, features, LATENCY_MODES[160], None)
     assert len(theirs) > 20  # random weights emit many tokens: a strong comparison
     assert ours == theirs
+
+
+def _steady_inputs(encoder: Any, fast: FastEncoderStep, batch: int, seed: int) -> tuple[torch.Tensor, ...]:
+    cfg = encoder.streaming_cfg
+    generator = torch.Generator().manual_seed(seed)
+    frames = int(cfg.chunk_size[1]) + int(cfg.pre_encode_cache_size[1])
+    channel, time_cache, _ = encoder.get_initial_cache_state(batch)
+    channel.normal_(generator=generator)
+    time_cache.normal_(generator=generator)
+    signal = torch.randn(batch, encoder._feat_in, frames, generator=generator)
+    cached = torch.full((batch,), LEFT_CONTEXT_FRAMES)
+    return signal, torch.full((batch,), frames), fast.project_layer_inputs(channel), time_cache, cached
+
+
+@torch.inference_mode()
+def test_padding_a_batch_to_its_graph_bucket_leaves_real_rows_unchanged(random_model: Any) -> None:
+    """The CUDA-graph path runs 3 streams in the batch-4 graph with an inert row; checked eagerly on CPU."""
+    from pipecat_nemotron.engine.cuda_graphs import batch_buckets, pad_batch
+
+    assert batch_buckets(12) == (1, 2, 4, 8, 12)
+    encoder = random_model.encoder
+    encoder.set_default_att_context_size([LEFT_CONTEXT_FRAMES, LATENCY_MODES[160]])
+    fast = FastEncoderStep(encoder)
+    inputs = _steady_inputs(encoder, fast, 3, seed=1)
+    drop = encoder.streaming_cfg.drop_extra_pre_encoded
+    plain = fast(*inputs, drop_extra_pre_encoded=drop, right_context=LATENCY_MODES[160])
+    padded = fast(
+        *pad_batch(inputs, (0, 0, 1, 1, 0), 4), drop_extra_pre_encoded=drop, right_context=LATENCY_MODES[160]
+    )
+    for ours, full, dim in zip(plain, padded, (0, 0, 1, 1, 0), strict=True):
+        assert torch.isfinite(full.float()).all()
+        assert (ours.float() - full.narrow(dim, 0, 3).float()).abs().max().item() <= 1e-5
+
+
+@pytest.mark.gpu
+@torch.inference_mode()
+def test_cuda_graph_step_equals_eager_step(tiny_random_model) -> None:
+    from pipecat_nemotron.engine.cuda_graphs import GraphedEncoderStep
+
+    device = torch.device("cuda")
+    model = load_asr_model(EngineConfig(model=str(tiny_random_model), device="cuda"), device, torch.float32)
+    encoder = model.encoder
+    encoder.set_default_att_context_size([LEFT_CONTEXT_FRAMES, LATENCY_MODES[160]])
+    fast = FastEncoderStep(encoder)
+    graphed = GraphedEncoderStep(fast, max_batch=8)
+    drop = encoder.streaming_cfg.drop_extra_pre_encoded
+    for batch in (1, 3, 8):
+        inputs = tuple(t.to(device) for t in _steady_inputs(encoder, fast, batch, seed=batch))
+        for _ in range(2):  # the first call captures, the second replays
+            eager = fast(*inputs, drop_extra_pre_encoded=drop, right_context=LATENCY_MODES[160])
+            replayed = graphed(*inputs, drop_extra_pre_encoded=drop, right_context=LATENCY_MODES[160])
+            for a, b in zip(eager, replayed, strict=True):
+                assert (a.float() - b.float()).abs().max().item() <= 1e-4
+    assert graphed.describe()["graphs"] == 3
+
+
+@pytest.mark.gpu
+async def test_gpu_engine_with_graphs_and_graph_decoder_transcribes_the_demo() -> None:
+    expected = json.loads((DEMO_AUDIO_DIR / "transcripts.json").read_text())["demo_weather.wav"]
+    config = EngineConfig(model=str(TINY_MODEL_PATH), device="cuda", max_streams=4, cuda_graph_decoder=True)
+    async with NemotronEngine(config) as engine:
+        final = await engine.transcribe(read_pcm16(DEMO_AUDIO_DIR / "demo_weather.wav"), latency_ms=160)
+    assert normalize_text(final.text) == normalize_text(expected)

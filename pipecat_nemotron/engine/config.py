@@ -52,6 +52,12 @@ class EngineConfig:
             projected K/V, reused positional projections, matmul convolutions; same output as NeMo's, twice
             the attention cache per stream); ``"nemo"`` runs NeMo's ``cache_aware_stream_step`` (for
             comparison, or for encoders the fast step does not support).
+        cuda_graphs: On CUDA, replay the fast step from CUDA graphs captured per mode, chunk shape and batch
+            bucket (1, 2, 4, ... ``max_batch_size``) on first use; shapes that fail to capture run eagerly.
+            Ignored on CPU and with ``encoder_step="nemo"``.
+        cuda_graph_decoder: On CUDA, use NeMo's CUDA-graph greedy RNNT decoder. Off by default (NeMo issue
+            15640 reports crashes with it; the reference agent disables it on Blackwell); if it raises, the
+            engine logs a warning and switches to the plain label-looping decoder for good.
 
     """
 
@@ -65,6 +71,8 @@ class EngineConfig:
     finalize_mode: FinalizeMode = "soft"
     warmup: bool = True
     encoder_step: EncoderStep = "fast"
+    cuda_graphs: bool = True
+    cuda_graph_decoder: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():

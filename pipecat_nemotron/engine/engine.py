@@ -183,7 +183,16 @@ class NemotronEngine:
         if device.type == "cpu":
             torch.set_num_threads(max(1, torch.get_num_threads()))
         model = load_asr_model(self.config, device, dtype)
-        return ModelRunner(model, self.config.max_streams, device, dtype, self.config.encoder_step)
+        return ModelRunner(
+            model,
+            self.config.max_streams,
+            device,
+            dtype,
+            self.config.encoder_step,
+            max_batch=self.config.max_batch_size,
+            cuda_graphs=self.config.cuda_graphs,
+            cuda_graph_decoder=self.config.cuda_graph_decoder,
+        )
 
     async def _warmup(self) -> None:
         rng = np.random.default_rng(0)

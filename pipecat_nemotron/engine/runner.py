@@ -19,6 +19,7 @@ import torch
 from loguru import logger
 
 from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES, EncoderStep
+from pipecat_nemotron.engine.cuda_graphs import GraphedEncoderStep
 from pipecat_nemotron.engine.fast_step import FastEncoderStep, UnsupportedEncoderError
 from pipecat_nemotron.engine.features import MelFrontend
 from pipecat_nemotron.engine.state import StreamState
@@ -88,6 +89,9 @@ class ModelRunner:
         dtype: The encoder's dtype.
         encoder_step: ``"fast"`` (ours; falls back to NeMo's with a warning for an encoder it does not
             support) or ``"nemo"``.
+        max_batch: Most streams in one step (the largest CUDA-graph bucket).
+        cuda_graphs: Replay the fast step from CUDA graphs (CUDA only).
+        cuda_graph_decoder: Use NeMo's CUDA-graph RNNT decoder, falling back to the plain one if it raises.
 
     """
 
@@ -98,6 +102,9 @@ class ModelRunner:
         device: torch.device,
         dtype: torch.dtype,
         encoder_step: EncoderStep = "fast",
+        max_batch: int = 32,
+        cuda_graphs: bool = True,
+        cuda_graph_decoder: bool = False,
     ) -> None:
         from nemo.collections.asr.inference.utils.context_manager import CacheAwareContextManager
 
@@ -134,6 +141,12 @@ class ModelRunner:
                 logger.warning(f"{e}: running NeMo's encoder step instead")
         #: The encoder step that runs: ``"fast"`` or ``"nemo"``.
         self.encoder_step: EncoderStep = "fast" if self.fast_step is not None else "nemo"
+        self._encoder_fn: FastEncoderStep | GraphedEncoderStep | None = self.fast_step
+        if self.fast_step is not None and cuda_graphs and device.type == "cuda":
+            self._encoder_fn = GraphedEncoderStep(self.fast_step, max_batch)
+        self._cuda_graph_decoder = False
+        if cuda_graph_decoder and device.type == "cuda":
+            self._set_cuda_graph_decoder(True)
         self.slots = CacheAwareContextManager(self.fast_step or model.encoder, num_slots=num_slots)
         for name in ("cache_last_channel", "cache_last_time"):
             setattr(self.slots, name, getattr(self.slots, name).to(device=device, dtype=dtype))
@@ -238,12 +251,7 @@ class ModelRunner:
         )
         if self.encoder_output_hook is not None:
             self.encoder_output_hook(stream_ids, encoded, encoded_len)
-        hyps = self.model.decoding.rnnt_decoder_predictions_tensor(
-            encoder_output=encoded,
-            encoded_lengths=encoded_len,
-            return_hypotheses=True,
-            partial_hypotheses=previous,
-        )
+        hyps = self._decode(encoded, encoded_len, previous)
         self.slots.update_cache(
             stream_ids, CacheAwareContext(cache_channel, cache_time, cache_channel_len), mapping
         )
@@ -263,8 +271,8 @@ class ModelRunner:
         self, signal: torch.Tensor, lengths: torch.Tensor, context: Any, drop: int, right_context: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One batched encoder step; returns the output, its lengths and the three next caches."""
-        if self.fast_step is not None:
-            return self.fast_step(
+        if self._encoder_fn is not None:
+            return self._encoder_fn(
                 signal,
                 lengths,
                 context.cache_last_channel,
@@ -282,6 +290,51 @@ class ModelRunner:
             keep_all_outputs=True,
             drop_extra_pre_encoded=drop,
         )
+
+    def _decode(self, encoded: torch.Tensor, encoded_len: torch.Tensor, previous: list[Any]) -> list[Any]:
+        """Batched greedy RNNT decode continuing each stream's hypothesis."""
+        try:
+            return self.model.decoding.rnnt_decoder_predictions_tensor(
+                encoder_output=encoded,
+                encoded_lengths=encoded_len,
+                return_hypotheses=True,
+                partial_hypotheses=previous,
+            )
+        except Exception as e:
+            if not self._cuda_graph_decoder:
+                raise
+            logger.warning(
+                f"NeMo's CUDA-graph RNNT decoder failed ({e!r}); using the plain label-looping decoder"
+            )
+            self._set_cuda_graph_decoder(False)
+            return self.model.decoding.rnnt_decoder_predictions_tensor(
+                encoder_output=encoded,
+                encoded_lengths=encoded_len,
+                return_hypotheses=True,
+                partial_hypotheses=previous,
+            )
+
+    def _set_cuda_graph_decoder(self, on: bool) -> None:
+        from omegaconf import open_dict
+
+        from pipecat_nemotron.nemo_logs import quiet_nemo
+
+        decoding_cfg = self.model.cfg.decoding
+        with open_dict(decoding_cfg):
+            decoding_cfg.greedy.use_cuda_graph_decoder = on
+        with quiet_nemo():
+            self.model.change_decoding_strategy(decoding_cfg, verbose=False)
+        self._cuda_graph_decoder = on
+        logger.info(f"NeMo's CUDA-graph RNNT decoder {'on' if on else 'off'}")
+
+    def describe_gpu_path(self) -> dict[str, Any]:
+        """What the GPU path runs: encoder step, CUDA graphs captured (count, memory), CUDA-graph decoder."""
+        graphs = self._encoder_fn.describe() if isinstance(self._encoder_fn, GraphedEncoderStep) else None
+        return {
+            "encoder_step": self.encoder_step,
+            "cuda_graphs": graphs,
+            "cuda_graph_decoder": self._cuda_graph_decoder,
+        }
 
     def detokenize(self, tokens: list[int]) -> str:
         """Text of a token sequence."""
