@@ -1,33 +1,88 @@
-"""Feeding a WAV file into a Pipecat pipeline as if a user were speaking it (demo, examples, tests)."""
+"""Reading 16-bit PCM audio files, and feeding a WAV file into a Pipecat pipeline as if a user were speaking it.
+
+The one home of the package's audio file readers: the demo, examples and tests feed WAVs with :func:`feed_wav`;
+benchmarks, the load generator and the scripts read model-rate samples with :func:`read_pcm16` and
+:func:`read_float32`. Pipecat is imported only by :func:`feed_wav`.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import wave
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from pipecat.frames.frames import EndFrame, InputAudioRawFrame
-from pipecat.pipeline.worker import PipelineWorker
+
+from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
+
+if TYPE_CHECKING:
+    from pipecat.pipeline.worker import PipelineWorker
 
 #: Audio per frame, ms (what transports deliver).
 FRAME_MS = 20
 
 
-def read_wav(path: str | Path) -> tuple[bytes, int, int]:
-    """Read a PCM16 WAV file.
-
-    Returns:
-        ``(pcm16 bytes, sample_rate Hz, num_channels)``.
+def _read_int16(path: str | Path) -> tuple[np.ndarray, int]:
+    """A 16-bit PCM WAV or FLAC file as ``(int16 samples shaped [frames, channels], sample_rate Hz)``.
 
     Raises:
         ValueError: Not 16-bit PCM (the message says how to convert it).
 
     """
-    with wave.open(str(path), "rb") as w:
-        if w.getsampwidth() != 2:
-            raise ValueError(f"{path}: expected 16-bit PCM WAV; convert with `sox in.wav -b 16 out.wav`")
-        return w.readframes(w.getnframes()), w.getframerate(), w.getnchannels()
+    import soundfile
+
+    info = soundfile.info(str(path))
+    if info.subtype != "PCM_16":
+        raise ValueError(
+            f"{path}: expected 16-bit PCM WAV or FLAC, got {info.subtype}; convert with `sox in.wav -b 16 out.wav`"
+        )
+    samples, rate = soundfile.read(str(path), dtype="int16", always_2d=True)
+    return samples, int(rate)
+
+
+def read_wav(path: str | Path) -> tuple[bytes, int, int]:
+    """Read a PCM16 WAV file as it is.
+
+    Returns:
+        ``(pcm16 bytes, sample_rate Hz, num_channels)`` (channels interleaved).
+
+    Raises:
+        ValueError: Not 16-bit PCM (the message says how to convert it).
+
+    """
+    samples, rate = _read_int16(path)
+    return samples.astype("<i2").tobytes(), rate, samples.shape[1]
+
+
+def read_pcm16(path: str | Path, *, convert: bool = False) -> np.ndarray:
+    """A 16-bit PCM WAV or FLAC file as mono int16 samples at the model's 16 kHz.
+
+    Args:
+        path: The file.
+        convert: Downmix (channel average) and resample a file of another channel count or rate; else such a
+            file is an error.
+
+    Raises:
+        ValueError: Not 16-bit PCM, or (without ``convert``) not 16 kHz mono.
+
+    """
+    samples, rate = _read_int16(path)
+    channels = samples.shape[1]
+    if channels == 1 and rate == MODEL_SAMPLE_RATE:
+        return np.ascontiguousarray(samples[:, 0], dtype="<i2")
+    if not convert:
+        raise ValueError(f"{path}: expected 16 kHz mono 16-bit PCM, got {rate} Hz x {channels} channel(s)")
+    x = (samples.astype(np.float32) / 32768.0).mean(axis=1)
+    if rate != MODEL_SAMPLE_RATE:
+        import soxr
+
+        x = soxr.resample(x, rate, MODEL_SAMPLE_RATE)
+    return (np.clip(x, -1, 1) * 32767).astype("<i2")
+
+
+def read_float32(path: str | Path, *, convert: bool = False) -> np.ndarray:
+    """:func:`read_pcm16` as float32 samples in [-1, 1)."""
+    return read_pcm16(path, convert=convert).astype(np.float32) / 32768.0
 
 
 def silence(seconds: float, sample_rate: int, num_channels: int = 1) -> bytes:
@@ -56,6 +111,8 @@ async def feed_wav(
         Duration of the audio fed, seconds.
 
     """
+    from pipecat.frames.frames import EndFrame, InputAudioRawFrame
+
     pcm, rate, channels = read_wav(path)
     pcm += silence(trailing_silence_s, rate, channels)
     step = rate * channels * 2 * FRAME_MS // 1000
