@@ -17,28 +17,26 @@ from pathlib import Path
 
 import numpy as np
 
-from pipecat_nemotron.bench.common import normalize_text, read_pcm16, word_errors
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+from pipecat_nemotron.bench.audio import HELDOUT_MANIFEST, manifest_rows
+from pipecat_nemotron.bench.common import bench_engine
+from pipecat_nemotron.bench.wer import WordErrorCount
+from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.models import TINY_MODEL_PATH
+from pipecat_nemotron.wav_input import read_pcm16
 
 
 def load(manifest: Path) -> list[tuple[np.ndarray, str]]:
-    items = []
-    for entry in json.loads(manifest.read_text()):
-        pcm = np.frombuffer(read_pcm16(manifest.parent / entry["audio"]), dtype="<i2")
-        items.append((pcm, entry["text"]))
-    return items
+    return [(read_pcm16(row["audio"]), row["text"]) for row in manifest_rows(manifest)]
 
 
 async def run_mode(
     model: str, mode: str, sessions: list[list[tuple[np.ndarray, str]]], latency_ms: int
 ) -> dict:
     finalize_mode = "hard" if mode == "isolated" else mode
-    config = EngineConfig(model=model, device="cpu", max_streams=4, finalize_mode=finalize_mode)
-    errors = words = 0
+    count = WordErrorCount()
     ttfs: list[float] = []
-    gap = np.zeros(int(0.4 * 16000), dtype="<i2")
-    async with NemotronEngine(config) as engine:
+    gap = np.zeros(int(0.4 * MODEL_SAMPLE_RATE), dtype="<i2")
+    async with bench_engine(model, "cpu", 4, finalize_mode) as engine:
         for session in sessions:
             stream = engine.open_stream(latency_ms) if mode != "isolated" else None
             for pcm, text in session:
@@ -48,14 +46,13 @@ async def run_mode(
                 if stream is None:
                     await s.close()
                 ttfs.append(final.ttf_ms)
-                errors += word_errors(normalize_text(text), normalize_text(final.text))
-                words += len(normalize_text(text).split())
+                count.add(text, final.text)
             if stream is not None:
                 await stream.close()
     return {
         "mode": mode,
-        "wer_percent": 100.0 * errors / max(words, 1),
-        "words": words,
+        "wer_percent": count.percent,
+        "words": count.words,
         "ttf_ms_p50": statistics.median(ttfs),
     }
 
@@ -64,7 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--manifest", type=Path, default=Path("tests/assets/heldout/manifest.json"))
+    parser.add_argument("--manifest", type=Path, default=HELDOUT_MANIFEST)
     parser.add_argument("--model", default=str(TINY_MODEL_PATH))
     parser.add_argument("--turns", type=int, default=5, help="utterances per session")
     parser.add_argument("--latency-ms", type=int, default=160)

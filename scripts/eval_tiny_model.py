@@ -14,9 +14,8 @@ Backends:
 * ``engine``: ``pipecat_nemotron.engine.NemotronEngine`` (the streaming engine of this package), all
   utterances of a mode submitted concurrently so that the engine batches them;
 * ``nemo``: NeMo's model-level cache-aware streaming (``conformer_stream_step`` chunk by chunk with
-  ``CacheAwareStreamingAudioBuffer``), an independent cross-check of the engine (the script itself needs the
-  ``pipecat_nemotron`` package for its WER and audio helpers);
-* ``auto`` (default): ``engine`` if it imports, else ``nemo``.
+  ``CacheAwareStreamingAudioBuffer``), an independent cross-check of the engine;
+* ``auto`` (default): ``engine``.
 
 ``--offline`` adds ``model.transcribe()`` (whole utterance, same attention context) for comparison.
 
@@ -42,21 +41,20 @@ from typing import Any
 
 import numpy as np
 
-from pipecat_nemotron.bench.common import normalize_text, read_pcm16, word_errors
+from pipecat_nemotron.bench.audio import HELDOUT_MANIFEST, manifest_rows
+from pipecat_nemotron.bench.common import REPO_ROOT, bench_engine
+from pipecat_nemotron.bench.wer import WordErrorCount, normalize_text
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
-from pipecat_nemotron.engine.config import LATENCY_MODES
+from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
 from pipecat_nemotron.models import TINY_MODEL_PATH
+from pipecat_nemotron.wav_input import read_float32, read_pcm16
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = TINY_MODEL_PATH
-CI_MANIFEST = REPO / "tests" / "assets" / "heldout" / "manifest.json"
 FULL_MANIFESTS = {
-    "seen_voice": REPO / "data" / "tiny_asr" / "test_seen_voice_manifest.json",
-    "unseen_voice": REPO / "data" / "tiny_asr" / "test_unseen_voice_manifest.json",
+    "seen_voice": REPO_ROOT / "data" / "tiny_asr" / "test_seen_voice_manifest.json",
+    "unseen_voice": REPO_ROOT / "data" / "tiny_asr" / "test_unseen_voice_manifest.json",
 }
-# latency mode (ms) -> right attention context in 80 ms encoder frames; left context is 70 frames.
-MODES: dict[int, int] = LATENCY_MODES
-SAMPLE_RATE = MODEL_SAMPLE_RATE
+#: Encoder frame (8x subsampled 10 ms features), s.
+ENCODER_FRAME_S = 0.08
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -72,33 +70,23 @@ class Utt:
 
 
 @dataclass
-class Score:
-    """Accumulated word errors of one (set, split, mode, backend)."""
+class Score(WordErrorCount):
+    """Word errors of one (set, split, mode, backend), with the utterances that had some."""
 
-    errors: int = 0
-    words: int = 0
     utts: int = 0
     wrong_utts: int = 0
     examples: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def wer(self) -> float:
-        """Word error rate in percent."""
-        return 100.0 * self.errors / max(1, self.words)
 
 
 def load_set(name: str) -> list[Utt]:
     """Utterances of the ``ci`` or ``full`` held-out set."""
     if name == "ci":
-        rows = json.loads(CI_MANIFEST.read_text())
-        return [Utt(CI_MANIFEST.parent / r["audio"], r["text"], r["split"]) for r in rows]
+        return [Utt(Path(r["audio"]), r["text"], r["split"]) for r in manifest_rows(HELDOUT_MANIFEST)]
     utts: list[Utt] = []
     for split, manifest in FULL_MANIFESTS.items():
         if not manifest.exists():
             raise SystemExit(f"{manifest} is missing: run `scripts/make_tiny_model.py heldout` first")
-        for line in manifest.open():
-            r = json.loads(line)
-            utts.append(Utt(Path(r["audio_filepath"]), r["text"], split))
+        utts += [Utt(Path(r["audio"]), r["text"], split) for r in manifest_rows(manifest)]
     return utts
 
 
@@ -107,15 +95,11 @@ def score(utts: Sequence[Utt], hyps: Sequence[str]) -> dict[str, Score]:
     out: dict[str, Score] = {}
     for u, h in zip(utts, hyps, strict=True):
         s = out.setdefault(u.split, Score())
-        ref, hyp = normalize_text(u.text), normalize_text(h)
-        e = word_errors(ref, hyp)
-        s.errors += e
-        s.words += len(ref.split())
         s.utts += 1
-        if e:
+        if s.add(u.text, h):
             s.wrong_utts += 1
             if len(s.examples) < 5:
-                s.examples.append((ref, hyp))
+                s.examples.append((normalize_text(u.text), normalize_text(h)))
     return out
 
 
@@ -134,6 +118,11 @@ def load_model(path: Path) -> Any:
     return model
 
 
+def _texts(hyps: Any) -> list[str]:
+    """Transcripts of NeMo's hypotheses (objects with ``.text``, or plain strings)."""
+    return [h.text if hasattr(h, "text") else str(h) for h in hyps]
+
+
 def nemo_stream(model: Any, utts: Sequence[Utt], right: int, batch_size: int) -> list[str]:
     """Cache-aware streaming with NeMo's model-level API, ``batch_size`` utterances per forward.
 
@@ -143,16 +132,15 @@ def nemo_stream(model: Any, utts: Sequence[Utt], right: int, batch_size: int) ->
     import torch
     from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
 
-    model.encoder.set_default_att_context_size([70, right])
+    model.encoder.set_default_att_context_size([LEFT_CONTEXT_FRAMES, right])
     model.eval()
-    pad = np.zeros(int((right + 2) * 0.08 * SAMPLE_RATE), dtype=np.float32)
+    pad = np.zeros(int((right + 2) * ENCODER_FRAME_S * MODEL_SAMPLE_RATE), dtype=np.float32)
     texts: list[str] = []
     for start in range(0, len(utts), batch_size):
         batch = utts[start : start + batch_size]
         buf = CacheAwareStreamingAudioBuffer(model=model, online_normalization=False)
         for u in batch:
-            x = np.frombuffer(read_pcm16(u.path), dtype="<i2").astype(np.float32) / 32768.0
-            buf.append_audio(np.concatenate([x, pad]), stream_id=-1)
+            buf.append_audio(np.concatenate([read_float32(u.path), pad]), stream_id=-1)
         cache_ch, cache_t, cache_len = model.encoder.get_initial_cache_state(batch_size=len(batch))
         prev_hyps = None
         pred_out = None
@@ -171,7 +159,7 @@ def nemo_stream(model: Any, utts: Sequence[Utt], right: int, batch_size: int) ->
                     drop_extra_pre_encoded=model.encoder.streaming_cfg.drop_extra_pre_encoded if step else 0,
                     return_transcription=True,
                 )
-        texts += [h.text if hasattr(h, "text") else str(h) for h in (hyps or [])]
+        texts += _texts(hyps or [])
     return texts
 
 
@@ -179,43 +167,28 @@ def nemo_offline(model: Any, utts: Sequence[Utt], right: int, batch_size: int) -
     """Whole-utterance ``model.transcribe()`` with the same attention context."""
     from pipecat_nemotron.engine.loading import quiet_nemo
 
-    model.encoder.set_default_att_context_size([70, right])
+    model.encoder.set_default_att_context_size([LEFT_CONTEXT_FRAMES, right])
     with quiet_nemo(logging.WARNING):
         out = model.transcribe([str(u.path) for u in utts], batch_size=batch_size, verbose=False)
     model.eval()  # transcribe() can leave submodules in train mode (dropout on)
     if isinstance(out, tuple):
         out = out[0]
-    return [h.text if hasattr(h, "text") else str(h) for h in out]
+    return _texts(out)
 
 
 # ------------------------------------------------------------------------------------------------------------
 # Engine backend
 # ------------------------------------------------------------------------------------------------------------
-def engine_available() -> bool:
-    """Whether ``pipecat_nemotron.engine`` exposes the streaming engine."""
-    try:
-        from pipecat_nemotron.engine import EngineConfig, NemotronEngine  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 async def engine_stream(
     model_path: Path, utts: Sequence[Utt], modes: Sequence[int], streams: int
 ) -> dict[int, list[str]]:
     """Transcribe every utterance in every mode through ``NemotronEngine`` (concurrent, so batched)."""
-    from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-
-    engine = NemotronEngine(
-        EngineConfig(model=str(model_path), device="cpu", max_streams=streams, max_batch_size=streams)
-    )
-    await engine.start()
-    try:
+    async with bench_engine(model_path, "cpu", streams) as engine:
         out: dict[int, list[str]] = {}
         sem = asyncio.Semaphore(streams)
         pcm = [read_pcm16(u.path) for u in utts]
 
-        async def one(data: bytes, mode: int) -> str:
+        async def one(data: np.ndarray, mode: int) -> str:
             async with sem:
                 result = await engine.transcribe(data, latency_ms=mode)
                 return str(result.text)
@@ -223,25 +196,65 @@ async def engine_stream(
         for mode in modes:
             out[mode] = list(await asyncio.gather(*(one(d, mode) for d in pcm)))
         return out
-    finally:
-        await engine.stop()
 
 
 # ------------------------------------------------------------------------------------------------------------
+# Evaluation
+# ------------------------------------------------------------------------------------------------------------
+def stream_all(
+    backend: str, model: Any, model_path: Path, utts: Sequence[Utt], args: argparse.Namespace
+) -> dict[int, list[str]]:
+    """Transcripts of every utterance in every mode of ``args.modes``, streamed by ``backend``."""
+    if backend == "engine":
+        return asyncio.run(engine_stream(model_path, utts, args.modes, args.batch_size))
+    return {m: nemo_stream(model, utts, LATENCY_MODES[m], args.batch_size) for m in args.modes}
+
+
+def result_rows(set_name: str, method: str, by_mode: dict[int, list[str]], utts: Sequence[Utt]) -> list[dict]:
+    """One report row per (split, mode) of a method's transcripts."""
+    rows = []
+    for mode, hyps in by_mode.items():
+        for split, s in sorted(score(utts, hyps).items()):
+            rows.append(
+                {
+                    "set": set_name,
+                    "split": split,
+                    "method": method,
+                    "latency_ms": mode,
+                    "wer": round(s.percent, 2),
+                    "errors": s.errors,
+                    "words": s.words,
+                    "utts": s.utts,
+                    "wrong_utts": s.wrong_utts,
+                    "examples": s.examples,
+                }
+            )
+    return rows
+
+
+def equal_counts(
+    by_mode: dict[int, list[str]], offline: dict[int, list[str]], modes: Sequence[int], total: int
+) -> dict[int, str]:
+    """Per mode, how many of the ``total`` streamed transcripts equal the offline ones (normalised text)."""
+    same = {
+        m: sum(normalize_text(a) == normalize_text(b) for a, b in zip(by_mode[m], offline[m], strict=True))
+        for m in modes
+    }
+    return {m: f"{n}/{total}" for m, n in same.items()}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate and return a JSON-able report."""
     import torch
 
     torch.set_num_threads(args.threads)
     model_path = Path(args.model)
-    backends: list[str] = []
-    for b in args.backend:
-        if b == "auto":
-            b = "engine" if engine_available() else "nemo"
-        if b not in backends:
-            backends.append(b)
+    # ``auto`` is the engine: this script imports the package, so the engine is always there.
+    backends = list(dict.fromkeys("engine" if b == "auto" else b for b in args.backend))
     report: dict[str, Any] = {
-        "model": str(model_path.relative_to(REPO) if model_path.is_relative_to(REPO) else model_path),
+        "model": str(
+            model_path.relative_to(REPO_ROOT) if model_path.is_relative_to(REPO_ROOT) else model_path
+        ),
         "model_bytes": model_path.stat().st_size,
         "backends": backends,
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, torch {torch.__version__}",
@@ -253,48 +266,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         methods: list[tuple[str, dict[int, list[str]]]] = []
         for backend in backends:
             t0 = time.perf_counter()
-            if backend == "engine":
-                streamed = asyncio.run(engine_stream(model_path, utts, args.modes, args.batch_size))
-            else:
-                streamed = {m: nemo_stream(model, utts, MODES[m], args.batch_size) for m in args.modes}
-            methods.append((f"stream/{backend}", streamed))
-            report.setdefault("stream_seconds", {})[f"{set_name}/{backend}"] = round(
-                time.perf_counter() - t0, 1
-            )
+            methods.append((f"stream/{backend}", stream_all(backend, model, model_path, utts, args)))
+            seconds = round(time.perf_counter() - t0, 1)
+            report.setdefault("stream_seconds", {})[f"{set_name}/{backend}"] = seconds
         if args.offline:
-            methods.append(
-                ("offline", {m: nemo_offline(model, utts, MODES[m], args.batch_size) for m in args.modes})
-            )
+            offline = {m: nemo_offline(model, utts, LATENCY_MODES[m], args.batch_size) for m in args.modes}
+            methods.append(("offline", offline))
         for method, by_mode in methods:
-            for mode, hyps in by_mode.items():
-                for split, s in sorted(score(utts, hyps).items()):
-                    report["results"].append(
-                        {
-                            "set": set_name,
-                            "split": split,
-                            "method": method,
-                            "latency_ms": mode,
-                            "wer": round(s.wer, 2),
-                            "errors": s.errors,
-                            "words": s.words,
-                            "utts": s.utts,
-                            "wrong_utts": s.wrong_utts,
-                            "examples": s.examples,
-                        }
-                    )
+            report["results"] += result_rows(set_name, method, by_mode, utts)
         if args.offline:
-            offline = methods[-1][1]
             for method, by_mode in methods[:-1]:
-                same = {
-                    m: sum(
-                        normalize_text(a) == normalize_text(b)
-                        for a, b in zip(by_mode[m], offline[m], strict=True)
-                    )
-                    for m in args.modes
-                }
-                report.setdefault("stream_equals_offline", {})[f"{set_name}/{method}"] = {
-                    m: f"{n}/{len(utts)}" for m, n in same.items()
-                }
+                report.setdefault("stream_equals_offline", {})[f"{set_name}/{method}"] = equal_counts(
+                    by_mode, offline, args.modes, len(utts)
+                )
     return report
 
 
@@ -320,9 +304,11 @@ def print_table(report: dict[str, Any]) -> None:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(DEFAULT_MODEL))
+    p.add_argument("--model", default=str(TINY_MODEL_PATH))
     p.add_argument("--sets", nargs="+", choices=["ci", "full"], default=["ci"])
-    p.add_argument("--modes", nargs="+", type=int, choices=sorted(MODES), default=sorted(MODES))
+    p.add_argument(
+        "--modes", nargs="+", type=int, choices=sorted(LATENCY_MODES), default=sorted(LATENCY_MODES)
+    )
     p.add_argument(
         "--backend",
         nargs="+",

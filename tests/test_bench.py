@@ -5,6 +5,7 @@ These check structure and sanity (keys, counts, units, ratios > 0), never timing
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import subprocess
@@ -13,9 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from pipecat_nemotron.bench import common
+from pipecat_nemotron.bench import common, stats, wer
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(module: str, model: str, out: Path, options: str) -> dict:
+    """Run ``pipecat_nemotron.bench.<module>`` on ``model`` with one torch thread; return its JSON result."""
+    bench = importlib.import_module(f"pipecat_nemotron.bench.{module}")
+    bench.main(["--model", model, *options.split(), "--out", str(out), "--threads", "1"])
+    return _load(out, bench.NAME)
 
 
 def _load(out: Path, name: str) -> dict:
@@ -53,15 +61,7 @@ def test_importing_the_package_is_cheap() -> None:
 
 
 def test_buffered_vs_cache_aware(model: str, tmp_path: Path) -> None:
-    from pipecat_nemotron.bench import buffered_vs_cache_aware as bench
-
-    bench.main(
-        [
-            "--model", model, "--latency", "160", "--streams", "1", "2", "--max-audio-s", "2",
-            "--out", str(tmp_path), "--threads", "1",
-        ]
-    )  # fmt: skip
-    data = _load(tmp_path, bench.NAME)
+    data = _run("buffered_vs_cache_aware", model, tmp_path, "--latency 160 --streams 1 2 --max-audio-s 2")
     assert "BufferedRNNTPipeline" in data["baseline"]["implementation"]
     (m,) = data["models"]
     assert m["model"]["random_weights"] is False  # a user-given path: WER is reported
@@ -77,15 +77,8 @@ def test_buffered_vs_cache_aware(model: str, tmp_path: Path) -> None:
 
 
 def test_concurrency(model: str, tmp_path: Path) -> None:
-    from pipecat_nemotron.bench import concurrency as bench
-
-    bench.main(
-        [
-            "--model", model, "--streams", "1", "2", "--seconds", "1.5", "--step-batches", "1", "4",
-            "--step-modes", "160", "--step-seconds", "1", "--keep-going", "--out", str(tmp_path), "--threads", "1",
-        ]
-    )  # fmt: skip
-    data = _load(tmp_path, bench.NAME)
+    options = "--streams 1 2 --seconds 1.5 --step-batches 1 4 --step-modes 160 --step-seconds 1 --keep-going"
+    data = _run("concurrency", model, tmp_path, options)
     assert [r["streams"] for r in data["realtime"]] == [1, 2]
     for r in data["realtime"]:
         assert r["steps"] > 0 and r["chunk_ms"] == 160
@@ -103,15 +96,7 @@ def test_concurrency(model: str, tmp_path: Path) -> None:
 
 
 def test_time_to_final(model: str, tmp_path: Path) -> None:
-    from pipecat_nemotron.bench import time_to_final as bench
-
-    bench.main(
-        [
-            "--model", model, "--lengths", "1", "3", "--repeats", "2", "--short-repeats", "2",
-            "--out", str(tmp_path), "--threads", "1",
-        ]
-    )  # fmt: skip
-    data = _load(tmp_path, bench.NAME)
+    data = _run("time_to_final", model, tmp_path, "--lengths 1 3 --repeats 2 --short-repeats 2")
     assert [m["finalize_mode"] for m in data["modes"]] == ["soft", "hard"]
     for m in data["modes"]:
         assert [r["seconds"] for r in m["rows"]] == [1, 3]
@@ -122,15 +107,7 @@ def test_time_to_final(model: str, tmp_path: Path) -> None:
 
 
 def test_soak(model: str, tmp_path: Path) -> None:
-    from pipecat_nemotron.bench import soak as bench
-
-    bench.main(
-        [
-            "--model", model, "--streams", "2", "--minutes", "0.1", "--utterance-s", "1.2",
-            "--sample-s", "0.5", "--out", str(tmp_path), "--threads", "1",
-        ]
-    )  # fmt: skip
-    data = _load(tmp_path, bench.NAME)
+    data = _run("soak", model, tmp_path, "--streams 2 --minutes 0.1 --utterance-s 1.2 --sample-s 0.5")
     assert data["streams"] == 2 and data["steps"] > 5 and data["finals"] >= 4
     assert len(data["series"]["memory"]) >= 8
     assert data["lag_slope_ms_per_min"] is not None and data["rss_slope_mb_per_min"] is not None
@@ -162,10 +139,10 @@ def test_resolve_model_prefers_the_trained_tiny_model(
 
 
 def test_scoring_and_stats() -> None:
-    assert common.word_errors("The code is two.", "the code is to") == 1
-    assert common.wer_percent(["a b c d", None], ["a b x d", "whatever"]) == 25.0
-    assert common.wer_percent([None], ["x"]) is None
-    assert common.linear_slope([0, 1, 2, 3], [1, 3, 5, 7]) == pytest.approx(2.0)
-    s = common.summarize([1.0, 2.0, 3.0])
+    assert wer.word_errors("The code is two.", "the code is to") == 1
+    assert wer.wer_percent(["a b c d", None], ["a b x d", "whatever"]) == 25.0
+    assert wer.wer_percent([None], ["x"]) is None
+    assert stats.linear_slope([0, 1, 2, 3], [1, 3, 5, 7]) == pytest.approx(2.0)
+    s = stats.summarize([1.0, 2.0, 3.0])
     assert s["n"] == 3 and s["p50"] == 2.0 and s["max"] == 3.0
-    assert common.summarize([])["p50"] is None
+    assert stats.summarize([])["p50"] is None

@@ -7,11 +7,12 @@ import json
 
 import pytest
 
-from pipecat_nemotron.bench.common import normalize_text, read_pcm16, word_errors
+from pipecat_nemotron.bench.audio import HELDOUT_MANIFEST, manifest_rows
+from pipecat_nemotron.bench.wer import WordErrorCount, normalize_text
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-from pipecat_nemotron.models import TINY_MODEL_PATH
-
-HELDOUT = TINY_MODEL_PATH.parents[2] / "tests" / "assets" / "heldout"
+from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
+from pipecat_nemotron.wav_input import read_pcm16
 
 
 def test_committed_model_is_cache_aware_nemotron_family() -> None:
@@ -33,21 +34,20 @@ def test_committed_model_is_cache_aware_nemotron_family() -> None:
 
 async def test_heldout_wer_streamed_at_160ms() -> None:
     """Every third utterance of the model card's held-out sets (100 + 100), streamed together at 160 ms."""
-    manifest = json.loads((HELDOUT / "manifest.json").read_text())
+    manifest = manifest_rows(HELDOUT_MANIFEST)
     assert len(manifest) == 200
-    errors = {"seen_voice": [0, 0], "unseen_voice": [0, 0]}
+    errors = {"seen_voice": WordErrorCount(), "unseen_voice": WordErrorCount()}
     config = EngineConfig(model=str(TINY_MODEL_PATH), device="cpu", max_streams=32)
     async with NemotronEngine(config) as engine:
         finals = []
         for start in range(0, len(manifest), 32):
             batch = manifest[start : start + 32]
             finals += await asyncio.gather(
-                *(engine.transcribe(read_pcm16(HELDOUT / e["audio"]), latency_ms=160) for e in batch)
+                *(engine.transcribe(read_pcm16(e["audio"]), latency_ms=160) for e in batch)
             )
     for entry, final in zip(manifest, finals, strict=True):
-        errors[entry["split"]][0] += word_errors(entry["text"], final.text)
-        errors[entry["split"]][1] += len(normalize_text(entry["text"]).split())
-    wer = {split: 100.0 * e / n for split, (e, n) in errors.items()}
+        errors[entry["split"]].add(entry["text"], final.text)
+    wer = {split: count.percent for split, count in errors.items()}
     print(f"held-out WER at 160 ms: {wer}")
     # The model's quality targets (docs/TINY_MODEL.md): <= 3% on new sentences in training voices, <= 8% on voices
     # never heard in training. The committed checkpoint measures 0.43% / 6.83% on this subset.
@@ -57,12 +57,11 @@ async def test_heldout_wer_streamed_at_160ms() -> None:
 
 @pytest.mark.parametrize("name", ["demo_weather.wav", "demo_timer.wav", "demo_math.wav", "two_turns.wav"])
 async def test_demo_wavs_are_transcribed_exactly(name: str) -> None:
-    demo = TINY_MODEL_PATH.parent / "demo"
-    expected = json.loads((demo / "transcripts.json").read_text())[name]
+    expected = json.loads((DEMO_AUDIO_DIR / "transcripts.json").read_text())[name]
     async with NemotronEngine(
         EngineConfig(model=str(TINY_MODEL_PATH), device="cpu", max_streams=1)
     ) as engine:
-        final = await engine.transcribe(read_pcm16(demo / name), latency_ms=160)
+        final = await engine.transcribe(read_pcm16(DEMO_AUDIO_DIR / name), latency_ms=160)
     assert normalize_text(final.text) == normalize_text(expected)
 
 
@@ -70,10 +69,9 @@ async def test_demo_wavs_are_transcribed_exactly(name: str) -> None:
 async def test_second_turn_is_transcribed_in_one_stream(finalize_mode: str) -> None:
     """Two turns through one stream with a final after each: the second turn's first word is not lost whether
     the stream keeps its state across turns (soft) or resets it (hard)."""
-    demo = TINY_MODEL_PATH.parent / "demo"
-    turns = json.loads((demo / "turns.json").read_text())["two_turns.wav"]
-    pcm = read_pcm16(demo / "two_turns.wav")
-    cut = 2 * int((turns["spans_s"][0][1] + turns["silence_between_s"] / 2) * 16000)  # bytes, mid-pause
+    turns = json.loads((DEMO_AUDIO_DIR / "turns.json").read_text())["two_turns.wav"]
+    pcm = read_pcm16(DEMO_AUDIO_DIR / "two_turns.wav")
+    cut = int((turns["spans_s"][0][1] + turns["silence_between_s"] / 2) * MODEL_SAMPLE_RATE)  # mid-pause
     config = EngineConfig(
         model=str(TINY_MODEL_PATH), device="cpu", max_streams=1, finalize_mode=finalize_mode
     )

@@ -31,28 +31,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pipecat_nemotron.bench import common
+from pipecat_nemotron.bench import common, output, stats
+from pipecat_nemotron.bench.audio import Clip, load_clips, synthetic_clip
+from pipecat_nemotron.bench.buffered_baseline import BUFFERED_LEFT_S, BUFFERED_SPLIT, BufferedBaseline
+from pipecat_nemotron.bench.wer import wer_percent
+from pipecat_nemotron.devices import resolve_device
 
 NAME = "buffered-vs-cache-aware"
-
-#: Buffered baseline geometry per latency mode: (chunk, right context) in seconds; chunk + right = latency.
-BUFFERED_SPLIT: dict[int, tuple[float, float]] = {
-    80: (0.08, 0.0),
-    160: (0.08, 0.08),
-    560: (0.24, 0.32),
-    1120: (0.56, 0.56),
-}
-#: Left context of the buffered window, seconds (NeMo's usual 1.6 s).
-BUFFERED_LEFT_S = 1.6
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,7 +76,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-audio-s-600m", type=float, default=6.0, help="audio per run for the 600M model, s (default: 6)"
     )
-    parser.add_argument("--manifest", type=Path, default=None, help="audio manifest (default: held-out set)")
     parser.add_argument("--repeats", type=int, default=1, help="A/B runs per setting, order alternating")
     parser.add_argument(
         "--buffered-att-context",
@@ -104,231 +95,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-# ---- the buffered baseline --------------------------------------------------------------------------------
-
-
-def buffered_config(model_path: Path, device: str, latency_ms: int, batch_size: int) -> Any:
-    """The full ``BufferedRNNTPipeline`` config (NeMo 3.0 ships no example yaml; all blocks are mandatory)."""
-    from omegaconf import OmegaConf
-
-    chunk_s, right_s = BUFFERED_SPLIT[latency_ms]
-    dev, dev_id = (device.split(":") + ["0"])[:2] if device.startswith("cuda") else (device, "0")
-    return OmegaConf.create(
-        {
-            "asr": {
-                "model_name": str(model_path),
-                "device": dev,
-                "device_id": int(dev_id),
-                "compute_dtype": "float32" if dev == "cpu" else "bfloat16",
-                "use_amp": False,
-                "decoding": {
-                    "strategy": "greedy_batch",
-                    "fused_batch_size": -1,
-                    "greedy": {"max_symbols": 10, "loop_labels": True, "use_cuda_graph_decoder": False},
-                },
-            },
-            "itn": {
-                "input_case": "lower_cased",
-                "whitelist": None,
-                "overwrite_cache": False,
-                "max_number_of_permutations_per_split": 729,
-                "left_padding_size": 4,
-                "batch_size": 32,
-                "n_jobs": 1,
-            },
-            "confidence": {
-                "exclude_blank": True,
-                "aggregation": "min",
-                "method_cfg": {
-                    "name": "entropy",
-                    "entropy_type": "tsallis",
-                    "alpha": 0.5,
-                    "entropy_norm": "exp",
-                },
-            },
-            "endpointing": {"stop_history_eou": -1, "residue_tokens_at_end": 0},
-            "streaming": {
-                "sample_rate": common.SAMPLE_RATE,
-                "batch_size": batch_size,
-                "word_boundary_tolerance": 4,
-                "stateful": True,
-                "chunk_size": chunk_s,
-                "left_padding_size": BUFFERED_LEFT_S,
-                "right_padding_size": right_s,
-                "request_type": "frame",
-                "padding_mode": "right",
-            },
-            "matmul_precision": "highest",
-            "log_level": 40,
-            "pipeline_type": "buffered",
-            "asr_decoding_type": "rnnt",
-            "enable_itn": False,
-            "enable_nmt": False,
-            "asr_output_granularity": "segment",
-            "cache_dir": None,
-            "lang": None,
-            "return_tail_result": False,
-        }
-    )
-
-
-@contextlib.contextmanager
-def nemo_normalization(keep: bool) -> Iterator[None]:
-    """Switch off ``BufferedRNNTPipeline``'s per-buffer feature normalisation inside the block (unless ``keep``)."""
-    from nemo.collections.asr.inference.pipelines import buffered_rnnt_pipeline as mod
-
-    original = mod.normalize_features
-    if not keep:
-        mod.normalize_features = lambda features, feature_lens=None: features
-    try:
-        yield
-    finally:
-        mod.normalize_features = original
-
-
-class BufferedBaseline:
-    """NeMo's ``BufferedRNNTPipeline`` for one model, one pipeline per latency mode over one loaded model.
-
-    Args:
-        model_path: The ``.nemo`` file (loaded again by NeMo's wrapper: it cannot take a loaded model).
-        device: ``cpu`` / ``cuda`` / ``cuda:N``.
-        latencies: Latency modes to prepare.
-        max_batch: Most streams per step.
-        att_context: Encoder ``att_context_size`` to use.
-        keep_normalization: Keep the pipeline's per-buffer feature normalisation.
-        flush: Follow each clip with right-context-long silence so its last words are decoded.
-
-    """
-
-    def __init__(
-        self,
-        model_path: Path,
-        device: str,
-        latencies: Sequence[int],
-        max_batch: int,
-        att_context: list[int],
-        keep_normalization: bool,
-        flush: bool = True,
-    ) -> None:
-        from nemo.collections.asr.inference.factory.pipeline_builder import PipelineBuilder
-        from nemo.collections.asr.inference.pipelines.buffered_rnnt_pipeline import BufferedRNNTPipeline
-
-        from pipecat_nemotron.engine.loading import quiet_nemo
-
-        self.keep_normalization = keep_normalization
-        self.flush = flush
-        self.pipelines: dict[int, Any] = {}
-        self._next_id = 1
-        with quiet_nemo(), nemo_normalization(keep_normalization):
-            for latency in latencies:
-                cfg = buffered_config(model_path, device, latency, max_batch)
-                if not self.pipelines:
-                    pipeline = PipelineBuilder.build_pipeline(cfg)
-                    encoder = pipeline.asr_model.asr_model.encoder
-                    if hasattr(encoder, "set_default_att_context_size"):
-                        encoder.set_default_att_context_size(att_context)
-                    else:
-                        encoder.att_context_size = att_context
-                    # The zero-buffer encoding was computed with the old context: recompute it.
-                    if pipeline.right_padding:
-                        pipeline.zero_encoded = pipeline.init_zero_enc()
-                    self.asr_model = pipeline.asr_model
-                else:
-                    pipeline = BufferedRNNTPipeline(cfg, self.asr_model)
-                self.pipelines[latency] = pipeline
-        self.device = self.asr_model.device
-
-    def geometry(self, latency_ms: int) -> dict[str, float]:
-        """Window of one latency mode, seconds."""
-        p = self.pipelines[latency_ms]
-        return {
-            "left_s": round(p.left_padding_size, 3),
-            "chunk_s": round(p.chunk_size, 3),
-            "right_s": round(p.right_padding_size, 3),
-            "window_s": round(p.buffer_size_in_secs, 3),
-        }
-
-    def run(
-        self, clips: Sequence[common.Clip], latency_ms: int, streams: int
-    ) -> tuple[list[str], float, float]:
-        """Transcribe ``clips`` with ``streams`` concurrent streams (one chunk per stream per batched step).
-
-        Returns:
-            The transcripts (in clip order), the seconds spent inside ``transcribe_step`` calls, and the seconds
-            of audio processed (clips plus flush silence).
-
-        """
-        import torch
-        from nemo.collections.asr.inference.streaming.framing.request import Frame
-        from nemo.collections.asr.inference.streaming.framing.request_options import ASRRequestOptions
-
-        pipeline = self.pipelines[latency_ms]
-        chunk = int(round(pipeline.chunk_size * common.SAMPLE_RATE))
-        # Flush: silence covering the right context after each clip. NeMo's stateful buffered pipeline decodes
-        # only the chunk region of the last frame too, so without it the words spoken in the last right-context
-        # window are dropped (the engine's finalize flushes by itself). In a live session that silence is just the
-        # audio after speech, so it counts as processed audio: cost per second stays the steady-state cost.
-        flush = np.zeros(
-            int(round(pipeline.right_padding_size * common.SAMPLE_RATE)) if self.flush else 0, np.float32
-        )
-        queues = [list(range(i, len(clips), streams)) for i in range(streams)]
-        texts: list[list[str]] = [[] for _ in clips]
-        # Per worker: (clip index, stream id, next sample) of the clip it is feeding.
-        active: list[list[int] | None] = [None] * streams
-        step_s = 0.0
-        with nemo_normalization(self.keep_normalization):
-            while True:
-                frames, owners = [], []
-                for w in range(streams):
-                    if active[w] is None and queues[w]:
-                        active[w] = [queues[w].pop(0), self._new_id(), 0]
-                    slot = active[w]
-                    if slot is None:
-                        continue
-                    idx, sid, pos = slot
-                    audio = np.concatenate((clips[idx].audio, flush)) if flush.size else clips[idx].audio
-                    piece = audio[pos : pos + chunk]
-                    last = pos + chunk >= audio.size
-                    samples = np.zeros(chunk, dtype=np.float32)
-                    samples[: piece.size] = piece
-                    frames.append(
-                        Frame(
-                            samples=torch.from_numpy(samples),
-                            stream_id=sid,
-                            is_first=pos == 0,
-                            is_last=last,
-                            length=piece.size if last else -1,
-                            options=ASRRequestOptions() if pos == 0 else None,
-                        )
-                    )
-                    owners.append(w)
-                    slot[2] = pos + chunk
-                if not frames:
-                    break
-                t = time.perf_counter()
-                outputs = pipeline.transcribe_step(frames)
-                common.sync_device()
-                step_s += time.perf_counter() - t
-                for w, frame, out in zip(owners, frames, outputs, strict=True):
-                    slot = active[w]
-                    assert slot is not None
-                    if out.final_transcript:
-                        texts[slot[0]].append(out.final_transcript)
-                    if frame.is_last:
-                        active[w] = None
-        processed_s = sum(c.seconds for c in clips) + len(clips) * flush.size / common.SAMPLE_RATE
-        return [" ".join("".join(t).split()) for t in texts], step_s, processed_s
-
-    def _new_id(self) -> int:
-        self._next_id += 1
-        return self._next_id
-
-
 # ---- the cache-aware engine -------------------------------------------------------------------------------
 
 
 async def run_engine(
-    engine: Any, clips: Sequence[common.Clip], latency_ms: int, streams: int
+    engine: Any, clips: Sequence[Clip], latency_ms: int, streams: int
 ) -> tuple[list[str], float]:
     """Transcribe ``clips`` through the engine, ``streams`` at a time (each clip its own stream, pushed whole).
 
@@ -350,7 +121,7 @@ async def run_engine(
     try:
         await asyncio.gather(*(worker(q) for q in queues))
     finally:
-        common.remove_step_listener(engine, listener)
+        engine.remove_step_listener(listener)
     return texts, sum(step_ms) / 1000.0
 
 
@@ -367,6 +138,15 @@ class Side:
     audio_s: float = 0.0
     texts: list[str] | None = None
 
+    def add(self, meter: stats.Meter, step_s: float, audio_s: float, texts: list[str]) -> None:
+        """Count one run: its meter, seconds inside model steps, audio processed; keep the first transcripts."""
+        self.wall_s += meter.wall_s
+        self.cpu_s += meter.cpu_s
+        self.step_s += step_s
+        self.audio_s += audio_s
+        if self.texts is None:
+            self.texts = texts
+
     def per_audio_s(self) -> dict[str, float | None]:
         """Seconds per audio-second."""
         a = self.audio_s or float("nan")
@@ -377,16 +157,87 @@ class Side:
         }
 
 
+async def measure_setting(
+    engine: Any,
+    baseline: BufferedBaseline,
+    clips: Sequence[Clip],
+    latency_ms: int,
+    streams: int,
+    repeats: int,
+    order_offset: int,
+) -> dict[str, Side]:
+    """Both backends on the same clips, ``repeats`` times, alternating which runs first.
+
+    Args:
+        engine: The started cache-aware engine.
+        baseline: The buffered baseline of the same model.
+        clips: The audio.
+        latency_ms: Latency mode, ms.
+        streams: Concurrent streams.
+        repeats: A/B runs.
+        order_offset: Shifts the alternation (the settings measured before), so that consecutive settings do
+            not all start with the same backend.
+
+    Returns:
+        ``{"cache_aware": Side, "buffered": Side}``.
+
+    """
+    audio_s = sum(c.seconds for c in clips)
+    sides = {"cache_aware": Side(), "buffered": Side()}
+    for rep in range(repeats):
+        first_engine = (rep + order_offset) % 2 == 0
+        for backend in ("cache_aware", "buffered") if first_engine else ("buffered", "cache_aware"):
+            with stats.Meter() as m:
+                if backend == "cache_aware":
+                    texts, step_s = await run_engine(engine, clips, latency_ms, streams)
+                    processed_s = audio_s
+                else:
+                    texts, step_s, processed_s = baseline.run(clips, latency_ms, streams)
+            sides[backend].add(m, step_s, processed_s, texts)
+    return sides
+
+
+def setting_row(
+    spec: common.ModelSpec,
+    clips: Sequence[Clip],
+    latency_ms: int,
+    streams: int,
+    sides: dict[str, Side],
+    baseline: BufferedBaseline,
+    repeats: int,
+) -> dict[str, Any]:
+    """The result row of one setting: cost per audio-second and WER of each backend, their ratios, examples."""
+    refs = [c.text for c in clips]
+    row: dict[str, Any] = {
+        "latency_ms": latency_ms,
+        "streams": streams,
+        "audio_s": round(sum(c.seconds for c in clips), 2),
+        "buffered_processed_audio_s": round(sides["buffered"].audio_s / repeats, 2),
+        "buffered_geometry": baseline.geometry(latency_ms),
+    }
+    for backend, side in sides.items():
+        wer = None if spec.random_weights else wer_percent(refs, side.texts or [])
+        row[backend] = {**side.per_audio_s(), "wer_percent": wer}
+    for key in ("wall_s_per_audio_s", "cpu_s_per_audio_s", "step_s_per_audio_s"):
+        row[f"ratio_{key.split('_s_per')[0]}"] = stats.ratio(row["buffered"][key], row["cache_aware"][key])
+    pairs = zip(clips, sides["cache_aware"].texts or [], sides["buffered"].texts or [], strict=False)
+    row["examples"] = [{"ref": c.text, "cache_aware": a, "buffered": b} for c, a, b in list(pairs)[:3]]
+    print(
+        f"[bench] {spec.name} {latency_ms} ms x{streams}: cache-aware "
+        f"{row['cache_aware']['cpu_s_per_audio_s']:.3f} CPU-s/audio-s, buffered "
+        f"{row['buffered']['cpu_s_per_audio_s']:.3f} -> {row['ratio_cpu']:.2f}x "
+        f"(wall {row['ratio_wall']:.2f}x)",
+        flush=True,
+    )
+    return row
+
+
 async def bench_model(
     spec: common.ModelSpec, args: argparse.Namespace, device: str, att_context: list[int]
 ) -> dict[str, Any]:
     """All settings of one model: both backends, each latency and stream count."""
-    from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-
     cap = args.max_audio_s_600m if spec.size == "600m" else args.max_audio_s
-    clips, source = common.load_clips(args.manifest, cap)
-    audio_s = sum(c.seconds for c in clips)
-    refs = [c.text for c in clips]
+    clips, source = load_clips(args.manifest, cap)
     print(f"[bench] {spec.name}: {source}", flush=True)
     if spec.random_weights:
         print(f"[bench] {spec.name}: {common.RANDOM_WEIGHTS_NOTE}", flush=True)
@@ -403,79 +254,16 @@ async def bench_model(
         flush=not args.no_buffered_flush,
     )
     build_s = time.perf_counter() - t
-    engine = NemotronEngine(
-        EngineConfig(
-            model=str(spec.path),
-            device=device,
-            max_streams=max_streams,
-            max_batch_size=max_streams,
-            finalize_mode="hard",
-            warmup=True,
-        )
-    )
-    await engine.start()
     rows: list[dict[str, Any]] = []
-    try:
-        warm = [common.Clip("warmup", common.synthetic_clip(1.0, 99), None)]
+    async with common.bench_engine(spec.path, device, max_streams, "hard") as engine:
+        warm = [Clip("warmup", synthetic_clip(1.0, 99), None)]
         for latency in args.latency:
             baseline.run(warm, latency, 1)  # first-call costs (allocations, decoder setup)
             for streams in args.streams:
-                sides = {"cache_aware": Side(), "buffered": Side()}
-                for rep in range(args.repeats):
-                    order = (
-                        ("cache_aware", "buffered")
-                        if (rep + len(rows)) % 2 == 0
-                        else ("buffered", "cache_aware")
-                    )
-                    for backend in order:
-                        side = sides[backend]
-                        with common.Meter() as m:
-                            if backend == "cache_aware":
-                                texts, step_s = await run_engine(engine, clips, latency, streams)
-                                processed_s = audio_s
-                            else:
-                                texts, step_s, processed_s = baseline.run(clips, latency, streams)
-                        side.wall_s += m.wall_s
-                        side.cpu_s += m.cpu_s
-                        side.step_s += step_s
-                        side.audio_s += processed_s
-                        if side.texts is None:
-                            side.texts = texts
-                row: dict[str, Any] = {
-                    "latency_ms": latency,
-                    "streams": streams,
-                    "audio_s": round(audio_s, 2),
-                    "buffered_processed_audio_s": round(sides["buffered"].audio_s / args.repeats, 2),
-                    "buffered_geometry": baseline.geometry(latency),
-                }
-                for backend, side in sides.items():
-                    wer = None if spec.random_weights else common.wer_percent(refs, side.texts or [])
-                    row[backend] = {**side.per_audio_s(), "wer_percent": wer}
-                for key in ("wall_s_per_audio_s", "cpu_s_per_audio_s", "step_s_per_audio_s"):
-                    row[f"ratio_{key.split('_s_per')[0]}"] = common.ratio(
-                        row["buffered"][key], row["cache_aware"][key]
-                    )
-                row["examples"] = [
-                    {"ref": c.text, "cache_aware": a, "buffered": b}
-                    for c, a, b in list(
-                        zip(
-                            clips,
-                            sides["cache_aware"].texts or [],
-                            sides["buffered"].texts or [],
-                            strict=False,
-                        )
-                    )[:3]
-                ]
-                rows.append(row)
-                print(
-                    f"[bench] {spec.name} {latency} ms x{streams}: cache-aware "
-                    f"{row['cache_aware']['cpu_s_per_audio_s']:.3f} CPU-s/audio-s, buffered "
-                    f"{row['buffered']['cpu_s_per_audio_s']:.3f} -> {row['ratio_cpu']:.2f}x "
-                    f"(wall {row['ratio_wall']:.2f}x)",
-                    flush=True,
+                sides = await measure_setting(
+                    engine, baseline, clips, latency, streams, args.repeats, len(rows)
                 )
-    finally:
-        await engine.stop()
+                rows.append(setting_row(spec, clips, latency, streams, sides, baseline, args.repeats))
     return {
         "model": spec.as_dict(),
         "audio_source": source,
@@ -488,7 +276,7 @@ async def bench_model(
 
 def plot(result: dict[str, Any]) -> Any:
     """Bar chart: CPU seconds per audio-second of both backends, per model/latency/streams."""
-    fig, axes = common.new_figure(1, 1, (max(6.0, 1.6 * sum(len(m["rows"]) for m in result["models"])), 4.2))
+    fig, axes = output.new_figure(1, 1, (max(6.0, 1.6 * sum(len(m["rows"]) for m in result["models"])), 4.2))
     ax = axes[0][0]
     labels, ca, bu = [], [], []
     for m in result["models"]:
@@ -528,7 +316,7 @@ def summary_table(result: dict[str, Any]) -> str:
                     r["buffered"]["wer_percent"],
                 ]
             )
-    return common.format_table(
+    return output.format_table(
         [
             "model",
             "latency ms",
@@ -546,12 +334,12 @@ def summary_table(result: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark; write JSON and PNG under ``args.out``; return the result."""
-    device = common.resolve_device(args.device)
+    device = resolve_device(args.device)
     att_context = [int(v) for v in args.buffered_att_context.split(",")]
     for latency in args.latency:
         if latency not in BUFFERED_SPLIT:
             raise SystemExit(f"--latency {latency}: expected one of {sorted(BUFFERED_SPLIT)}")
-    result = common.result_header(NAME, args)
+    result = output.result_header(NAME, args)
     specs = [common.resolve_model(m, args.models_dir) for m in args.model]
     result["baseline"] = {
         "implementation": "nemo.collections.asr.inference BufferedRNNTPipeline via PipelineBuilder.build_pipeline",
@@ -570,7 +358,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["models"] = [asyncio.run(bench_model(s, args, device, att_context)) for s in specs]
     fig = plot(result)
     notes = [f"{m['model']['name']}: {m['wer_note']}" for m in result["models"] if m["wer_note"]]
-    common.finish(
+    output.finish(
         args.out, NAME, result, fig, summary_table(result) + ("\n" + "\n".join(notes) if notes else "")
     )
     return result
@@ -578,6 +366,4 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Command-line entry point: ``python -m pipecat_nemotron.bench buffered-vs-cache-aware [options]``."""
-    parser = argparse.ArgumentParser(prog=f"python -m pipecat_nemotron.bench {NAME}", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return common.bench_main(NAME, __doc__, add_arguments, run, argv)

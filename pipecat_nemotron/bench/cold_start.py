@@ -20,7 +20,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pipecat_nemotron.bench import common
+from pipecat_nemotron.bench import common, output, stats
+from pipecat_nemotron.devices import resolve_device
 
 NAME = "cold-start"
 
@@ -74,7 +75,7 @@ asyncio.run(main())
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of this benchmark."""
-    common.add_common_args(parser)
+    common.add_common_args(parser, manifest=False)
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per trial (default: 3)")
     parser.add_argument(
         "--setup-s", type=float, default=2.0, help="bot set-up time before StartFrame, s (default: 2)"
@@ -95,38 +96,40 @@ def _run_fresh(code: str) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the trials; write JSON under ``args.out``; return the result."""
-    device = common.resolve_device(args.device)
+    device = resolve_device(args.device)
     spec = common.resolve_model(args.model, args.models_dir)
-    result = common.result_header(NAME, args)
+    result = output.result_header(NAME, args)
     result.update({"model": spec.as_dict(), "setup_s": args.setup_s})
     rows: list[list[Any]] = []
     if "cold-warm" in args.trials:
-        runs = [_run_fresh(_COLD_WARM.format(model=str(spec.path), device=device)) for _ in range(args.repeats)]
-        result["cold_warm"] = {key: common.summarize([r[key] for r in runs]) for key in runs[0]}
+        runs = [
+            _run_fresh(_COLD_WARM.format(model=str(spec.path), device=device)) for _ in range(args.repeats)
+        ]
+        result["cold_warm"] = {key: stats.summarize([r[key] for r in runs]) for key in runs[0]}
         rows += [[key, "", v["p50"], v["mean"], v["max"]] for key, v in result["cold_warm"].items()]
     if "prefetch" in args.trials:
         runs_by: dict[bool, list[dict[str, float]]] = {True: [], False: []}
         for _ in range(args.repeats):  # alternated, so machine noise hits both alike
             for prefetch in (False, True):
-                code = _PREFETCH.format(model=str(spec.path), device=device, prefetch=prefetch, setup_s=args.setup_s)
+                code = _PREFETCH.format(
+                    model=str(spec.path), device=device, prefetch=prefetch, setup_s=args.setup_s
+                )
                 runs_by[prefetch].append(_run_fresh(code))
         result["prefetch"] = {
-            ("on" if on else "off"): {k: common.summarize([r[k] for r in runs]) for k in runs[0]}
+            ("on" if on else "off"): {k: stats.summarize([r[k] for r in runs]) for k in runs[0]}
             for on, runs in runs_by.items()
         }
         off = result["prefetch"]["off"]["start_frame_to_ready_s"]["p50"]
         on = result["prefetch"]["on"]["start_frame_to_ready_s"]["p50"]
         result["prefetch_saves_s_p50"] = None if off is None or on is None else off - on
-        for name, stats in result["prefetch"].items():
-            v = stats["start_frame_to_ready_s"]
+        for name, trial in result["prefetch"].items():
+            v = trial["start_frame_to_ready_s"]
             rows.append(["StartFrame -> ready", f"background import {name}", v["p50"], v["mean"], v["max"]])
-    table = common.format_table(["what", "", "p50 s", "mean s", "max s"], rows)
-    common.finish(args.out, NAME, result, None, table)
+    table = output.format_table(["what", "", "p50 s", "mean s", "max s"], rows)
+    output.finish(args.out, NAME, result, None, table)
     return result
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Command-line entry point: ``python -m pipecat_nemotron.bench cold-start [options]``."""
-    parser = argparse.ArgumentParser(prog=f"python -m pipecat_nemotron.bench {NAME}", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return common.bench_main(NAME, __doc__, add_arguments, run, argv)

@@ -25,20 +25,29 @@ import contextlib
 import os
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pipecat_nemotron.bench import common
+from pipecat_nemotron.bench import common, output, stats
+from pipecat_nemotron.bench.audio import (
+    Clip,
+    PaceStats,
+    feed_realtime,
+    load_clips,
+    loop_audio,
+    wait_caught_up,
+)
+from pipecat_nemotron.devices import resolve_device
+from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.engine.config import LATENCY_MODES
 
 NAME = "concurrency"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of this benchmark."""
-    common.add_common_args(parser)
-    parser.add_argument("--latency", type=int, default=160, help="latency mode of the real-time runs, ms")
+    common.add_common_args(parser, latency_default=160)
     parser.add_argument(
         "--streams",
         type=int,
@@ -63,13 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--step-modes",
         type=int,
         nargs="*",
-        default=[80, 160, 560, 1120],
+        default=sorted(LATENCY_MODES),
         help="latency modes of the direct step measurement (default: all four)",
     )
     parser.add_argument(
         "--step-seconds", type=float, default=6.0, help="audio per stream in the direct step measurement, s"
     )
-    parser.add_argument("--manifest", type=Path, default=None, help="audio manifest (default: held-out set)")
 
 
 # ---- part 1: batched step cost ----------------------------------------------------------------------------
@@ -94,29 +102,29 @@ async def measure_batched_steps(
                     await s.push(audio)
                 await asyncio.gather(*(s.finalize() for s in streams))
             finally:
-                common.remove_step_listener(engine, steps.append)
+                engine.remove_step_listener(steps.append)
                 for s in streams:
                     await s.close()
             regular = [s.step_ms for s in steps[1:] if s.batch_size == k and s.groups == 1 and s.finals == 0]
-            stats = common.summarize(regular)
+            step = stats.summarize(regular)
             rows.append(
                 {
                     "latency_ms": mode,
                     "batch": k,
-                    "steps": stats["n"],
-                    "step_ms_p50": stats["p50"],
-                    "step_ms_mean": stats["mean"],
+                    "steps": step["n"],
+                    "step_ms_p50": step["p50"],
+                    "step_ms_mean": step["mean"],
                     "chunk_ms": engine.chunk_ms(mode),
                 }
             )
             print(
-                f"[bench] step {mode} ms x{k}: {stats['p50'] or float('nan'):.1f} ms (n={stats['n']})",
+                f"[bench] step {mode} ms x{k}: {step['p50'] or float('nan'):.1f} ms (n={step['n']})",
                 flush=True,
             )
     for row in rows:
         one = next((r for r in rows if r["latency_ms"] == row["latency_ms"] and r["batch"] == 1), None)
-        row["ratio_vs_1"] = common.ratio(row["step_ms_p50"], one["step_ms_p50"] if one else None)
-        row["step_ms_per_stream"] = common.ratio(row["step_ms_p50"], float(row["batch"]))
+        row["ratio_vs_1"] = stats.ratio(row["step_ms_p50"], one["step_ms_p50"] if one else None)
+        row["step_ms_per_stream"] = stats.ratio(row["step_ms_p50"], float(row["batch"]))
     return rows
 
 
@@ -124,7 +132,7 @@ async def measure_batched_steps(
 
 
 async def run_realtime(
-    engine: Any, clips: Sequence[common.Clip], n: int, latency_ms: int, seconds: float
+    engine: Any, clips: Sequence[Clip], n: int, latency_ms: int, seconds: float
 ) -> dict[str, Any]:
     """N real-time streams for ``seconds``; returns step/lag statistics, memory growth and the verdict."""
     loop = asyncio.get_running_loop()
@@ -134,7 +142,7 @@ async def run_realtime(
     def on_step(s: Any) -> None:
         steps.append((loop.time(), s))
 
-    rss0, gpu0 = common.rss_bytes(), common.gpu_bytes()
+    rss0, gpu0 = stats.rss_bytes(), stats.gpu_bytes()
     streams = [engine.open_stream(latency_ms=latency_ms) for _ in range(n)]
     update_lags: list[float] = []
 
@@ -145,31 +153,29 @@ async def run_realtime(
                     update_lags.append(u.lag_ms)
 
     consumers = [asyncio.create_task(consume(s)) for s in streams]
-    total = common.loop_audio(clips, seconds * 2 + 1.0, gap_s=0.3)
-    per_stream = int(seconds * common.SAMPLE_RATE)
+    total = loop_audio(clips, seconds * 2 + 1.0, gap_s=0.3)
+    per_stream = int(seconds * MODEL_SAMPLE_RATE)
     t0 = loop.time() + 0.05
     stop_at = t0 + seconds
-    pace = common.PaceStats()
+    pace = PaceStats()
     engine.add_step_listener(on_step)
-    meter = common.Meter()
+    meter = stats.Meter()
     try:
         with meter:
             feeders = []
             for i, s in enumerate(streams):
                 offset = int(
-                    common.SAMPLE_RATE * (i * 0.731 % max(1.0, seconds))
+                    MODEL_SAMPLE_RATE * (i * 0.731 % max(1.0, seconds))
                 )  # different audio per stream
                 start = t0 + (i / n) * chunk_ms / 1000.0  # staggered like independent users
-                feeders.append(
-                    common.feed_realtime(s, total[offset : offset + per_stream], start, stats=pace)
-                )
+                feeders.append(feed_realtime(s, total[offset : offset + per_stream], start, stats=pace))
             await asyncio.gather(*feeders)
         backlog_end = max(s.backlog_ms for s in streams)
-        rss1, gpu1 = common.rss_bytes(), common.gpu_bytes()
+        rss1, gpu1 = stats.rss_bytes(), stats.gpu_bytes()
         with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*(common.wait_caught_up(s, 60.0) for s in streams)), 60.0)
+            await asyncio.wait_for(asyncio.gather(*(wait_caught_up(s, 60.0) for s in streams)), 60.0)
     finally:
-        common.remove_step_listener(engine, on_step)
+        engine.remove_step_listener(on_step)
         for s in streams:
             await s.close()
         for c in consumers:
@@ -177,8 +183,8 @@ async def run_realtime(
     # Only the steps while all streams were live: skip the first chunk's warm-in, stop at the last push.
     live = [s for t, s in steps if t0 + 2 * chunk_ms / 1000.0 <= t <= stop_at]
     lag = [s.queue_ms_max + s.step_ms for s in live]
-    step_stats = common.summarize([s.step_ms for s in live])
-    lag_stats = common.summarize(lag)
+    step_stats = stats.summarize([s.step_ms for s in live])
+    lag_stats = stats.summarize(lag)
     realtime = bool(
         lag_stats["p99"] is not None and lag_stats["p99"] <= chunk_ms and backlog_end <= 2 * chunk_ms
     )
@@ -189,11 +195,11 @@ async def run_realtime(
         "chunk_ms": chunk_ms,
         "seconds": seconds,
         "steps": len(live),
-        "batch_size": common.summarize([s.batch_size for s in live]),
+        "batch_size": stats.summarize([s.batch_size for s in live]),
         "step_ms": step_stats,
-        "queue_ms": common.summarize([s.queue_ms_max for s in live]),
+        "queue_ms": stats.summarize([s.queue_ms_max for s in live]),
         "chunk_lag_ms": lag_stats,
-        "update_lag_ms": common.summarize(update_lags),
+        "update_lag_ms": stats.summarize(update_lags),
         "backlog_end_ms": backlog_end,
         "feeder_late_max_ms": pace.late_max_ms,
         "cpu_util": meter.cpu_s / max(meter.wall_s, 1e-9) / cores,
@@ -231,7 +237,7 @@ def limit_reason(row: dict[str, Any], cores: int) -> str:
 
 def plot(result: dict[str, Any]) -> Any:
     """Lag and step time against N, and the batched step cost per mode."""
-    fig, axes = common.new_figure(1, 3, (14.0, 4.2))
+    fig, axes = output.new_figure(1, 3, (14.0, 4.2))
     rt = result["realtime"]
     n = [r["streams"] for r in rt]
     chunk = rt[0]["chunk_ms"] if rt else 0.0
@@ -289,7 +295,7 @@ def summary_tables(result: dict[str, Any]) -> str:
         ]
         for r in result["realtime"]
     ]
-    t1 = common.format_table(
+    t1 = output.format_table(
         [
             "N",
             "mean batch",
@@ -310,9 +316,9 @@ def summary_tables(result: dict[str, Any]) -> str:
     ks = sorted({r["batch"] for r in result["batched_steps"]})
     rows2 = []
     for m, d in sorted(by_mode.items()):
-        last = common.ratio(d.get(ks[-1]), d.get(ks[0])) if ks else None
+        last = stats.ratio(d.get(ks[-1]), d.get(ks[0])) if ks else None
         rows2.append([f"{m} ms", *[d.get(k) for k in ks], last])
-    t2 = common.format_table(
+    t2 = output.format_table(
         ["mode", *[f"{k} stream(s) ms" for k in ks], f"{ks[-1] if ks else '-'}/{ks[0] if ks else '-'}"], rows2
     )
     s = result["summary"]
@@ -329,49 +335,37 @@ def summary_tables(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-async def bench(spec: common.ModelSpec, args: argparse.Namespace, device: str) -> dict[str, Any]:
-    """Both parts on one engine."""
-    from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-
-    clips, source = common.load_clips(args.manifest)
-    ns = args.streams or [2**i for i in range(0, 32) if 2**i <= args.max_n]
-    max_streams = max([*ns, *(args.step_batches or [1])])
-    engine = NemotronEngine(
-        EngineConfig(
-            model=str(spec.path),
-            device=device,
-            max_streams=max_streams,
-            max_batch_size=max_streams,
-            finalize_mode="soft",
-            warmup=True,
+async def realtime_runs(
+    engine: Any, clips: Sequence[Clip], ns: Sequence[int], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Part 2 for each N in turn, stopping after the first N that is not real time (unless ``--keep-going``)."""
+    realtime: list[dict[str, Any]] = []
+    for n in ns:
+        row = await run_realtime(engine, clips, n, args.latency, args.seconds)
+        realtime.append(row)
+        print(
+            f"[bench] N={n}: step p50 {row['step_ms']['p50'] or 0:.1f} ms, lag p99 "
+            f"{row['chunk_lag_ms']['p99'] or 0:.0f} ms (chunk {row['chunk_ms']:.0f}), mean batch "
+            f"{row['batch_size']['mean'] or 0:.1f}, busy {row['busy_fraction']:.0%} -> "
+            f"{'real time' if row['realtime'] else 'NOT real time'}",
+            flush=True,
         )
-    )
-    await engine.start()
-    try:
-        info = engine.info
-        modes = [m for m in (args.step_modes or []) if m in info.latency_modes]
-        step_audio = common.loop_audio(clips, args.step_seconds)
-        batched = await measure_batched_steps(engine, step_audio, modes, args.step_batches or [])
-        realtime: list[dict[str, Any]] = []
-        for n in ns:
-            row = await run_realtime(engine, clips, n, args.latency, args.seconds)
-            realtime.append(row)
-            print(
-                f"[bench] N={n}: step p50 {row['step_ms']['p50'] or 0:.1f} ms, lag p99 "
-                f"{row['chunk_lag_ms']['p99'] or 0:.0f} ms (chunk {row['chunk_ms']:.0f}), mean batch "
-                f"{row['batch_size']['mean'] or 0:.1f}, busy {row['busy_fraction']:.0%} -> "
-                f"{'real time' if row['realtime'] else 'NOT real time'}",
-                flush=True,
-            )
-            if not row["realtime"] and not args.keep_going:
-                break
-    finally:
-        await engine.stop()
+        if not row["realtime"] and not args.keep_going:
+            break
     base = realtime[0]["step_ms"]["p50"] if realtime else None
     for r in realtime:
-        r["step_ratio_vs_1"] = (
-            common.ratio(r["step_ms"]["p50"], base) if realtime[0]["streams"] == 1 else None
-        )
+        r["step_ratio_vs_1"] = stats.ratio(r["step_ms"]["p50"], base) if realtime[0]["streams"] == 1 else None
+    return realtime
+
+
+def summarize_runs(
+    info: Any,
+    batched: Sequence[dict[str, Any]],
+    realtime: Sequence[dict[str, Any]],
+    ns: Sequence[int],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """The verdict: largest real-time N and what limited it, batched step ratio, memory per stream."""
     ok = [r["streams"] for r in realtime if r["realtime"]]
     failing = next((r for r in realtime if not r["realtime"]), None)
     cores = os.cpu_count() or 1
@@ -387,6 +381,33 @@ async def bench(spec: common.ModelSpec, args: argparse.Namespace, device: str) -
         None,
     )
     return {
+        "largest_realtime_n": max(ok) if ok else 0,
+        "first_failing_n": failing["streams"] if failing else None,
+        "limit": limit_reason(failing, cores)
+        if failing
+        else f"not reached: every N tried (up to {ns[-1]}) stayed real time",
+        "step_ratio_max_batch_vs_1": step_ratio_16,
+        "cache_bytes_per_stream": info.cache_bytes_per_stream,
+        "slot_pool_bytes": info.cache_bytes_per_stream * info.max_streams,
+        "max_streams": info.max_streams,
+        "memory_n": mem_row["streams"] if mem_row else None,
+        "rss_delta_per_stream_bytes": mem_row["rss_delta_per_stream_bytes"] if mem_row else None,
+        "gpu_delta_per_stream_bytes": mem_row["gpu_delta_per_stream_bytes"] if mem_row else None,
+    }
+
+
+async def bench(spec: common.ModelSpec, args: argparse.Namespace, device: str) -> dict[str, Any]:
+    """Both parts on one engine."""
+    clips, source = load_clips(args.manifest)
+    ns = args.streams or [2**i for i in range(0, 32) if 2**i <= args.max_n]
+    max_streams = max([*ns, *(args.step_batches or [1])])
+    async with common.bench_engine(spec.path, device, max_streams, "soft") as engine:
+        info = engine.info
+        modes = [m for m in (args.step_modes or []) if m in info.latency_modes]
+        step_audio = loop_audio(clips, args.step_seconds)
+        batched = await measure_batched_steps(engine, step_audio, modes, args.step_batches or [])
+        realtime = await realtime_runs(engine, clips, ns, args)
+    return {
         "model": spec.as_dict(),
         "audio_source": source,
         "latency_ms": args.latency,
@@ -399,38 +420,23 @@ async def bench(spec: common.ModelSpec, args: argparse.Namespace, device: str) -
         },
         "batched_steps": batched,
         "realtime": realtime,
-        "summary": {
-            "largest_realtime_n": max(ok) if ok else 0,
-            "first_failing_n": failing["streams"] if failing else None,
-            "limit": limit_reason(failing, cores)
-            if failing
-            else f"not reached: every N tried (up to {ns[-1]}) stayed real time",
-            "step_ratio_max_batch_vs_1": step_ratio_16,
-            "cache_bytes_per_stream": info.cache_bytes_per_stream,
-            "slot_pool_bytes": info.cache_bytes_per_stream * info.max_streams,
-            "max_streams": info.max_streams,
-            "memory_n": mem_row["streams"] if mem_row else None,
-            "rss_delta_per_stream_bytes": mem_row["rss_delta_per_stream_bytes"] if mem_row else None,
-            "gpu_delta_per_stream_bytes": mem_row["gpu_delta_per_stream_bytes"] if mem_row else None,
-        },
+        "summary": summarize_runs(info, batched, realtime, ns, args),
     }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark; write JSON and PNG under ``args.out``; return the result."""
-    device = common.resolve_device(args.device)
-    result = common.result_header(NAME, args)
+    device = resolve_device(args.device)
+    result = output.result_header(NAME, args)
     spec = common.resolve_model(args.model, args.models_dir)
     with common.bench_context(args):
         t = time.perf_counter()
         result.update(asyncio.run(bench(spec, args, device)))
         result["bench_seconds"] = round(time.perf_counter() - t, 1)
-    common.finish(args.out, NAME, result, plot(result), summary_tables(result))
+    output.finish(args.out, NAME, result, plot(result), summary_tables(result))
     return result
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Command-line entry point: ``python -m pipecat_nemotron.bench concurrency [options]``."""
-    parser = argparse.ArgumentParser(prog=f"python -m pipecat_nemotron.bench {NAME}", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return common.bench_main(NAME, __doc__, add_arguments, run, argv)

@@ -16,22 +16,24 @@ import argparse
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from pipecat_nemotron.bench import common
+from pipecat_nemotron.bench import common, output, stats
+from pipecat_nemotron.bench.audio import PaceStats, feed_realtime, load_clips
+from pipecat_nemotron.devices import resolve_device
+from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 
 NAME = "soak"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of this benchmark."""
-    common.add_common_args(parser)
+    common.add_common_args(parser, latency_default=560)
     parser.add_argument("--streams", type=int, default=4, help="concurrent streams (default: 4)")
     parser.add_argument("--minutes", type=float, default=2.0, help="duration, minutes (default: 2)")
-    parser.add_argument("--latency", type=int, default=560, help="latency mode, ms (default: 560)")
     parser.add_argument(
         "--utterance-s", type=float, default=4.0, help="mean utterance length, s (0.5x-1.5x) (default: 4)"
     )
@@ -44,7 +46,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sample-s", type=float, default=1.0, help="memory sampling interval, s (default: 1)"
     )
-    parser.add_argument("--manifest", type=Path, default=None, help="audio manifest (default: held-out set)")
 
 
 async def session(
@@ -56,7 +57,7 @@ async def session(
     stop_at: float,
     utterance_s: float,
     finals: list[tuple[float, float]],
-    pace: common.PaceStats,
+    pace: PaceStats,
 ) -> None:
     """One looping session: real-time audio, a ``finalize_nowait()`` every ``~utterance_s`` seconds."""
     loop = asyncio.get_running_loop()
@@ -72,13 +73,11 @@ async def session(
 
     drain = asyncio.create_task(_drain(stream))
     try:
-        while t0 + fed / common.SAMPLE_RATE < stop_at:
-            n = int(utterance_s * rng.uniform(0.5, 1.5) * common.SAMPLE_RATE)
+        while t0 + fed / MODEL_SAMPLE_RATE < stop_at:
+            n = int(utterance_s * rng.uniform(0.5, 1.5) * MODEL_SAMPLE_RATE)
             piece = np.take(audio, np.arange(pos, pos + n), mode="wrap")
             pos = (pos + n) % audio.size
-            await common.feed_realtime(
-                stream, piece, t0 + fed / common.SAMPLE_RATE, stop_at=stop_at, stats=pace
-            )
+            await feed_realtime(stream, piece, t0 + fed / MODEL_SAMPLE_RATE, stop_at=stop_at, stats=pace)
             fed += n
             fut = stream.finalize_nowait()
             fut.add_done_callback(on_final)
@@ -106,7 +105,7 @@ async def sample_memory(
     start = loop.time()
     i = 0
     while not stop.is_set():
-        out.append((loop.time(), common.rss_bytes(), common.gpu_bytes()))
+        out.append((loop.time(), stats.rss_bytes(), stats.gpu_bytes()))
         i += 1
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), max(0.0, start + i * every_s - loop.time()))
@@ -128,114 +127,128 @@ def binned(t: Sequence[float], y: Sequence[float], width: float) -> dict[str, li
     return out
 
 
-async def bench(spec: common.ModelSpec, args: argparse.Namespace, device: str) -> dict[str, Any]:
-    """Run the soak on one engine and analyse it."""
-    from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+@dataclass
+class Recording:
+    """What one soak run recorded, times in loop seconds.
 
-    clips, source = common.load_clips(args.manifest)
-    audio = np.concatenate(
-        [np.concatenate([c.audio, np.zeros(int(0.3 * common.SAMPLE_RATE), np.float32)]) for c in clips]
-    )
-    engine = NemotronEngine(
-        EngineConfig(
-            model=str(spec.path),
-            device=device,
-            max_streams=args.streams,
-            max_batch_size=args.streams,
-            finalize_mode="soft",
-            warmup=True,
-        )
-    )
-    await engine.start()
+    Attributes:
+        t0: Loop time the sessions started.
+        duration_s: Length of the run, s.
+        chunk_ms: Chunk length of the latency mode, ms.
+        steps: ``(time, chunk lag ms, step ms, batch size)`` per engine step.
+        finals: ``(time, ttf ms)`` per final.
+        memory: ``(time, RSS bytes, GPU bytes or None)`` per sample.
+        pace: How well the feeders kept to real time.
+        meter: Wall and CPU time of the sessions.
+        info: The engine's description.
+
+    """
+
+    t0: float
+    duration_s: float
+    chunk_ms: float
+    steps: list[tuple[float, float, float, int]] = field(default_factory=list)
+    finals: list[tuple[float, float]] = field(default_factory=list)
+    memory: list[tuple[float, int, int | None]] = field(default_factory=list)
+    pace: PaceStats = field(default_factory=PaceStats)
+    meter: stats.Meter = field(default_factory=stats.Meter)
+    info: Any = None
+
+
+async def record(engine: Any, audio: np.ndarray, args: argparse.Namespace) -> Recording:
+    """Run ``args.streams`` looping sessions on a started engine for ``args.minutes``, sampling memory."""
     loop = asyncio.get_running_loop()
-    steps: list[tuple[float, float, float, int]] = []
-    finals: list[tuple[float, float]] = []
-    memory: list[tuple[float, int, int | None]] = []
-    pace = common.PaceStats()
-    chunk_ms = engine.chunk_ms(args.latency)
-    duration = args.minutes * 60.0
-    try:
-        engine.add_step_listener(
-            lambda s: steps.append((loop.time(), s.queue_ms_max + s.step_ms, s.step_ms, s.batch_size))
-        )
-        t0 = loop.time() + 0.1
-        stop_at = t0 + duration
-        stop = asyncio.Event()
-        sampler = asyncio.create_task(sample_memory(stop, args.sample_s, memory))
-        meter = common.Meter()
-        with meter:
-            await asyncio.gather(
-                *(
-                    session(
-                        engine,
-                        i,
-                        audio,
-                        args.latency,
-                        t0 + (i / args.streams) * chunk_ms / 1000.0,
-                        stop_at,
-                        args.utterance_s,
-                        finals,
-                        pace,
-                    )
-                    for i in range(args.streams)
+    rec = Recording(
+        t0=loop.time() + 0.1, duration_s=args.minutes * 60.0, chunk_ms=engine.chunk_ms(args.latency)
+    )
+    engine.add_step_listener(
+        lambda s: rec.steps.append((loop.time(), s.queue_ms_max + s.step_ms, s.step_ms, s.batch_size))
+    )
+    stop_at = rec.t0 + rec.duration_s
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(sample_memory(stop, args.sample_s, rec.memory))
+    with rec.meter:
+        await asyncio.gather(
+            *(
+                session(
+                    engine,
+                    i,
+                    audio,
+                    args.latency,
+                    rec.t0 + (i / args.streams) * rec.chunk_ms / 1000.0,
+                    stop_at,
+                    args.utterance_s,
+                    rec.finals,
+                    rec.pace,
                 )
+                for i in range(args.streams)
             )
-        stop.set()
-        await sampler
-        info = engine.info
-    finally:
-        await engine.stop()
+        )
+    stop.set()
+    await sampler
+    rec.info = engine.info
+    return rec
 
-    def rel(t: float) -> float:
-        return t - t0
 
-    fit_from = args.warmup_frac * duration
-    st = [(rel(t), lag, step, b) for t, lag, step, b in steps if 0.0 <= rel(t) <= duration]
+def lag_analysis(rec: Recording, fit_from: float) -> dict[str, Any]:
+    """Chunk lag over the run: per-step samples (s from the start), binned percentiles and their slopes."""
+    st = [(t - rec.t0, lag, step, b) for t, lag, step, b in rec.steps if 0.0 <= t - rec.t0 <= rec.duration_s]
     fit = [(t, lag) for t, lag, _s, _b in st if t >= fit_from]
-    lag_slope = common.linear_slope([t / 60.0 for t, _ in fit], [lag for _, lag in fit])
-    lag_bins = binned([t for t, *_ in st], [lag for _, lag, *_ in st], max(5.0, duration / 24))
+    lag_bins = binned([t for t, *_ in st], [lag for _, lag, *_ in st], max(5.0, rec.duration_s / 24))
     p99_fit = [(t, v) for t, v in zip(lag_bins["t"], lag_bins["p99"], strict=True) if t >= fit_from]
-    p99_slope = common.linear_slope([t / 60.0 for t, _ in p99_fit], [v for _, v in p99_fit])
-    mem = [(rel(t), rss, gpu) for t, rss, gpu in memory]
-    mem_fit = [m for m in mem if m[0] >= fit_from]
-    rss_slope = common.linear_slope([t / 60.0 for t, *_ in mem_fit], [rss / 1e6 for _, rss, _ in mem_fit])
-    gpu_vals = [(t, g) for t, _, g in mem_fit if g is not None]
-    gpu_slope = common.linear_slope([t / 60.0 for t, _ in gpu_vals], [g / 1e6 for _, g in gpu_vals])
-    span_min = (duration - fit_from) / 60.0
-    lag_growth = None if lag_slope is None else lag_slope * span_min
-    rss_growth = None if rss_slope is None else rss_slope * span_min
-    rss_mean_mb = float(np.mean([rss for _, rss, _ in mem_fit])) / 1e6 if mem_fit else 0.0
-    lag_limit = max(5.0, 0.1 * chunk_ms)
-    rss_limit = max(32.0, 0.02 * rss_mean_mb)
-    lag_stats = common.summarize([lag for _, lag, *_ in st])
     return {
-        "model": spec.as_dict(),
-        "audio_source": source,
-        "streams": args.streams,
-        "minutes": args.minutes,
-        "latency_ms": args.latency,
-        "chunk_ms": chunk_ms,
-        "engine": {
-            "device": info.device,
-            "dtype": info.dtype,
-            "cache_bytes_per_stream": info.cache_bytes_per_stream,
-        },
+        "steps": st,
+        "bins": lag_bins,
+        "slope": stats.linear_slope([t / 60.0 for t, _ in fit], [lag for _, lag in fit]),
+        "p99_slope": stats.linear_slope([t / 60.0 for t, _ in p99_fit], [v for _, v in p99_fit]),
+    }
+
+
+def memory_analysis(rec: Recording, fit_from: float) -> dict[str, Any]:
+    """Memory over the run: samples (s from the start), RSS and GPU slopes after ``fit_from``, mean RSS."""
+    mem = [(t - rec.t0, rss, gpu) for t, rss, gpu in rec.memory]
+    mem_fit = [m for m in mem if m[0] >= fit_from]
+    gpu_vals = [(t, g) for t, _, g in mem_fit if g is not None]
+    return {
+        "samples": mem,
+        "rss_slope": stats.linear_slope(
+            [t / 60.0 for t, *_ in mem_fit], [rss / 1e6 for _, rss, _ in mem_fit]
+        ),
+        "gpu_slope": stats.linear_slope([t / 60.0 for t, _ in gpu_vals], [g / 1e6 for _, g in gpu_vals]),
+        "rss_mean_mb": float(np.mean([rss for _, rss, _ in mem_fit])) / 1e6 if mem_fit else 0.0,
+    }
+
+
+def analyse(rec: Recording, args: argparse.Namespace) -> dict[str, Any]:
+    """The result of a soak run: statistics, growth over the fitted span against its limits, and series."""
+    fit_from = args.warmup_frac * rec.duration_s
+    lag, mem = lag_analysis(rec, fit_from), memory_analysis(rec, fit_from)
+    st, samples = lag["steps"], mem["samples"]
+    span_min = (rec.duration_s - fit_from) / 60.0
+    lag_growth = None if lag["slope"] is None else lag["slope"] * span_min
+    rss_growth = None if mem["rss_slope"] is None else mem["rss_slope"] * span_min
+    lag_limit = max(5.0, 0.1 * rec.chunk_ms)
+    rss_limit = max(32.0, 0.02 * mem["rss_mean_mb"])
+    return {
         "steps": len(st),
-        "finals": len(finals),
-        "chunk_lag_ms": lag_stats,
-        "step_ms": common.summarize([s for _, _, s, _ in st]),
-        "batch_size": common.summarize([b for *_, b in st]),
-        "ttf_ms": common.summarize([ttf for _, ttf in finals]),
-        "feeder_late_max_ms": pace.late_max_ms,
-        "cpu_util": meter.cpu_s / max(meter.wall_s, 1e-9),
+        "finals": len(rec.finals),
+        "chunk_lag_ms": stats.summarize([lag for _, lag, *_ in st]),
+        "step_ms": stats.summarize([s for _, _, s, _ in st]),
+        "batch_size": stats.summarize([b for *_, b in st]),
+        "ttf_ms": stats.summarize([ttf for _, ttf in rec.finals]),
+        "feeder_late_max_ms": rec.pace.late_max_ms,
+        "cpu_util": rec.meter.cpu_s / max(rec.meter.wall_s, 1e-9),
         "fit_from_s": fit_from,
-        "lag_slope_ms_per_min": lag_slope,
-        "lag_p99_slope_ms_per_min": p99_slope,
+        "lag_slope_ms_per_min": lag["slope"],
+        "lag_p99_slope_ms_per_min": lag["p99_slope"],
         "lag_growth_ms": lag_growth,
-        "rss_slope_mb_per_min": rss_slope,
+        "rss_slope_mb_per_min": mem["rss_slope"],
         "rss_growth_mb": rss_growth,
-        "gpu_slope_mb_per_min": gpu_slope,
-        "rss_mb": {"start": mem[0][1] / 1e6 if mem else None, "end": mem[-1][1] / 1e6 if mem else None},
+        "gpu_slope_mb_per_min": mem["gpu_slope"],
+        "rss_mb": {
+            "start": samples[0][1] / 1e6 if samples else None,
+            "end": samples[-1][1] / 1e6 if samples else None,
+        },
         "limits": {"lag_growth_ms": lag_limit, "rss_growth_mb": rss_limit},
         "no_growth": bool(
             lag_growth is not None
@@ -244,23 +257,47 @@ async def bench(spec: common.ModelSpec, args: argparse.Namespace, device: str) -
             and rss_growth <= rss_limit
         ),
         "series": {
-            "lag_bins": lag_bins,
+            "lag_bins": lag["bins"],
             "memory": [
                 {
                     "t": round(t, 2),
                     "rss_mb": round(r / 1e6, 2),
                     "gpu_mb": None if g is None else round(g / 1e6, 2),
                 }
-                for t, r, g in mem
+                for t, r, g in samples
             ],
         },
         "_steps": st,
     }
 
 
+async def bench(spec: common.ModelSpec, args: argparse.Namespace, device: str) -> dict[str, Any]:
+    """Run the soak on one engine and analyse it."""
+    clips, source = load_clips(args.manifest)
+    gap = np.zeros(int(0.3 * MODEL_SAMPLE_RATE), np.float32)
+    audio = np.concatenate([np.concatenate([c.audio, gap]) for c in clips])
+    async with common.bench_engine(spec.path, device, args.streams, "soft") as engine:
+        rec = await record(engine, audio, args)
+    info = rec.info
+    return {
+        "model": spec.as_dict(),
+        "audio_source": source,
+        "streams": args.streams,
+        "minutes": args.minutes,
+        "latency_ms": args.latency,
+        "chunk_ms": rec.chunk_ms,
+        "engine": {
+            "device": info.device,
+            "dtype": info.dtype,
+            "cache_bytes_per_stream": info.cache_bytes_per_stream,
+        },
+        **analyse(rec, args),
+    }
+
+
 def plot(result: dict[str, Any], steps: Sequence[tuple[float, float, float, int]]) -> Any:
     """Chunk lag over time (per step, binned p50/p99, fit) and memory over time."""
-    fig, axes = common.new_figure(2, 1, (10.0, 6.5))
+    fig, axes = output.new_figure(2, 1, (10.0, 6.5))
     ax = axes[0][0]
     if steps:
         t = np.asarray([s[0] for s in steps]) / 60.0
@@ -298,7 +335,7 @@ def plot(result: dict[str, Any], steps: Sequence[tuple[float, float, float, int]
 def summary(result: dict[str, Any]) -> str:
     """Markdown table and verdict."""
     lag = result["chunk_lag_ms"]
-    table = common.format_table(
+    table = output.format_table(
         [
             "streams",
             "minutes",
@@ -337,18 +374,16 @@ def summary(result: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark; write JSON and PNG under ``args.out``; return the result."""
-    device = common.resolve_device(args.device)
-    result = common.result_header(NAME, args)
+    device = resolve_device(args.device)
+    result = output.result_header(NAME, args)
     spec = common.resolve_model(args.model, args.models_dir)
     with common.bench_context(args):
         result.update(asyncio.run(bench(spec, args, device)))
     steps = result.pop("_steps")
-    common.finish(args.out, NAME, result, plot(result, steps), summary(result))
+    output.finish(args.out, NAME, result, plot(result, steps), summary(result))
     return result
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Command-line entry point: ``python -m pipecat_nemotron.bench soak [options]``."""
-    parser = argparse.ArgumentParser(prog=f"python -m pipecat_nemotron.bench {NAME}", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return common.bench_main(NAME, __doc__, add_arguments, run, argv)

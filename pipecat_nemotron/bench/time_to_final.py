@@ -17,20 +17,21 @@ import argparse
 import asyncio
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pipecat_nemotron.bench import common
+from pipecat_nemotron.bench import common, output, stats
+from pipecat_nemotron.bench.audio import Clip, load_clips, loop_audio, wait_caught_up
+from pipecat_nemotron.devices import resolve_device
+from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 
 NAME = "time-to-final"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of this benchmark."""
-    common.add_common_args(parser)
-    parser.add_argument("--latency", type=int, default=160, help="latency mode, ms (default: 160)")
+    common.add_common_args(parser, latency_default=160)
     parser.add_argument(
         "--lengths",
         type=float,
@@ -52,26 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--push-s", type=float, default=0.5, help="audio per push while streaming in, s (default: 0.5)"
     )
-    parser.add_argument("--manifest", type=Path, default=None, help="audio manifest (default: held-out set)")
 
 
 async def bench_mode(
-    spec: common.ModelSpec, args: argparse.Namespace, device: str, mode: str, clips: Sequence[common.Clip]
+    spec: common.ModelSpec, args: argparse.Namespace, device: str, mode: str, clips: Sequence[Clip]
 ) -> dict[str, Any]:
     """All utterances of one finalize mode on one engine and one stream."""
-    from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-
-    engine = NemotronEngine(
-        EngineConfig(
-            model=str(spec.path),
-            device=device,
-            max_streams=2,
-            max_batch_size=2,
-            finalize_mode=mode,
-            warmup=True,
-        )
-    )
-    await engine.start()
     plan: list[float] = []
     most = max(args.repeats, args.short_repeats)
     for rep in range(most):
@@ -82,19 +69,19 @@ async def bench_mode(
     waits: dict[float, list[float]] = {length: [] for length in args.lengths}
     examples: list[dict[str, Any]] = []
     rng = np.random.default_rng(0)
-    push = int(args.push_s * common.SAMPLE_RATE)
-    try:
+    push = int(args.push_s * MODEL_SAMPLE_RATE)
+    async with common.bench_engine(spec.path, device, 2, mode) as engine:
         stream = engine.open_stream(latency_ms=args.latency)
         for i, length in enumerate(plan):
             # A different stretch of audio per utterance.
             start = int(rng.integers(0, len(clips)))
             # Jitter the end by up to one chunk so every length ends at a random point of a chunk.
             seconds = length + float(rng.uniform(0.0, stream.chunk_ms / 1000.0))
-            audio = common.loop_audio([*clips[start:], *clips[:start]], seconds, gap_s=0.2)
+            audio = loop_audio([*clips[start:], *clips[:start]], seconds, gap_s=0.2)
             for j in range(0, audio.size, push):
                 await stream.push(audio[j : j + push])
                 await asyncio.sleep(0)
-            await common.wait_caught_up(stream)
+            await wait_caught_up(stream)
             await asyncio.sleep(0.02)  # the engine is idle, as after a live stream's last chunk
             t = time.perf_counter()
             final = await stream.finalize()
@@ -103,18 +90,21 @@ async def bench_mode(
             if i < len(args.lengths):
                 examples.append({"seconds": length, "ttf_ms": final.ttf_ms, "text": final.text[:120]})
         await stream.close()
-    finally:
-        await engine.stop()
     rows = []
     for length in args.lengths:
-        stats = common.summarize(samples[length])
-        rows.append({"seconds": length, "ttf_ms": stats, "caller_wait_ms": common.summarize(waits[length])})
+        rows.append(
+            {
+                "seconds": length,
+                "ttf_ms": stats.summarize(samples[length]),
+                "caller_wait_ms": stats.summarize(waits[length]),
+            }
+        )
     short, long_ = rows[0]["ttf_ms"], rows[-1]["ttf_ms"]
     out = {
         "finalize_mode": mode,
         "rows": rows,
-        "ratio_long_short_p50": common.ratio(long_["p50"], short["p50"]),
-        "ratio_long_short_p90": common.ratio(long_["p90"], short["p90"]),
+        "ratio_long_short_p50": stats.ratio(long_["p50"], short["p50"]),
+        "ratio_long_short_p90": stats.ratio(long_["p90"], short["p90"]),
         "examples": examples,
     }
     print(
@@ -128,7 +118,7 @@ async def bench_mode(
 
 def plot(result: dict[str, Any]) -> Any:
     """TTF percentiles against utterance length, one line set per finalize mode."""
-    fig, axes = common.new_figure(1, 1, (7.5, 4.2))
+    fig, axes = output.new_figure(1, 1, (7.5, 4.2))
     ax = axes[0][0]
     for m, marker, color in zip(result["modes"], "os", ("tab:blue", "tab:red"), strict=False):
         x = [r["seconds"] for r in m["rows"]]
@@ -157,7 +147,7 @@ def summary_table(result: dict[str, Any]) -> str:
         for r in m["rows"]:
             t = r["ttf_ms"]
             rows.append([m["finalize_mode"], r["seconds"], t["n"], t["p50"], t["p90"], t["p99"], t["max"]])
-    table = common.format_table(
+    table = output.format_table(
         ["finalize", "utterance s", "n", "p50 ms", "p90 ms", "p99 ms", "max ms"], rows
     )
     ratios = "; ".join(
@@ -170,21 +160,19 @@ def summary_table(result: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark; write JSON and PNG under ``args.out``; return the result."""
-    device = common.resolve_device(args.device)
-    result = common.result_header(NAME, args)
+    device = resolve_device(args.device)
+    result = output.result_header(NAME, args)
     spec = common.resolve_model(args.model, args.models_dir)
-    clips, source = common.load_clips(args.manifest)
+    clips, source = load_clips(args.manifest)
     result.update(
         {"model": spec.as_dict(), "audio_source": source, "latency_ms": args.latency, "lengths": args.lengths}
     )
     with common.bench_context(args):
         result["modes"] = [asyncio.run(bench_mode(spec, args, device, m, clips)) for m in args.finalize_modes]
-    common.finish(args.out, NAME, result, plot(result), summary_table(result))
+    output.finish(args.out, NAME, result, plot(result), summary_table(result))
     return result
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Command-line entry point: ``python -m pipecat_nemotron.bench time-to-final [options]``."""
-    parser = argparse.ArgumentParser(prog=f"python -m pipecat_nemotron.bench {NAME}", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return common.bench_main(NAME, __doc__, add_arguments, run, argv)
