@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -26,115 +27,143 @@ TOKENS_ENV = "NEMOTRON_ASR_TOKENS"
 METRICS_TOKEN_ENV = "NEMOTRON_ASR_METRICS_TOKEN"
 
 
-def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from pipecat_nemotron.engine.config import DEFAULT_MODEL
+def _config_flags(group: argparse._ArgumentGroup, flags: dict[str, str | None]) -> None:
+    """Add ``--<field>`` for each :class:`ServerConfig` field in ``flags`` (help text or None).
 
-    p = sub.add_parser(
-        "serve",
-        help="run the ASR WebSocket server",
-        description="Serve Nemotron streaming ASR to many clients over WebSockets (nemotron-asr.v1).",
-    )
-    m = p.add_argument_group("model")
-    m.add_argument(
+    Each flag's default and type are the field's own (a boolean field is a ``store_true`` switch), so the
+    server's defaults are written once, in :class:`ServerConfig`.
+    """
+    from pipecat_nemotron.server.config import ServerConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(ServerConfig)}
+    for name, help_text in flags.items():
+        flag, default = "--" + name.replace("_", "-"), defaults[name]
+        if isinstance(default, bool):
+            group.add_argument(flag, action="store_true", help=help_text)
+        else:
+            group.add_argument(flag, type=type(default), default=default, help=help_text)
+
+
+def _model_options(group: argparse._ArgumentGroup) -> None:
+    """The engine: model, device, dtype, capacity, latency and finalize defaults, CPU threads."""
+    from pipecat_nemotron.engine.config import DEFAULT_MODEL, LATENCY_MODES
+
+    group.add_argument(
         "--model", default=os.environ.get("NEMOTRON_ASR_MODEL", DEFAULT_MODEL), help="model id or .nemo path"
     )
-    m.add_argument("--model-revision", default=None, help="pinned revision of a model id")
-    m.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    m.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    m.add_argument("--max-sessions", type=int, default=64, help="concurrent sessions (= engine stream slots)")
-    m.add_argument(
+    group.add_argument("--model-revision", default=None, help="pinned revision of a model id")
+    group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    group.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    group.add_argument(
+        "--max-sessions", type=int, default=64, help="concurrent sessions (= engine stream slots)"
+    )
+    group.add_argument(
         "--max-batch-size",
         type=int,
         default=None,
         help="stream chunks per model step (default: max sessions)",
     )
-    m.add_argument("--default-latency-ms", type=int, default=160, choices=(80, 160, 560, 1120))
-    m.add_argument("--finalize-mode", choices=("soft", "hard"), default="soft")
-    m.add_argument(
+    group.add_argument("--default-latency-ms", type=int, default=160, choices=sorted(LATENCY_MODES))
+    group.add_argument("--finalize-mode", choices=("soft", "hard"), default="soft")
+    group.add_argument(
         "--cpu-threads",
         type=int,
         default=None,
         help="torch intra-op threads (CPU serving; 1 is best on a busy or shared CPU)",
     )
-    n = p.add_argument_group("network and security")
-    n.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 for all interfaces)")
-    n.add_argument("--port", type=int, default=8765)
-    n.add_argument("--path", default="/v1/asr", help="WebSocket path of a session")
-    n.add_argument(
+
+
+def _network_options(group: argparse._ArgumentGroup) -> None:
+    """Where the server listens, and who may use it: tokens, origins, metrics access, authentication lockout."""
+    _config_flags(
+        group,
+        {
+            "host": "bind address (0.0.0.0 for all interfaces)",
+            "port": None,
+            "path": "WebSocket path of a session",
+        },
+    )
+    group.add_argument(
         "--token-file",
         type=Path,
         default=None,
         help=f"file of bearer tokens, one per line (or env {TOKENS_ENV})",
     )
-    n.add_argument(
-        "--insecure", action="store_true", help="no token required (only allowed on a loopback host)"
-    )
-    n.add_argument(
+    _config_flags(group, {"insecure": "no token required (only allowed on a loopback host)"})
+    group.add_argument(
         "--allowed-origin", action="append", default=[], help="browser Origin allowed (repeatable; '*' = any)"
     )
-    n.add_argument(
+    group.add_argument(
         "--metrics-token-file",
         type=Path,
         default=None,
         help=f"file holding the one bearer token that /metrics and /v1/info accept (or env {METRICS_TOKEN_ENV}); "
         "without it they accept the session tokens",
     )
-    n.add_argument(
-        "--public-metrics",
-        action="store_true",
-        help="serve /metrics and /v1/info without a token (they show the model, device and host:pid); "
-        "/healthz and /readyz are always open",
+    _config_flags(
+        group,
+        {
+            "public_metrics": "serve /metrics and /v1/info without a token (they show the model, device and "
+            "host:pid); /healthz and /readyz are always open",
+        },
     )
-    n.add_argument(
+    group.add_argument(
         "--max-pending-auth",
         type=int,
         default=None,
         help="connections without an Authorization header that may wait for their config (token) at once; "
         "when full, the address holding the most loses its oldest (default: max sessions, at least 16)",
     )
-    n.add_argument(
-        "--auth-max-failures",
-        type=int,
-        default=5,
-        help="failed authentications from one IP (IPv6: /64) within 60 s that lock it out (4029); 0 disables "
-        "(use 0 behind a proxy that hides client addresses)",
+    _config_flags(
+        group,
+        {
+            "auth_max_failures": "failed authentications from one IP (IPv6: /64) within 60 s that lock it out "
+            "(4029); 0 disables (use 0 behind a proxy that hides client addresses)",
+            "auth_backoff_s": "first lockout, s; doubles with each repeat (max 600)",
+        },
     )
-    n.add_argument(
-        "--auth-backoff-s",
-        type=float,
-        default=10.0,
-        help="first lockout, s; doubles with each repeat (max 600)",
+
+
+#: :class:`ServerConfig` limits that ``serve`` sets from a flag of the same name, with their help.
+_LIMIT_FLAGS: dict[str, str | None] = {
+    "max_message_bytes": None,
+    "idle_timeout_s": None,
+    "handshake_timeout_s": "close a connection that has not completed its HTTP request (WebSocket upgrade) "
+    "in this time, s",
+    "keepalive_timeout_s": "close an idle HTTP keep-alive connection, s",
+    "burst_ms": "audio a client may send ahead of real time, ms",
+    "max_control_rate": "control messages (finalize, set_latency, keepalive) per second per session before "
+    "reads pause",
+    "control_burst": "control messages allowed at once",
+    "max_backlog_ms": None,
+    "backlog_timeout_s": None,
+    "drain_timeout_s": "on SIGTERM, let sessions finish this long",
+    "unready_when_full": "/readyz answers 503 while all slots are taken",
+}
+
+#: Every :class:`ServerConfig` field set from its own flag (the others take more than copying a value).
+_PLAIN_CONFIG_FLAGS = (
+    "host",
+    "port",
+    "path",
+    "insecure",
+    "public_metrics",
+    "max_pending_auth",
+    "auth_max_failures",
+    "auth_backoff_s",
+    *_LIMIT_FLAGS,
+)
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "serve",
+        help="run the ASR WebSocket server",
+        description="Serve Nemotron streaming ASR to many clients over WebSockets (nemotron-asr.v1).",
     )
-    lim = p.add_argument_group("limits")
-    lim.add_argument("--max-message-bytes", type=int, default=128 * 1024)
-    lim.add_argument("--idle-timeout-s", type=float, default=30.0)
-    lim.add_argument(
-        "--handshake-timeout-s",
-        type=float,
-        default=10.0,
-        help="close a connection that has not completed its HTTP request (WebSocket upgrade) in this time, s",
-    )
-    lim.add_argument(
-        "--keepalive-timeout-s", type=float, default=15.0, help="close an idle HTTP keep-alive connection, s"
-    )
-    lim.add_argument(
-        "--burst-ms", type=float, default=10_000.0, help="audio a client may send ahead of real time, ms"
-    )
-    lim.add_argument(
-        "--max-control-rate",
-        type=float,
-        default=20.0,
-        help="control messages (finalize, set_latency, keepalive) per second per session before reads pause",
-    )
-    lim.add_argument("--control-burst", type=int, default=100, help="control messages allowed at once")
-    lim.add_argument("--max-backlog-ms", type=float, default=5_000.0)
-    lim.add_argument("--backlog-timeout-s", type=float, default=30.0)
-    lim.add_argument(
-        "--drain-timeout-s", type=float, default=30.0, help="on SIGTERM, let sessions finish this long"
-    )
-    lim.add_argument(
-        "--unready-when-full", action="store_true", help="/readyz answers 503 while all slots are taken"
-    )
+    _model_options(p.add_argument_group("model"))
+    _network_options(p.add_argument_group("network and security"))
+    _config_flags(p.add_argument_group("limits"), _LIMIT_FLAGS)
     p.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     p.set_defaults(func=_serve)
 
@@ -165,29 +194,11 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     try:
         config = ServerConfig(
-            host=args.host,
-            port=args.port,
-            path=args.path,
             tokens=tokens_from(sources),
-            insecure=args.insecure,
             metrics_token=metrics_tokens[0] if metrics_tokens else None,
-            public_metrics=args.public_metrics,
             allowed_origins=tuple(args.allowed_origin),
             max_sessions=args.max_sessions,
-            max_pending_auth=args.max_pending_auth,
-            max_message_bytes=args.max_message_bytes,
-            idle_timeout_s=args.idle_timeout_s,
-            handshake_timeout_s=args.handshake_timeout_s,
-            keepalive_timeout_s=args.keepalive_timeout_s,
-            max_control_rate=args.max_control_rate,
-            control_burst=args.control_burst,
-            auth_max_failures=args.auth_max_failures,
-            auth_backoff_s=args.auth_backoff_s,
-            burst_ms=args.burst_ms,
-            max_backlog_ms=args.max_backlog_ms,
-            backlog_timeout_s=args.backlog_timeout_s,
-            drain_timeout_s=args.drain_timeout_s,
-            unready_when_full=args.unready_when_full,
+            **{name: getattr(args, name) for name in _PLAIN_CONFIG_FLAGS},
         )
         engine_config = EngineConfig(
             model=args.model,
