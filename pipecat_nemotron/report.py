@@ -25,8 +25,9 @@ import inspect
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from pipecat_nemotron.metrics import (
+from pipecat_nemotron.latency_stats import (
     STAGE_LABELS,
     STAGES,
     StageStats,
@@ -106,6 +107,92 @@ def _breakdown_segments(turns: Sequence[TurnLatency]) -> tuple[list[str], list[d
     return names, [dict(turn.breakdown_ms) for turn in turns]
 
 
+def _waterfall_rows(
+    turns: Sequence[TurnLatency], use_breakdown: bool, cmap: Any
+) -> tuple[list[str], list[dict[str, float]], dict[str, Any]]:
+    """Segment names (bottom to top), each turn's segments (ms) and each segment's colour."""
+    if use_breakdown and any(t.breakdown_ms for t in turns):
+        names, rows = _breakdown_segments(turns)
+        return names, rows, {name: cmap(i % 20) for i, name in enumerate(names)}
+    return list(WATERFALL_SEGMENTS), [waterfall_segments(t) for t in turns], dict(_COLORS)
+
+
+def _plot_waterfall(
+    ax: Any, turns: Sequence[TurnLatency], stats: dict[str, StageStats], use_breakdown: bool, cmap: Any
+) -> None:
+    """One stacked bar per turn (its segments), voice-to-voice marks and the v2v p50 line."""
+    x = [t.turn for t in turns]
+    names, rows, colors = _waterfall_rows(turns, use_breakdown, cmap)
+    bottom = [0.0] * len(turns)
+    width = 0.8 if len(turns) > 1 else 0.5
+    for name in names:
+        heights = [row.get(name, 0.0) for row in rows]
+        if not any(heights):
+            continue
+        ax.bar(x, heights, width, bottom=bottom, label=name, color=colors[name], edgecolor="none")
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    v2v = [(t.turn, t.v2v_ms) for t in turns if t.v2v_ms is not None]
+    if v2v:
+        ax.scatter(
+            [p[0] for p in v2v],
+            [p[1] for p in v2v],
+            marker="_",
+            s=200,
+            color="black",
+            label="voice-to-voice",
+            zorder=3,
+        )
+        p50 = stats["v2v_ms"].p50
+        if p50 is not None:
+            ax.axhline(p50, color="black", linestyle="--", linewidth=0.8, label=f"v2v p50 {p50:.0f} ms")
+    ax.set_xlabel("turn")
+    ax.set_ylabel("ms from speech end")
+    ax.set_title("Per-turn waterfall" + (" (Pipecat breakdown)" if use_breakdown else ""))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    ax.set_xlim(min(x) - 1, max(x) + 1)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _plot_distribution(ax: Any, turns: Sequence[TurnLatency], stats: dict[str, StageStats]) -> None:
+    """A horizontal box plot per stage with data (whiskers p1/p99, every turn a dot); stages without data named."""
+    present = [s for s in STAGES if stats[s].count > 0]
+    missing = [s for s in STAGES if stats[s].count == 0]
+    if present:
+        data = [[v for t in turns if (v := t.stage(s)) is not None] for s in present]
+        positions = list(range(1, len(present) + 1))
+        # matplotlib >= 3.10 spells vert=False as orientation="horizontal" (vert is deprecated).
+        horizontal = (
+            {"orientation": "horizontal"}
+            if "orientation" in inspect.signature(ax.boxplot).parameters
+            else {"vert": False}
+        )
+        ax.boxplot(data, positions=positions, whis=(1, 99), showfliers=False, widths=0.6, **horizontal)
+        for pos, values in zip(positions, data, strict=True):
+            jitter = [pos + 0.15 * (((i * 7919) % 13) / 12.0 - 0.5) for i in range(len(values))]
+            ax.scatter(values, jitter, s=8, alpha=0.5, color="#333333", zorder=3)
+        labels = []
+        for s in present:
+            st = stats[s]
+            labels.append(f"{STAGE_LABELS[s]}\np50 {st.p50:.0f} / p90 {st.p90:.0f} / p99 {st.p99:.0f}")
+        ax.set_yticks(positions, labels, fontsize="small")
+        ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.set_xlim(left=0)
+    ax.grid(axis="x", alpha=0.3)
+    dist_title = "Distribution per stage (box p25-p75, whiskers p1-p99)"
+    if missing:
+        dist_title += "; no data: " + ", ".join(STAGE_LABELS[s] for s in missing)
+    ax.set_title(dist_title, fontsize="medium")
+
+
+def _default_title(turns: Sequence[TurnLatency], stats: dict[str, StageStats]) -> str:
+    """The turn count and, where known, the p50 voice-to-voice time."""
+    p50 = stats["v2v_ms"].p50
+    return f"Voice latency, {len(turns)} turns" + (
+        f", voice-to-voice p50 {p50:.0f} ms" if p50 is not None else ""
+    )
+
+
 def plot_turns(
     turns: Sequence[TurnLatency],
     output: str | Path,
@@ -120,7 +207,7 @@ def plot_turns(
     Args:
         turns: Turn records (at least one).
         output: PNG path; parent folders are created.
-        stats: Precomputed :func:`~pipecat_nemotron.metrics.summarize` output.
+        stats: Precomputed :func:`~pipecat_nemotron.latency_stats.summarize` output.
         use_breakdown: Stack Pipecat's ``breakdown_ms`` contributions instead of
             the measured stages.
         title: Figure title; defaults to the turn count and p50 voice-to-voice.
@@ -150,82 +237,9 @@ def plot_turns(
         figsize=(max(8.0, min(0.25 * len(turns) + 6.0, 24.0)), 9.0),
         gridspec_kw={"height_ratios": [3, 2]},
     )
-
-    # --- waterfall -----------------------------------------------------------------
-    x = [t.turn for t in turns]
-    if use_breakdown and any(t.breakdown_ms for t in turns):
-        names, rows = _breakdown_segments(turns)
-        cmap = plt.get_cmap("tab20")
-        colors = {name: cmap(i % 20) for i, name in enumerate(names)}
-    else:
-        names = list(WATERFALL_SEGMENTS)
-        rows = [waterfall_segments(t) for t in turns]
-        colors = dict(_COLORS)
-    bottom = [0.0] * len(turns)
-    width = 0.8 if len(turns) > 1 else 0.5
-    for name in names:
-        heights = [row.get(name, 0.0) for row in rows]
-        if not any(heights):
-            continue
-        ax_w.bar(x, heights, width, bottom=bottom, label=name, color=colors[name], edgecolor="none")
-        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-    v2v = [(t.turn, t.v2v_ms) for t in turns if t.v2v_ms is not None]
-    if v2v:
-        ax_w.scatter(
-            [p[0] for p in v2v],
-            [p[1] for p in v2v],
-            marker="_",
-            s=200,
-            color="black",
-            label="voice-to-voice",
-            zorder=3,
-        )
-        p50 = stats["v2v_ms"].p50
-        if p50 is not None:
-            ax_w.axhline(p50, color="black", linestyle="--", linewidth=0.8, label=f"v2v p50 {p50:.0f} ms")
-    ax_w.set_xlabel("turn")
-    ax_w.set_ylabel("ms from speech end")
-    ax_w.set_title("Per-turn waterfall" + (" (Pipecat breakdown)" if use_breakdown else ""))
-    ax_w.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
-    ax_w.set_xlim(min(x) - 1, max(x) + 1)
-    ax_w.grid(axis="y", alpha=0.3)
-
-    # --- distribution --------------------------------------------------------------
-    present = [s for s in STAGES if stats[s].count > 0]
-    missing = [s for s in STAGES if stats[s].count == 0]
-    if present:
-        data = [[v for t in turns if (v := t.stage(s)) is not None] for s in present]
-        positions = list(range(1, len(present) + 1))
-        # matplotlib >= 3.10 spells vert=False as orientation="horizontal" (vert is deprecated).
-        horizontal = (
-            {"orientation": "horizontal"}
-            if "orientation" in inspect.signature(ax_d.boxplot).parameters
-            else {"vert": False}
-        )
-        ax_d.boxplot(data, positions=positions, whis=(1, 99), showfliers=False, widths=0.6, **horizontal)
-        for pos, values in zip(positions, data, strict=True):
-            jitter = [pos + 0.15 * (((i * 7919) % 13) / 12.0 - 0.5) for i in range(len(values))]
-            ax_d.scatter(values, jitter, s=8, alpha=0.5, color="#333333", zorder=3)
-        labels = []
-        for s in present:
-            st = stats[s]
-            labels.append(f"{STAGE_LABELS[s]}\np50 {st.p50:.0f} / p90 {st.p90:.0f} / p99 {st.p99:.0f}")
-        ax_d.set_yticks(positions, labels, fontsize="small")
-        ax_d.invert_yaxis()
-    ax_d.set_xlabel("ms")
-    ax_d.set_xlim(left=0)
-    ax_d.grid(axis="x", alpha=0.3)
-    dist_title = "Distribution per stage (box p25-p75, whiskers p1-p99)"
-    if missing:
-        dist_title += "; no data: " + ", ".join(STAGE_LABELS[s] for s in missing)
-    ax_d.set_title(dist_title, fontsize="medium")
-
-    if title is None:
-        p50 = stats["v2v_ms"].p50
-        title = f"Voice latency, {len(turns)} turns" + (
-            f", voice-to-voice p50 {p50:.0f} ms" if p50 is not None else ""
-        )
-    fig.suptitle(title)
+    _plot_waterfall(ax_w, turns, stats, use_breakdown, plt.get_cmap("tab20"))
+    _plot_distribution(ax_d, turns, stats)
+    fig.suptitle(title if title is not None else _default_title(turns, stats))
     fig.tight_layout()
     fig.savefig(output, dpi=dpi)
     plt.close(fig)

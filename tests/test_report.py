@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipecat_nemotron.metrics import TurnLatency
+from pipecat_nemotron.latency_stats import TurnLatency
 from pipecat_nemotron.report import WATERFALL_SEGMENTS, main, waterfall_segments
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
