@@ -153,6 +153,7 @@ async def test_fast_step_cache_holds_keys_and_values(tiny_random_model) -> None:
         )
         async with NemotronEngine(config) as engine:
             sizes[step] = engine.info.cache_bytes_per_stream
+            assert engine.info.encoder_step == step
     layers, d_model = 4, 128  # the tiny architecture
     assert sizes["fast"] - sizes["nemo"] == layers * LEFT_CONTEXT_FRAMES * d_model * 4
 
