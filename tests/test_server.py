@@ -9,29 +9,40 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 import wave
+from collections.abc import AsyncIterator
+from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
 import pytest
 import pytest_asyncio
 import websockets
-from helpers import FRAME_BYTES, audio_frames, noise_clip, push_realtime_chunks, to_pcm16, turn
+from helpers import (
+    FRAME_BYTES,
+    audio_frames,
+    noise_clip,
+    one_torch_thread,
+    push_realtime_chunks,
+    to_pcm16,
+)
 from pipecat.frames.frames import (
     ErrorFrame,
+    Frame,
     InterimTranscriptionFrame,
     MetricsFrame,
-    STTUpdateSettingsFrame,
-    TranscriptionFrame,
     VADUserStartedSpeakingFrame,
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.metrics.metrics import TTFBMetricsData
 from pipecat.pipeline.worker import PipelineParams
 from pipecat.tests.utils import SleepFrame, run_test
+from test_stt import finals_of, latency_change_turns
 from websockets.exceptions import ConnectionClosed
 
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
@@ -56,7 +67,6 @@ from pipecat_nemotron.server.protocol import (
     parse_server_message,
 )
 from pipecat_nemotron.server_stt import NemotronServerSTTService
-from pipecat_nemotron.stt import NemotronSTTSettings
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 SYNC = pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")
@@ -79,17 +89,6 @@ def clip(name: str = "demo_math.wav", seed: int = 61, seconds: float = 1.6) -> b
 
 
 @pytest.fixture(scope="module")
-def one_torch_thread():
-    """One intra-op thread: on 2 busy cores, OpenMP threads spinning at barriers make steps ~10x slower."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
 def asr_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if TRAINED_MODEL.exists():
         return TRAINED_MODEL
@@ -101,30 +100,39 @@ def asr_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def engine(asr_model: Path, one_torch_thread):
-    eng = NemotronEngine(EngineConfig(model=str(asr_model), device="cpu", max_streams=10, max_batch_size=10))
-    await eng.start()
-    yield eng
-    await eng.stop()
+async def engine(asr_model: Path):
+    with one_torch_thread():
+        eng = NemotronEngine(
+            EngineConfig(model=str(asr_model), device="cpu", max_streams=10, max_batch_size=10)
+        )
+        await eng.start()
+        yield eng
+        await eng.stop()
+
+
+@contextlib.asynccontextmanager
+async def own_server(engine: NemotronEngine, **config: Any) -> AsyncIterator[ASRServer]:
+    """A started server on ``engine`` with its own :class:`ServerConfig` (``port=0``), stopped at the end."""
+    srv = ASRServer(engine, ServerConfig(port=0, **config))
+    await srv.start()
+    try:
+        yield srv
+    finally:
+        await srv.stop(drain_timeout_s=0)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def server(engine: NemotronEngine):
-    srv = ASRServer(
+    async with own_server(
         engine,
-        ServerConfig(
-            port=0,
-            tokens=(TOKEN,),
-            allowed_origins=("https://bots.example",),
-            max_sessions=4,
-            max_message_bytes=32 * 1024,
-            idle_timeout_s=5.0,
-            config_timeout_s=5.0,
-        ),
-    )
-    await srv.start()
-    yield srv
-    await srv.stop(drain_timeout_s=0)
+        tokens=(TOKEN,),
+        allowed_origins=("https://bots.example",),
+        max_sessions=4,
+        max_message_bytes=32 * 1024,
+        idle_timeout_s=5.0,
+        config_timeout_s=5.0,
+    ) as srv:
+        yield srv
 
 
 async def connect(url: str, token: str | None = TOKEN, **kwargs):
@@ -378,9 +386,7 @@ async def test_client_killed_mid_utterance_frees_its_slot(server: ASRServer, eng
 
 
 async def test_idle_session_is_closed(server: ASRServer, engine: NemotronEngine) -> None:
-    idle = ASRServer(engine, ServerConfig(port=0, insecure=True, idle_timeout_s=0.5, config_timeout_s=0.5))
-    await idle.start()
-    try:
+    async with own_server(engine, insecure=True, idle_timeout_s=0.5, config_timeout_s=0.5) as idle:
         ws = await connect(idle.url, token=None)  # no config at all
         messages = await expect_close(ws, CloseCode.IDLE_TIMEOUT)
         assert "config" in messages[0].message
@@ -389,14 +395,10 @@ async def test_idle_session_is_closed(server: ASRServer, engine: NemotronEngine)
         messages = await expect_close(ws, CloseCode.IDLE_TIMEOUT)
         assert "keepalive" in messages[-1].message
         await wait_for(free_slots_restored(idle, engine), what="the slot to be freed")
-    finally:
-        await idle.stop(drain_timeout_s=0)
 
 
 async def test_fast_sender_is_throttled_without_slowing_a_realtime_session(engine: NemotronEngine) -> None:
-    paced = ASRServer(engine, ServerConfig(port=0, insecure=True, burst_ms=500.0, max_speed=1.0))
-    await paced.start()
-    try:
+    async with own_server(engine, insecure=True, burst_ms=500.0, max_speed=1.0) as paced:
         blast = clip("two_turns.wav", seed=63, seconds=5.0) + clip("demo_timer.wav", seed=64, seconds=3.0)
         audio_s = len(blast) / 32000
         fast, _ = await open_session(paced.url, token=None)
@@ -422,8 +424,6 @@ async def test_fast_sender_is_throttled_without_slowing_a_realtime_session(engin
         assert [m for m in slow_msgs if isinstance(m, FinalMessage)]
         if lags:
             assert float(np.median(lags)) < 500, lags
-    finally:
-        await paced.stop(drain_timeout_s=0)
 
 
 async def test_health_readiness_metrics_and_info(server: ASRServer) -> None:
@@ -456,9 +456,7 @@ async def test_health_readiness_metrics_and_info(server: ASRServer) -> None:
 
 
 async def test_unready_when_full(engine: NemotronEngine) -> None:
-    srv = ASRServer(engine, ServerConfig(port=0, insecure=True, max_sessions=1, unready_when_full=True))
-    await srv.start()
-    try:
+    async with own_server(engine, insecure=True, max_sessions=1, unready_when_full=True) as srv:
         async with aiohttp.ClientSession() as http:
             ws, _ = await open_session(srv.url, token=None)
             async with http.get(f"{srv.http_url}/readyz") as r:
@@ -467,8 +465,6 @@ async def test_unready_when_full(engine: NemotronEngine) -> None:
             await wait_for(lambda: srv.service.active_sessions == 0, what="the session to end")
             async with http.get(f"{srv.http_url}/readyz") as r:
                 assert r.status == 200
-    finally:
-        await srv.stop(drain_timeout_s=0)
 
 
 async def test_not_ready_server_refuses_sessions_and_reports_it(tmp_path: Path) -> None:
@@ -504,23 +500,13 @@ async def test_shutdown_drains_then_closes_with_going_away(engine: NemotronEngin
 # ---- the Pipecat client ------------------------------------------------------------------------------------------
 
 
-def finals_of(frames) -> list[TranscriptionFrame]:
-    return [f for f in frames if isinstance(f, TranscriptionFrame)]
-
-
 async def test_pipecat_client_gives_the_in_process_final(server: ASRServer, engine: NemotronEngine) -> None:
     a, b = clip(), clip("demo_timer.wav", seed=66)
     expected_a = (await engine.transcribe(a)).text
     stt = NemotronServerSTTService(url=server.url, token=TOKEN)
     down, _ = await run_test(
         stt,
-        frames_to_send=[
-            SleepFrame(sleep=0.2),
-            *turn(a),
-            STTUpdateSettingsFrame(delta=NemotronSTTSettings(latency_ms=560)),
-            SleepFrame(sleep=0.1),
-            *turn(b, wait=2.0),
-        ],
+        frames_to_send=latency_change_turns(a, b),
         pipeline_params=PipelineParams(enable_metrics=True),
         start_timeout=5.0,
     )
@@ -549,29 +535,48 @@ async def drop_first_session_after(server: ASRServer, audio_ms: float, timeout: 
     await session.fail(CloseCode.INTERNAL, "simulated server failure")
 
 
+async def run_through_a_drop(
+    stt: NemotronServerSTTService,
+    server: ASRServer,
+    pcm: bytes,
+    drop_after_ms: float,
+    split: Fraction,
+    wait_s: float,
+    timeout: float = 20.0,
+) -> list[Frame]:
+    """Run ``stt`` through one utterance while the server fails its first session mid-utterance.
+
+    The drop comes once the session has received ``drop_after_ms`` of audio, and lands in a 0.5 s pause after
+    ``split`` of the utterance's frames; ``wait_s`` after the VAD stop the pipeline ends. Returns the frames
+    pushed downstream.
+    """
+    dropper = asyncio.create_task(drop_first_session_after(server, drop_after_ms, timeout=timeout))
+    frames = audio_frames(pcm)
+    cut = int(len(frames) * split)
+    down, _ = await run_test(
+        stt,
+        frames_to_send=[
+            SleepFrame(sleep=0.2),
+            VADUserStartedSpeakingFrame(),
+            *frames[:cut],
+            SleepFrame(sleep=0.5),  # the drop lands here, mid-utterance
+            *frames[cut:],
+            VADUserStoppedSpeakingFrame(stop_secs=0.2),
+            SleepFrame(sleep=wait_s),
+        ],
+        start_timeout=5.0,
+    )
+    await dropper
+    return down
+
+
 async def test_pipecat_client_reconnects_and_loses_no_final(
     server: ASRServer, engine: NemotronEngine
 ) -> None:
     pcm = clip("demo_weather.wav", seed=67)
     expected = (await engine.transcribe(pcm)).text
     stt = NemotronServerSTTService(url=server.url, token=TOKEN, reconnect_backoff_min_wait=0.1)
-
-    dropper = asyncio.create_task(drop_first_session_after(server, 800))
-    frames = audio_frames(pcm)
-    down, _ = await run_test(
-        stt,
-        frames_to_send=[
-            SleepFrame(sleep=0.2),
-            VADUserStartedSpeakingFrame(),
-            *frames[: len(frames) // 2],
-            SleepFrame(sleep=0.5),  # the drop lands here, mid-utterance
-            *frames[len(frames) // 2 :],
-            VADUserStoppedSpeakingFrame(stop_secs=0.2),
-            SleepFrame(sleep=2.5),
-        ],
-        start_timeout=5.0,
-    )
-    await dropper
+    down = await run_through_a_drop(stt, server, pcm, drop_after_ms=800, split=Fraction(1, 2), wait_s=2.5)
     assert stt.sessions_opened == 2
     finals = finals_of(down)
     assert [f.text for f in finals] == ([expected] if expected else [])
@@ -602,9 +607,7 @@ async def test_load_generator_8_clients_every_final_no_error(engine: NemotronEng
     """
     from pipecat_nemotron.bench import load
 
-    srv = ASRServer(engine, ServerConfig(port=0, insecure=True))
-    await srv.start()
-    try:
+    async with own_server(engine, insecure=True) as srv:
         # One short utterance on repeat: the drift windows (one audio period each) are 3.3 s long.
         wav = tmp_path / "utterance.wav"
         with wave.open(str(wav), "wb") as w:
@@ -629,8 +632,6 @@ async def test_load_generator_8_clients_every_final_no_error(engine: NemotronEng
             ]
         )
         report = await load.run(args)
-    finally:
-        await srv.stop(drain_timeout_s=0)
     s = report["summary"]
     print(json.dumps(s, indent=1))
     # "errors" counts server errors, unexpected closes and finals missing for a finalize sent.

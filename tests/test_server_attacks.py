@@ -20,29 +20,29 @@ import re
 import socket
 import struct
 import time
+from fractions import Fraction
 
 import aiohttp
 import pytest
 import pytest_asyncio
 import test_server
-from helpers import audio_frames
 from loguru import logger
-from pipecat.frames.frames import TranscriptionFrame, VADUserStartedSpeakingFrame, VADUserStoppedSpeakingFrame
-from pipecat.tests.utils import SleepFrame, run_test
+from pipecat.frames.frames import TranscriptionFrame
 from test_server import (
     DEMO,
     clip,
     connect,
-    drop_first_session_after,
     expect_close,
     open_session,
+    own_server,
+    run_through_a_drop,
     stream,
     wait_for,
 )
 
 import pipecat_nemotron.server.session as session_module
 from pipecat_nemotron.engine import NemotronEngine
-from pipecat_nemotron.server.app import ASRServer, ServerConfig
+from pipecat_nemotron.server.app import ASRServer
 from pipecat_nemotron.server.protocol import (
     CloseCode,
     ConfigMessage,
@@ -56,10 +56,9 @@ from pipecat_nemotron.server_stt import NemotronServerSTTService
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-# The model, its engine and the one-thread torch setting are the server tests' module fixtures, reused here.
+# The model and its engine (run with one torch thread) are the server tests' module fixtures, reused here.
 asr_model = test_server.asr_model
 engine = test_server.engine
-one_torch_thread = test_server.one_torch_thread
 
 # Letters that hex ids, numbers and English words do not form: an 8-character window of these in a log is a leak.
 TOKEN = "qZvXkWmJ-pLrTnYg-HsQwZbVx-kJfPtRzM"
@@ -91,33 +90,17 @@ def captured_log():
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def server(engine: NemotronEngine):
-    srv = ASRServer(
+    async with own_server(
         engine,
-        ServerConfig(
-            port=0,
-            tokens=(TOKEN,),
-            metrics_token=METRICS_TOKEN,
-            max_sessions=6,
-            handshake_timeout_s=1.0,
-            keepalive_timeout_s=1.0,
-            max_control_rate=10.0,
-            control_burst=20,
-        ),
-    )
-    await srv.start()
-    yield srv
-    await srv.stop(drain_timeout_s=0)
-
-
-@contextlib.asynccontextmanager
-async def own_server(engine: NemotronEngine, **config):
-    """A server with its own limits on the shared engine, stopped at the end."""
-    srv = ASRServer(engine, ServerConfig(port=0, **config))
-    await srv.start()
-    try:
+        tokens=(TOKEN,),
+        metrics_token=METRICS_TOKEN,
+        max_sessions=6,
+        handshake_timeout_s=1.0,
+        keepalive_timeout_s=1.0,
+        max_control_rate=10.0,
+        control_burst=20,
+    ) as srv:
         yield srv
-    finally:
-        await srv.stop(drain_timeout_s=0)
 
 
 # ---- helpers -------------------------------------------------------------------------------------------------
@@ -303,23 +286,10 @@ async def test_client_replay_respects_a_small_server_message_limit(engine: Nemot
     pcm, expected = demo("demo_weather.wav")
     async with own_server(engine, tokens=(TOKEN,), max_message_bytes=1024) as srv:
         stt = NemotronServerSTTService(url=srv.url, token=TOKEN, reconnect_backoff_min_wait=0.1)
-
-        dropper = asyncio.create_task(drop_first_session_after(srv, 1200, timeout=30))
-        frames = audio_frames(pcm)
-        down, _ = await run_test(
-            stt,
-            frames_to_send=[
-                SleepFrame(sleep=0.2),
-                VADUserStartedSpeakingFrame(),
-                *frames[: len(frames) * 2 // 3],
-                SleepFrame(sleep=0.5),  # the drop lands here: 1.7 s of unconfirmed audio to replay
-                *frames[len(frames) * 2 // 3 :],
-                VADUserStoppedSpeakingFrame(stop_secs=0.2),
-                SleepFrame(sleep=3.0),
-            ],
-            start_timeout=5.0,
+        # The drop lands after 2/3 of the utterance: 1.7 s of unconfirmed audio to replay.
+        down = await run_through_a_drop(
+            stt, srv, pcm, drop_after_ms=1200, split=Fraction(2, 3), wait_s=3.0, timeout=30
         )
-        await dropper
         assert counter(srv.service.metrics.dropped, "message_too_big") == 0
         assert stt.sessions_opened == 2
         assert [f.text for f in down if isinstance(f, TranscriptionFrame)] == [expected]

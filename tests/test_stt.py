@@ -10,6 +10,7 @@ from helpers import audio_frames, noise_clip, to_pcm16, turn
 from pipecat.frames.frames import (
     CancelFrame,
     ErrorFrame,
+    Frame,
     InterimTranscriptionFrame,
     InterruptionFrame,
     MetricsFrame,
@@ -38,6 +39,17 @@ async def engine(tiny_random_model):
 
 def finals_of(frames) -> list[TranscriptionFrame]:
     return [f for f in frames if isinstance(f, TranscriptionFrame)]
+
+
+def latency_change_turns(a: bytes, b: bytes) -> list[Frame]:
+    """Frames of two user turns, ``a`` then ``b``, with a switch to the 560 ms mode between them."""
+    return [
+        SleepFrame(sleep=0.2),
+        *turn(a),
+        STTUpdateSettingsFrame(delta=NemotronSTTSettings(latency_ms=560)),
+        SleepFrame(sleep=0.1),
+        *turn(b, wait=2.0),
+    ]
 
 
 async def test_frames_in_order_final_equals_engine_and_ttfs(engine: NemotronEngine) -> None:
@@ -73,17 +85,7 @@ async def test_two_turns_with_latency_change_between(engine: NemotronEngine) -> 
     modes: list[int] = []
     engine.add_step_listener(lambda stats: modes.extend(stats.latency_modes))
     stt = NemotronSTTService(engine=engine, latency_ms=160)
-    down, _ = await run_test(
-        stt,
-        frames_to_send=[
-            SleepFrame(sleep=0.2),
-            *turn(a),
-            STTUpdateSettingsFrame(delta=NemotronSTTSettings(latency_ms=560)),
-            SleepFrame(sleep=0.1),
-            *turn(b, wait=2.0),
-        ],
-        start_timeout=5.0,
-    )
+    down, _ = await run_test(stt, frames_to_send=latency_change_turns(a, b), start_timeout=5.0)
     finals = finals_of(down)
     assert [f.finalized for f in finals] == [True, True]
     assert stt.latency_ms == 560
