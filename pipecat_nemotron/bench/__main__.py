@@ -14,6 +14,7 @@ BENCHMARKS: dict[str, str] = {
     "time-to-final": "time_to_final",
     "soak": "soak",
     "cold-start": "cold_start",
+    "encoder-step": "encoder_step",
     # The WebSocket server's load test (its own module and options).
     "load": "load",
 }
