@@ -38,6 +38,7 @@ from pipecat.services.tts_service import TTSService
 from pipecat.transports.base_transport import BaseTransport
 
 from pipecat_nemotron.engine.config import EngineConfig, validate_latency_ms
+from pipecat_nemotron.llm_env import ENV_BACKEND, ENV_BASE_URL, ENV_NVIDIA_API_KEY, ENV_PREFIX
 from pipecat_nemotron.metrics import TurnLatency, VoiceLatencyObserver
 from pipecat_nemotron.stt_base import VAD_STOP_SECS
 
@@ -86,8 +87,6 @@ class AgentSettings:
             ValueError: A value does not parse (the message names the key).
 
         """
-        from pipecat_nemotron.llm import ENV_BACKEND, ENV_BASE_URL, ENV_NVIDIA_API_KEY, ENV_PREFIX
-
         def get(key: str) -> str | None:
             value = environ.get(key, "").strip()
             return value or None

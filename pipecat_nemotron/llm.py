@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -38,6 +38,22 @@ from typing import Any
 from loguru import logger
 from pipecat.services.nvidia.llm import NvidiaLLMService
 from pipecat.services.openai.llm import OpenAILLMService
+
+from pipecat_nemotron.llm_env import (
+    ENV_API_KEY,
+    ENV_BACKEND,
+    ENV_BASE_URL,
+    ENV_ENABLE_THINKING,
+    ENV_MAX_TOKENS,
+    ENV_MODEL,
+    ENV_NVIDIA_API_KEY,
+    ENV_PREFIX,
+    ENV_SYSTEM_PROMPT,
+    ENV_TEMPERATURE,
+    ENV_TOP_P,
+    env_text,
+    settings_from_env,
+)
 
 __all__ = [
     "DEFAULT_LLAMA_CPP_BASE_URL",
@@ -48,6 +64,8 @@ __all__ = [
     "ENV_ENABLE_THINKING",
     "ENV_MAX_TOKENS",
     "ENV_MODEL",
+    "ENV_NVIDIA_API_KEY",
+    "ENV_PREFIX",
     "ENV_SYSTEM_PROMPT",
     "ENV_TEMPERATURE",
     "ENV_TOP_P",
@@ -119,26 +137,6 @@ VOICE_TEMPERATURE = 0.6
 
 VOICE_MAX_TOKENS = 256
 """Completion cap (tokens); a few spoken sentences, and a bound on runaway replies."""
-
-# --- Environment keys (read only by from_env) --------------------------------------
-
-ENV_BACKEND = "NEMOTRON_LLM_BACKEND"
-ENV_BASE_URL = "NEMOTRON_LLM_BASE_URL"
-ENV_MODEL = "NEMOTRON_LLM_MODEL"
-ENV_API_KEY = "NEMOTRON_LLM_API_KEY"
-ENV_TEMPERATURE = "NEMOTRON_LLM_TEMPERATURE"
-ENV_TOP_P = "NEMOTRON_LLM_TOP_P"
-ENV_MAX_TOKENS = "NEMOTRON_LLM_MAX_TOKENS"
-ENV_ENABLE_THINKING = "NEMOTRON_LLM_ENABLE_THINKING"
-ENV_SYSTEM_PROMPT = "NEMOTRON_LLM_SYSTEM_PROMPT"
-ENV_NVIDIA_API_KEY = "NVIDIA_API_KEY"
-"""The hosted API's key, read when ``NEMOTRON_LLM_API_KEY`` is unset."""
-ENV_PREFIX = "NEMOTRON_LLM_"
-"""Every ``ENV_*`` key above but :data:`ENV_NVIDIA_API_KEY` starts with it."""
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
 
 class NemotronLLMBackend(str, Enum):
     """Kinds of OpenAI-compatible server that serve Nemotron 3 Nano.
@@ -360,14 +358,11 @@ class NemotronLLMSettings:
                 names the key.
 
         """
-        backend = _parse_backend(_env_text(environ, ENV_BACKEND) or NemotronLLMBackend.VLLM.value)
-        values: dict[str, Any] = {}
-        for key, name, parse in _ENV_FIELDS:
-            if (text := _env_text(environ, key)) is not None:
-                values[name] = parse(key, text)
-        api_key = _env_text(environ, ENV_API_KEY)
+        backend = _parse_backend(env_text(environ, ENV_BACKEND) or NemotronLLMBackend.VLLM.value)
+        values = settings_from_env(environ)
+        api_key = env_text(environ, ENV_API_KEY)
         if api_key is None and backend is NemotronLLMBackend.HOSTED:
-            api_key = _env_text(environ, ENV_NVIDIA_API_KEY)
+            api_key = env_text(environ, ENV_NVIDIA_API_KEY)
         if api_key is not None:
             values["api_key"] = api_key
         return cls.preset(backend, **values)
@@ -407,52 +402,6 @@ def thinking_extra_body(enable_thinking: bool) -> dict[str, Any]:
 
     """
     return {"chat_template_kwargs": {"enable_thinking": bool(enable_thinking)}}
-
-
-def _env_text(environ: Mapping[str, str], key: str) -> str | None:
-    """``environ[key]`` stripped, or None when unset or blank."""
-    value = environ.get(key)
-    if value is None or not value.strip():
-        return None
-    return value.strip()
-
-
-def _parse_text(key: str, text: str) -> str:
-    return text
-
-
-def _parse_float(key: str, text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"{key}={text!r} is not a number.") from None
-
-
-def _parse_int(key: str, text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{key}={text!r} is not an integer (e.g. 256).") from None
-
-
-def _parse_bool(key: str, text: str) -> bool:
-    if text.lower() in _TRUE:
-        return True
-    if text.lower() in _FALSE:
-        return False
-    raise ValueError(f"{key}={text!r}: use true or false.")
-
-
-#: What :meth:`NemotronLLMSettings.from_env` reads besides the backend and the API key: (key, field, parser).
-_ENV_FIELDS: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
-    (ENV_BASE_URL, "base_url", _parse_text),
-    (ENV_MODEL, "model", _parse_text),
-    (ENV_TEMPERATURE, "temperature", _parse_float),
-    (ENV_TOP_P, "top_p", _parse_float),
-    (ENV_MAX_TOKENS, "max_tokens", _parse_int),
-    (ENV_ENABLE_THINKING, "enable_thinking", _parse_bool),
-    (ENV_SYSTEM_PROMPT, "system_prompt", _parse_text),
-)
 
 
 def create_nemotron_llm(
