@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -77,6 +78,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-audio-s-600m", type=float, default=6.0, help="audio per run for the 600M model, s (default: 6)"
     )
     parser.add_argument("--repeats", type=int, default=1, help="A/B runs per setting, order alternating")
+    parser.add_argument(
+        "--encoder-steps",
+        nargs="+",
+        choices=["fast", "nemo"],
+        default=["fast", "nemo"],
+        help="cache-aware engines to run: our encoder step and/or NeMo's (default: fast nemo; the first is "
+        "the 'cache-aware' column, a second one gets its own column)",
+    )
     parser.add_argument(
         "--buffered-att-context",
         default="70,13",
@@ -157,8 +166,18 @@ class Side:
         }
 
 
+def engine_backends(encoder_steps: Sequence[str]) -> dict[str, str]:
+    """Result key of the engine running each requested encoder step.
+
+    The first step (``fast`` when both are asked for) is ``cache_aware``; NeMo's step next to it is
+    ``cache_aware_nemo_step``.
+    """
+    steps = ["fast", "nemo"] if set(encoder_steps) == {"fast", "nemo"} else list(dict.fromkeys(encoder_steps))
+    return {step: "cache_aware" if i == 0 else "cache_aware_nemo_step" for i, step in enumerate(steps)}
+
+
 async def measure_setting(
-    engine: Any,
+    engines: dict[str, Any],
     baseline: BufferedBaseline,
     clips: Sequence[Clip],
     latency_ms: int,
@@ -166,10 +185,10 @@ async def measure_setting(
     repeats: int,
     order_offset: int,
 ) -> dict[str, Side]:
-    """Both backends on the same clips, ``repeats`` times, alternating which runs first.
+    """Every backend on the same clips, ``repeats`` times, rotating which runs first.
 
     Args:
-        engine: The started cache-aware engine.
+        engines: The started cache-aware engines by result key (:func:`engine_backends`).
         baseline: The buffered baseline of the same model.
         clips: The audio.
         latency_ms: Latency mode, ms.
@@ -179,17 +198,18 @@ async def measure_setting(
             not all start with the same backend.
 
     Returns:
-        ``{"cache_aware": Side, "buffered": Side}``.
+        A :class:`Side` per backend: the engines' keys and ``"buffered"``.
 
     """
     audio_s = sum(c.seconds for c in clips)
-    sides = {"cache_aware": Side(), "buffered": Side()}
+    backends = [*engines, "buffered"]
+    sides = {backend: Side() for backend in backends}
     for rep in range(repeats):
-        first_engine = (rep + order_offset) % 2 == 0
-        for backend in ("cache_aware", "buffered") if first_engine else ("buffered", "cache_aware"):
+        shift = (rep + order_offset) % len(backends)
+        for backend in backends[shift:] + backends[:shift]:
             with stats.Meter() as m:
-                if backend == "cache_aware":
-                    texts, step_s = await run_engine(engine, clips, latency_ms, streams)
+                if backend in engines:
+                    texts, step_s = await run_engine(engines[backend], clips, latency_ms, streams)
                     processed_s = audio_s
                 else:
                     texts, step_s, processed_s = baseline.run(clips, latency_ms, streams)
@@ -219,14 +239,20 @@ def setting_row(
         wer = None if spec.random_weights else wer_percent(refs, side.texts or [])
         row[backend] = {**side.per_audio_s(), "wer_percent": wer}
     for key in ("wall_s_per_audio_s", "cpu_s_per_audio_s", "step_s_per_audio_s"):
-        row[f"ratio_{key.split('_s_per')[0]}"] = stats.ratio(row["buffered"][key], row["cache_aware"][key])
+        for backend in sides:
+            if backend != "buffered":
+                suffix = "" if backend == "cache_aware" else backend.removeprefix("cache_aware")
+                row[f"ratio_{key.split('_s_per')[0]}{suffix}"] = stats.ratio(
+                    row["buffered"][key], row[backend][key]
+                )
     pairs = zip(clips, sides["cache_aware"].texts or [], sides["buffered"].texts or [], strict=False)
     row["examples"] = [{"ref": c.text, "cache_aware": a, "buffered": b} for c, a, b in list(pairs)[:3]]
     print(
         f"[bench] {spec.name} {latency_ms} ms x{streams}: cache-aware "
         f"{row['cache_aware']['cpu_s_per_audio_s']:.3f} CPU-s/audio-s, buffered "
         f"{row['buffered']['cpu_s_per_audio_s']:.3f} -> {row['ratio_cpu']:.2f}x "
-        f"(wall {row['ratio_wall']:.2f}x)",
+        f"(wall {row['ratio_wall']:.2f}x)"
+        + (f"; with NeMo's step {row['ratio_cpu_nemo_step']:.2f}x" if "ratio_cpu_nemo_step" in row else ""),
         flush=True,
     )
     return row
@@ -255,15 +281,22 @@ async def bench_model(
     )
     build_s = time.perf_counter() - t
     rows: list[dict[str, Any]] = []
-    async with common.bench_engine(spec.path, device, max_streams, "hard") as engine:
+    async with contextlib.AsyncExitStack() as stack:
+        engines = {
+            key: await stack.enter_async_context(
+                common.bench_engine(spec.path, device, max_streams, "hard", encoder_step=step)
+            )
+            for step, key in engine_backends(args.encoder_steps).items()
+        }
         warm = [Clip("warmup", synthetic_clip(1.0, 99), None)]
         for latency in args.latency:
             baseline.run(warm, latency, 1)  # first-call costs (allocations, decoder setup)
             for streams in args.streams:
                 sides = await measure_setting(
-                    engine, baseline, clips, latency, streams, args.repeats, len(rows)
+                    engines, baseline, clips, latency, streams, args.repeats, len(rows)
                 )
                 rows.append(setting_row(spec, clips, latency, streams, sides, baseline, args.repeats))
+        engine = next(iter(engines.values()))
     return {
         "model": spec.as_dict(),
         "audio_source": source,
@@ -285,8 +318,18 @@ def plot(result: dict[str, Any]) -> Any:
             ca.append(r["cache_aware"]["cpu_s_per_audio_s"])
             bu.append(r["buffered"]["cpu_s_per_audio_s"])
     x = np.arange(len(labels))
-    ax.bar(x - 0.2, ca, 0.4, label="cache-aware engine")
-    ax.bar(x + 0.2, bu, 0.4, label="NeMo BufferedRNNTPipeline")
+    nemo = [
+        r.get("cache_aware_nemo_step", {}).get("cpu_s_per_audio_s")
+        for m in result["models"]
+        for r in m["rows"]
+    ]
+    if all(v is not None for v in nemo):
+        ax.bar(x - 0.3, ca, 0.3, label="cache-aware engine, our encoder step")
+        ax.bar(x, nemo, 0.3, label="cache-aware engine, NeMo's encoder step")
+        ax.bar(x + 0.3, bu, 0.3, label="NeMo BufferedRNNTPipeline")
+    else:
+        ax.bar(x - 0.2, ca, 0.4, label="cache-aware engine")
+        ax.bar(x + 0.2, bu, 0.4, label="NeMo BufferedRNNTPipeline")
     for i, (a, b) in enumerate(zip(ca, bu, strict=True)):
         if a:
             ax.text(i, max(a, b) * 1.02, f"{b / a:.1f}x", ha="center", fontsize=8)
@@ -299,37 +342,27 @@ def plot(result: dict[str, Any]) -> Any:
 
 
 def summary_table(result: dict[str, Any]) -> str:
-    """The Markdown table of the results."""
+    """The Markdown table of the results (with NeMo-step columns when that engine ran too)."""
+    nemo_step = any("cache_aware_nemo_step" in r for m in result["models"] for r in m["rows"])
+    headers = ["model", "latency ms", "streams", "cache-aware CPU-s/audio-s"]
+    headers += ["cache-aware NeMo step CPU-s/audio-s"] if nemo_step else []
+    headers += ["buffered CPU-s/audio-s", "ratio (CPU)", "ratio (wall)"]
+    headers += ["ratio NeMo step (CPU)", "NeMo step / fast step (CPU)"] if nemo_step else []
+    headers += ["WER cache-aware %", "WER buffered %"]
     rows = []
     for m in result["models"]:
         for r in m["rows"]:
-            rows.append(
-                [
-                    m["model"]["name"],
-                    r["latency_ms"],
-                    r["streams"],
-                    r["cache_aware"]["cpu_s_per_audio_s"],
-                    r["buffered"]["cpu_s_per_audio_s"],
-                    r["ratio_cpu"],
-                    r["ratio_wall"],
-                    r["cache_aware"]["wer_percent"],
-                    r["buffered"]["wer_percent"],
-                ]
-            )
-    return output.format_table(
-        [
-            "model",
-            "latency ms",
-            "streams",
-            "cache-aware CPU-s/audio-s",
-            "buffered CPU-s/audio-s",
-            "ratio (CPU)",
-            "ratio (wall)",
-            "WER cache-aware %",
-            "WER buffered %",
-        ],
-        rows,
-    )
+            ca, bu = r["cache_aware"], r["buffered"]
+            row = [m["model"]["name"], r["latency_ms"], r["streams"], ca["cpu_s_per_audio_s"]]
+            if nemo_step:
+                row.append(r["cache_aware_nemo_step"]["cpu_s_per_audio_s"])
+            row += [bu["cpu_s_per_audio_s"], r["ratio_cpu"], r["ratio_wall"]]
+            if nemo_step:
+                nemo_cpu = r["cache_aware_nemo_step"]["cpu_s_per_audio_s"]
+                row += [r["ratio_cpu_nemo_step"], stats.ratio(nemo_cpu, ca["cpu_s_per_audio_s"])]
+            row += [ca["wer_percent"], bu["wer_percent"]]
+            rows.append(row)
+    return output.format_table(headers, rows)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -350,6 +383,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "per_buffer_normalization": bool(args.keep_nemo_normalization),
         "flush_silence_after_clip_s": None if args.no_buffered_flush else "right context",
     }
+    result["cache_aware_encoder_step"] = next(iter(engine_backends(args.encoder_steps)))
     result["latency_definition"] = (
         "cache-aware mode L: a step takes L ms of audio (right context included); buffered at L: chunk + right "
         "context = L. Either way a sample waits at most L ms plus compute before its text can appear."

@@ -22,7 +22,7 @@ from pipecat_nemotron.models import TINY_MODEL_PATH
 
 if TYPE_CHECKING:
     from pipecat_nemotron.engine import NemotronEngine
-    from pipecat_nemotron.engine.config import FinalizeMode
+    from pipecat_nemotron.engine.config import EncoderStep, FinalizeMode
 
 #: The repository root (when running from a checkout).
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -293,7 +293,11 @@ def resolve_model(spec: str, models_dir: Path) -> ModelSpec:
 
 
 def bench_engine(
-    model: str | Path, device: str, streams: int, finalize_mode: FinalizeMode = "soft"
+    model: str | Path,
+    device: str,
+    streams: int,
+    finalize_mode: FinalizeMode = "soft",
+    encoder_step: EncoderStep = "fast",
 ) -> NemotronEngine:
     """An engine for a benchmark: ``streams`` slots, all of them batched in one step, warmed up when it starts.
 
@@ -304,6 +308,7 @@ def bench_engine(
         device: ``cpu``, ``cuda`` or ``cuda:N``.
         streams: Stream slots (and the largest batch).
         finalize_mode: ``soft`` or ``hard``.
+        encoder_step: ``fast`` (ours) or ``nemo`` (NeMo's ``cache_aware_stream_step``).
 
     """
     from pipecat_nemotron.engine import EngineConfig, NemotronEngine
@@ -316,5 +321,6 @@ def bench_engine(
             max_batch_size=streams,
             finalize_mode=finalize_mode,
             warmup=True,
+            encoder_step=encoder_step,
         )
     )
