@@ -11,17 +11,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = [
-    "ENV_API_KEY",
     "ENV_BACKEND",
     "ENV_BASE_URL",
-    "ENV_ENABLE_THINKING",
-    "ENV_MAX_TOKENS",
     "ENV_MODEL",
-    "ENV_NVIDIA_API_KEY",
-    "ENV_PREFIX",
-    "ENV_SYSTEM_PROMPT",
+    "ENV_API_KEY",
     "ENV_TEMPERATURE",
     "ENV_TOP_P",
+    "ENV_MAX_TOKENS",
+    "ENV_ENABLE_THINKING",
+    "ENV_SYSTEM_PROMPT",
+    "ENV_NVIDIA_API_KEY",
+    "ENV_PREFIX",
     "env_text",
     "settings_from_env",
 ]

@@ -13,7 +13,8 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
 from pipecat_nemotron.agent import AgentSettings, SimulatedPlayback, build_voice_agent
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-from pipecat_nemotron.llm import ENV_BASE_URL, create_nemotron_llm
+from pipecat_nemotron.llm import create_nemotron_llm
+from pipecat_nemotron.llm_env import ENV_BASE_URL
 from pipecat_nemotron.magpie import MagpieEngine, MagpieSynthesisOptions
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.stt import NemotronSTTService

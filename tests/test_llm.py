@@ -23,15 +23,8 @@ from pipecat.processors.aggregators.llm_response_universal import LLMContextAggr
 from pipecat.services.openai.llm import OpenAILLMService
 from pipecat.tests.utils import run_test
 
+from pipecat_nemotron import llm_env
 from pipecat_nemotron.llm import (
-    ENV_API_KEY,
-    ENV_BACKEND,
-    ENV_BASE_URL,
-    ENV_ENABLE_THINKING,
-    ENV_MAX_TOKENS,
-    ENV_MODEL,
-    ENV_NVIDIA_API_KEY,
-    ENV_TEMPERATURE,
     HOSTED_BASE_URL,
     LLAMA_CPP_MODEL,
     NIM_MODEL,
@@ -61,10 +54,10 @@ def test_defaults_are_voice_defaults() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "fix"),
     [
-        ("base_url", "", ENV_BASE_URL),
+        ("base_url", "", llm_env.ENV_BASE_URL),
         ("base_url", "localhost:8000/v1", "http://"),
         ("base_url", "http://localhost:8000/v1/chat/completions", "'http://localhost:8000/v1'"),
-        ("model", "  ", ENV_MODEL),
+        ("model", "  ", llm_env.ENV_MODEL),
         ("api_key", "", "'none'"),
         ("temperature", 3.0, "0..2"),
         ("temperature", float("nan"), "0..2"),
@@ -81,7 +74,7 @@ def test_validation_names_the_fix(field: str, value: object, fix: str) -> None:
 
 
 def test_hosted_requires_key() -> None:
-    with pytest.raises(ValueError, match=ENV_NVIDIA_API_KEY):
+    with pytest.raises(ValueError, match=llm_env.ENV_NVIDIA_API_KEY):
         NemotronLLMSettings.preset("hosted")
     assert NemotronLLMSettings.preset("hosted", api_key="nvapi-abc").base_url == HOSTED_BASE_URL
 
@@ -90,13 +83,19 @@ def test_presets() -> None:
     assert NemotronLLMSettings.preset(NemotronLLMBackend.NIM).model == NIM_MODEL
     llama = NemotronLLMSettings.preset("llama.cpp")
     assert llama.model == LLAMA_CPP_MODEL and llama.base_url.endswith(":8080/v1")
-    with pytest.raises(ValueError, match=ENV_BACKEND):
+    with pytest.raises(ValueError, match=llm_env.ENV_BACKEND):
         NemotronLLMSettings.preset("tensorrt")
 
 
 def test_env_keys_are_the_documented_ones() -> None:
     # docs/LLM.md and bots/.env.example name these keys; the code and the other tests use the constants.
-    assert (ENV_BACKEND, ENV_BASE_URL, ENV_MODEL, ENV_API_KEY, ENV_NVIDIA_API_KEY) == (
+    assert (
+        llm_env.ENV_BACKEND,
+        llm_env.ENV_BASE_URL,
+        llm_env.ENV_MODEL,
+        llm_env.ENV_API_KEY,
+        llm_env.ENV_NVIDIA_API_KEY,
+    ) == (
         "NEMOTRON_LLM_BACKEND",
         "NEMOTRON_LLM_BASE_URL",
         "NEMOTRON_LLM_MODEL",
@@ -107,12 +106,12 @@ def test_env_keys_are_the_documented_ones() -> None:
 
 def test_from_env() -> None:
     env = {
-        ENV_BACKEND: "nim",
-        ENV_BASE_URL: "http://gpu-box:8000/v1/",
-        ENV_TEMPERATURE: "0.3",
-        ENV_MAX_TOKENS: "128",
-        ENV_ENABLE_THINKING: "false",
-        ENV_API_KEY: "",  # empty counts as unset
+        llm_env.ENV_BACKEND: "nim",
+        llm_env.ENV_BASE_URL: "http://gpu-box:8000/v1/",
+        llm_env.ENV_TEMPERATURE: "0.3",
+        llm_env.ENV_MAX_TOKENS: "128",
+        llm_env.ENV_ENABLE_THINKING: "false",
+        llm_env.ENV_API_KEY: "",  # empty counts as unset
         "UNRELATED": "x",
     }
     s = NemotronLLMSettings.from_env(env)
@@ -121,12 +120,14 @@ def test_from_env() -> None:
     assert (s.temperature, s.max_tokens, s.enable_thinking, s.api_key) == (0.3, 128, False, "none")
 
     assert NemotronLLMSettings.from_env({}) == NemotronLLMSettings()
-    hosted = NemotronLLMSettings.from_env({ENV_BACKEND: "hosted", ENV_NVIDIA_API_KEY: "nvapi-k"})
+    hosted = NemotronLLMSettings.from_env(
+        {llm_env.ENV_BACKEND: "hosted", llm_env.ENV_NVIDIA_API_KEY: "nvapi-k"}
+    )
     assert hosted.api_key == "nvapi-k"
-    with pytest.raises(ValueError, match=ENV_MAX_TOKENS):
-        NemotronLLMSettings.from_env({ENV_MAX_TOKENS: "lots"})
-    with pytest.raises(ValueError, match=ENV_ENABLE_THINKING):
-        NemotronLLMSettings.from_env({ENV_ENABLE_THINKING: "maybe"})
+    with pytest.raises(ValueError, match=llm_env.ENV_MAX_TOKENS):
+        NemotronLLMSettings.from_env({llm_env.ENV_MAX_TOKENS: "lots"})
+    with pytest.raises(ValueError, match=llm_env.ENV_ENABLE_THINKING):
+        NemotronLLMSettings.from_env({llm_env.ENV_ENABLE_THINKING: "maybe"})
 
 
 def test_factory_configures_pipecat_service() -> None:
