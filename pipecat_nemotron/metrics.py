@@ -73,33 +73,15 @@ from pipecat.services.llm_service import LLMService
 from pipecat.services.stt_service import STTService
 from pipecat.services.tts_service import TTSService
 
-# The records and statistics live in ``latency_stats`` (plain Python); they are re-exported here, where the
-# observer that builds them is.
-from pipecat_nemotron.latency_stats import (
-    STAGE_LABELS,
-    STAGES,
-    StageStats,
-    TurnLatency,
-    format_summary,
-    load_turns,
-    percentile,
-    summarize,
-)
+from pipecat_nemotron import latency_stats
 
-__all__ = [
-    "ASR_FINALIZE_METRIC",
-    "STAGES",
-    "STAGE_LABELS",
-    "ASRFinalizeMetricsData",
-    "StageStats",
-    "TurnLatency",
-    "VoiceLatencyObserver",
-    "asr_finalize_metrics_frame",
-    "format_summary",
-    "load_turns",
-    "percentile",
-    "summarize",
-]
+# The records and statistics live in ``latency_stats`` (plain Python); they are re-exported here, where the
+# observer that builds them is (the way ``asyncio`` re-exports its submodules).
+from pipecat_nemotron.latency_stats import *  # noqa: F403
+from pipecat_nemotron.latency_stats import StageStats, TurnLatency, format_summary, summarize
+
+__all__ = ["ASR_FINALIZE_METRIC", "ASRFinalizeMetricsData", "VoiceLatencyObserver", "asr_finalize_metrics_frame"]
+__all__ += latency_stats.__all__
 
 
 ASR_FINALIZE_METRIC = "asr_finalize"
