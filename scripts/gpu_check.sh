@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One prepared GPU check: every benchmark at GPU sizes inside ~8 minutes, then `pytest -m gpu`.
+# One prepared GPU check: every benchmark at GPU sizes inside ~8 minutes, then `pytest -m gpu` (CUDA graphs,
+# CUDA-graph decoder).
 #
 #   bash scripts/gpu_check.sh                 # on a CUDA machine; results in $OUT if set, else bench_out/gpu
 #   GPU_CHECK_DRY=1 bash scripts/gpu_check.sh # rehearsal on a CPU machine: same steps, tiny sizes
@@ -27,12 +28,14 @@ if [[ "$DRY" == "1" ]]; then
   BUF_ARGS=(--latency 160 --streams 1 2 --max-audio-s 3)
   TTF_ARGS=(--lengths 1 5 --repeats 1 --short-repeats 2)
   CONC_ARGS=(--streams 1 2 --seconds 2 --step-batches 1 4 --step-modes 160 --step-seconds 1)
+  STEP_ARGS=(--modes 160 --batches 1 4 --repeats 2)
   SOAK_STREAMS=2 SOAK_MAX_MIN=0.3
 else
   MODEL=600m DEVICE=cuda BUILD_MODEL=600m
   BUF_ARGS=(--latency 160 560 --streams 1 16 --max-audio-s-600m 10)
   TTF_ARGS=(--lengths 1 5 20 60 --repeats 2 --short-repeats 8)
   CONC_ARGS=(--streams 1 128 512 768 --seconds 5 --step-batches 1 4 16 64 --step-seconds 2)
+  STEP_ARGS=(--modes 160 560 --batches 1 4 16 64 --repeats 5)
   SOAK_STREAMS=127 SOAK_MAX_MIN=3
 fi
 
@@ -81,21 +84,24 @@ from pathlib import Path
 from pipecat_nemotron.bench.common import resolve_model
 print(resolve_model('$BUILD_MODEL', Path('$MODELS_DIR')))"
 
-# 2. Cache-aware vs NeMo's buffered pipeline at matched latency (BRIEF: ~3x over buffered).
-step buffered-vs-cache-aware 75 "${BENCH[@]}" buffered-vs-cache-aware "${COMMON[@]}" --model "$MODEL" "${BUF_ARGS[@]}"
+# 2. Our encoder step vs NeMo's (bf16 on CUDA; CUDA graphs are exercised by the engine benchmarks below).
+step encoder-step 45 "${BENCH[@]}" encoder-step "${COMMON[@]}" --model "$MODEL" "${STEP_ARGS[@]}"
 
-# 3. Time-to-final, soft and hard (BRIEF: 24 ms median, flat in utterance length).
+# 3. Cache-aware (our step and NeMo's) vs NeMo's buffered pipeline at matched latency (BRIEF: ~3x over buffered).
+step buffered-vs-cache-aware 90 "${BENCH[@]}" buffered-vs-cache-aware "${COMMON[@]}" --model "$MODEL" "${BUF_ARGS[@]}"
+
+# 4. Time-to-final, soft and hard (BRIEF: 24 ms median, flat in utterance length).
 step time-to-final 60 "${BENCH[@]}" time-to-final "${COMMON[@]}" --model "$MODEL" --latency 160 "${TTF_ARGS[@]}"
 
-# 4. Real-time streams at 160 ms and the batched step cost (BRIEF: 560 streams/H100 at 320 ms chunks).
+# 5. Real-time streams at 160 ms and the batched step cost (BRIEF: 560 streams/H100 at 320 ms chunks).
 step concurrency 75 "${BENCH[@]}" concurrency "${COMMON[@]}" --model "$MODEL" --latency 160 --keep-going "${CONC_ARGS[@]}"
 
-# 5. GPU-marked tests, if any (exit 5: none collected).
+# 6. GPU-marked tests, if any (exit 5: none collected).
 if [[ "$DRY" != "1" ]]; then
   step pytest-gpu 40 "$PY" -m pytest -m gpu -q -p no:cacheprovider
 fi
 
-# 6. Soak at 560 ms (BRIEF: 127 clients x 3 min, no latency growth), shortened to what is left of the budget.
+# 7. Soak at 560 ms (BRIEF: 127 clients x 3 min, no latency growth), shortened to what is left of the budget.
 LEFT=$((BUDGET_S - ($(date +%s) - START)))
 SOAK_MIN=$("$PY" -c "print(round(max(0.2, min($SOAK_MAX_MIN, ($LEFT - 45) / 60)), 2))")
 step soak "$LEFT" "${BENCH[@]}" soak "${COMMON[@]}" --model "$MODEL" --streams "$SOAK_STREAMS" \
