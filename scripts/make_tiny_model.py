@@ -48,17 +48,14 @@ from typing import Any
 
 import numpy as np
 
+from pipecat_nemotron.bench.audio import HELDOUT_DIR
+from pipecat_nemotron.bench.common import REPO_ROOT
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
+from pipecat_nemotron.wav_input import read_pcm16
 
-REPO = Path(__file__).resolve().parent.parent
-DATA_DIR = REPO / "data" / "tiny_asr"
-RUN_DIR = REPO / "runs" / "tiny_asr"
-NEMO_OUT = TINY_MODEL_PATH
-DEMO_DIR = DEMO_AUDIO_DIR
-CI_HELDOUT_DIR = REPO / "tests" / "assets" / "heldout"
-
-SAMPLE_RATE = MODEL_SAMPLE_RATE
+DATA_DIR = REPO_ROOT / "data" / "tiny_asr"
+RUN_DIR = REPO_ROOT / "runs" / "tiny_asr"
 
 # --------------------------------------------------------------------------------------------------------------
 # Voices. espeak-ng voice = base language/accent + optional "+variant" (formant/pitch personality).
@@ -301,7 +298,7 @@ def synth_raw(
         check=True,
         capture_output=True,
     )  # fmt: skip
-    effects = ["speed", f"{warp:.4f}", "rate", "-h", str(SAMPLE_RATE)] if warp != 1.0 else []
+    effects = ["speed", f"{warp:.4f}", "rate", "-h", str(MODEL_SAMPLE_RATE)] if warp != 1.0 else []
     sox = subprocess.run(
         [
             "sox",
@@ -310,7 +307,7 @@ def synth_raw(
             "wav",
             "-",
             "-r",
-            str(SAMPLE_RATE),
+            str(MODEL_SAMPLE_RATE),
             "-c",
             "1",
             "-b",
@@ -342,7 +339,7 @@ def augment(x16: np.ndarray, seed: int, kind: str) -> np.ndarray:
 
     rng = np.random.default_rng(seed)
     x = _trim(x16.astype(np.float64) / 32768.0)
-    sr = SAMPLE_RATE
+    sr = MODEL_SAMPLE_RATE
     if kind == "train":
         if rng.random() < 0.3:  # synthetic room: exponentially decaying noise impulse response
             rt60 = rng.uniform(0.1, 0.5)
@@ -393,16 +390,8 @@ def write_wav(path: Path, samples: np.ndarray) -> None:
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
-        w.setframerate(SAMPLE_RATE)
+        w.setframerate(MODEL_SAMPLE_RATE)
         w.writeframes(samples.astype("<i2").tobytes())
-
-
-def read_wav(path: Path) -> np.ndarray:
-    """Read a 16-bit mono wav as int16 samples."""
-    with wave.open(str(path), "rb") as w:
-        if w.getnchannels() != 1 or w.getsampwidth() != 2 or w.getframerate() != SAMPLE_RATE:
-            raise ValueError(f"{path}: expected 16 kHz mono int16")
-        return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
 
 
 def render(spec: UttSpec) -> np.ndarray:
@@ -423,7 +412,7 @@ def _render_to(args: tuple[UttSpec, str]) -> dict[str, Any]:
     write_wav(path, x)
     return {
         "audio_filepath": str(path),
-        "duration": round(x.size / SAMPLE_RATE, 4),
+        "duration": round(x.size / MODEL_SAMPLE_RATE, 4),
         "text": spec.text,
         "voice": spec.voice,
     }
@@ -566,14 +555,14 @@ def stage_sessions(args: argparse.Namespace) -> None:
     with (DATA_DIR / "train_sessions_manifest.json").open("w") as f:
         for i in range(args.n_sessions):
             parts = rng.sample(rows, 2)
-            pause = np.zeros(int(rng.uniform(0.2, 1.5) * SAMPLE_RATE), np.int16)
-            first, second = (read_wav(Path(r["audio_filepath"])) for r in parts)
+            pause = np.zeros(int(rng.uniform(0.2, 1.5) * MODEL_SAMPLE_RATE), np.int16)
+            first, second = (read_pcm16(Path(r["audio_filepath"])) for r in parts)
             x = np.concatenate([first, pause, second])
             path = out_dir / f"session_{i:06d}.wav"
             write_wav(path, x)
             row = {
                 "audio_filepath": str(path),
-                "duration": round(x.size / SAMPLE_RATE, 4),
+                "duration": round(x.size / MODEL_SAMPLE_RATE, 4),
                 "text": " ".join(r["text"] for r in parts),
                 "voice": "|".join(r["voice"] for r in parts),
             }
@@ -632,14 +621,39 @@ def stage_tokenizer(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------------------------------
 # Model
 # --------------------------------------------------------------------------------------------------------------
+#: The lookaheads trained jointly, ``[left, right]`` in 80 ms encoder frames; the first (80 ms right) is the default.
 ATT_CONTEXT_SIZE = [[70, 1], [70, 0], [70, 6], [70, 13]]
 
 
 def model_config(args: argparse.Namespace, tokenizer_dir: Path) -> dict[str, Any]:
-    """The complete model config (NeMo ships no example yaml in the wheel)."""
-    d = args.d_model
+    """The training config: the package's architecture (:func:`asr_model_config`) at the sizes of ``args``, with
+    dropout and dither, plus what training adds (datasets, SpecAugment, the CTC head, optimiser settings)."""
+    from pipecat_nemotron.engine.architectures import FastConformerSize, asr_model_config
+
+    size = FastConformerSize(
+        features=80,
+        n_layers=args.n_layers,
+        d_model=args.d_model,
+        n_heads=4,
+        conv_kernel=9,
+        sub_channels=args.subsampling_channels,
+        pred_hidden=args.pred_hidden,
+        joint_hidden=args.pred_hidden,
+    )
+    cfg = asr_model_config(
+        str(tokenizer_dir), size, att_context_sizes=ATT_CONTEXT_SIZE, dropout=0.1, dither=1.0e-05
+    )
+    cfg["joint"]["fused_batch_size"] = args.batch_size
+    cfg["decoding"]["greedy"]["use_cuda_graph_decoder"] = False
+    # No NeMo scheduler: the learning rate is set every step by StepOrClockCosine (see stage_train).
+    cfg["optim"].update(lr=args.lr, betas=[0.9, 0.98], weight_decay=1e-3)
+    return {**cfg, **_training_config(args)}
+
+
+def _training_config(args: argparse.Namespace) -> dict[str, Any]:
+    """What a training config adds to the architecture: logging switches, datasets, SpecAugment, the CTC head."""
     ds = {
-        "sample_rate": SAMPLE_RATE,
+        "sample_rate": MODEL_SAMPLE_RATE,
         "batch_size": args.batch_size,
         "num_workers": args.num_workers,
         "pin_memory": False,
@@ -650,16 +664,9 @@ def model_config(args: argparse.Namespace, tokenizer_dir: Path) -> dict[str, Any
         "drop_last": False,
     }
     return {
-        "sample_rate": SAMPLE_RATE,
         "log_prediction": False,
         "compute_eval_loss": False,
         "skip_nan_grad": False,
-        "model_defaults": {
-            "enc_hidden": d,
-            "pred_hidden": args.pred_hidden,
-            "joint_hidden": args.pred_hidden,
-        },
-        "tokenizer": {"dir": str(tokenizer_dir), "type": "bpe"},
         "train_ds": {
             **ds,
             "manifest_filepath": str(DATA_DIR / args.train_manifest),
@@ -670,21 +677,6 @@ def model_config(args: argparse.Namespace, tokenizer_dir: Path) -> dict[str, Any
         },
         "validation_ds": {**ds, "manifest_filepath": str(DATA_DIR / "val_manifest.json"), "shuffle": False},
         "test_ds": {**ds, "manifest_filepath": None, "shuffle": False},
-        "preprocessor": {
-            "_target_": "nemo.collections.asr.modules.AudioToMelSpectrogramPreprocessor",
-            "sample_rate": SAMPLE_RATE,
-            "normalize": "NA",
-            "window_size": 0.025,
-            "window_stride": 0.01,
-            "window": "hann",
-            "features": 80,
-            "n_fft": 512,
-            "log": True,
-            "frame_splicing": 1,
-            "dither": 1.0e-05,
-            "pad_to": 0,
-            "pad_value": 0.0,
-        },
         "spec_augment": {
             "_target_": "nemo.collections.asr.modules.SpectrogramAugmentation",
             "freq_masks": 2,
@@ -694,48 +686,6 @@ def model_config(args: argparse.Namespace, tokenizer_dir: Path) -> dict[str, Any
         }
         if args.spec_augment
         else None,
-        "encoder": {
-            "_target_": "nemo.collections.asr.modules.ConformerEncoder",
-            "feat_in": 80,
-            "feat_out": -1,
-            "n_layers": args.n_layers,
-            "d_model": d,
-            "subsampling": "dw_striding",
-            "subsampling_factor": 8,
-            "subsampling_conv_channels": args.subsampling_channels,
-            "causal_downsampling": True,
-            "ff_expansion_factor": 4,
-            "self_attention_model": "rel_pos",
-            "n_heads": 4,
-            "att_context_size": ATT_CONTEXT_SIZE,
-            "att_context_probs": [0.25, 0.25, 0.25, 0.25],
-            "att_context_style": "chunked_limited",
-            "xscaling": True,
-            "untie_biases": True,
-            "pos_emb_max_len": 5000,
-            "conv_kernel_size": 9,
-            "conv_norm_type": "layer_norm",
-            "conv_context_size": "causal",
-            "dropout": 0.1,
-            "dropout_pre_encoder": 0.1,
-            "dropout_emb": 0.0,
-            "dropout_att": 0.1,
-        },
-        "decoder": {
-            "_target_": "nemo.collections.asr.modules.RNNTDecoder",
-            "normalization_mode": None,
-            "random_state_sampling": False,
-            "blank_as_pad": True,
-            "prednet": {"pred_hidden": args.pred_hidden, "pred_rnn_layers": 1, "t_max": None, "dropout": 0.1},
-        },
-        "joint": {
-            "_target_": "nemo.collections.asr.modules.RNNTJoint",
-            "log_softmax": None,
-            "preserve_memory": False,
-            "fuse_loss_wer": False,
-            "fused_batch_size": args.batch_size,
-            "jointnet": {"joint_hidden": args.pred_hidden, "activation": "relu", "dropout": 0.1},
-        },
         "aux_ctc": {
             "ctc_loss_weight": args.ctc_weight,
             "use_cer": False,
@@ -747,18 +697,6 @@ def model_config(args: argparse.Namespace, tokenizer_dir: Path) -> dict[str, Any
                 "vocabulary": [],
             },
             "decoding": {"strategy": "greedy_batch"},
-        },
-        "decoding": {
-            "strategy": "greedy_batch",
-            "greedy": {"max_symbols": 10, "use_cuda_graph_decoder": False},
-        },
-        "loss": {"loss_name": "pytorch"},
-        "optim": {
-            "name": "adamw",
-            "lr": args.lr,
-            "betas": [0.9, 0.98],
-            "weight_decay": 1e-3,
-            # No NeMo scheduler: the learning rate is set every step by StepOrClockCosine (see stage_train).
         },
     }
 
@@ -776,99 +714,107 @@ def build_model(args: argparse.Namespace, trainer: Any = None) -> Any:
     return model
 
 
-def stage_train(args: argparse.Namespace) -> None:
-    """Train with Lightning on CPU; keeps the best (val WER at 160 ms) and the last checkpoint."""
-    import lightning.pytorch as pl
-    import torch
-    from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-    from lightning.pytorch.loggers import CSVLogger
+class Progress:
+    """Prints one line per ``every`` steps (loss, lr, seconds per step) and one per validation to stdout.
 
-    from pipecat_nemotron.engine.loading import quiet_nemo
+    A Lightning callback once made one by :func:`lightning_callback` (Lightning is imported only to train).
+    """
 
-    torch.set_num_threads(args.threads)
-    pl.seed_everything(args.seed, workers=True)
-    run_dir = Path(args.run_dir)
-    if run_dir.exists() and not args.resume:
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.t0 = time.perf_counter()
+        self.last = self.t0
 
-    class Progress(Callback):
-        """Prints one line per ``every`` steps (loss, lr, seconds per step) to stdout."""
-
-        def __init__(self, every: int) -> None:
-            self.every = every
-            self.t0 = time.perf_counter()
-            self.last = self.t0
-
-        def on_train_batch_end(
-            self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
-        ) -> None:
-            step = trainer.global_step
-            if step % self.every == 0:
-                now = time.perf_counter()
-                loss = float(outputs["loss"]) if isinstance(outputs, dict) else float("nan")
-                lr = trainer.optimizers[0].param_groups[0]["lr"]
-                print(
-                    f"[train] step {step} loss {loss:.3f} lr {lr:.2e} "
-                    f"{(now - self.last) / self.every:.2f} s/step elapsed {(now - self.t0) / 60:.1f} min",
-                    flush=True,
-                )
-                self.last = now
-
-        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-            m = {k: round(float(v), 4) for k, v in trainer.callback_metrics.items() if k.startswith("val")}
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if step % self.every == 0:
+            now = time.perf_counter()
+            loss = float(outputs["loss"]) if isinstance(outputs, dict) else float("nan")
+            lr = trainer.optimizers[0].param_groups[0]["lr"]
             print(
-                f"[val] step {trainer.global_step} {m} elapsed {(time.perf_counter() - self.t0) / 60:.1f} min",
+                f"[train] step {step} loss {loss:.3f} lr {lr:.2e} "
+                f"{(now - self.last) / self.every:.2f} s/step elapsed {(now - self.t0) / 60:.1f} min",
                 flush=True,
             )
+            self.last = now
 
-    class StepOrClockCosine(Callback):
-        """Linear warm-up, then cosine decay over ``max(step / max_steps, elapsed / max_seconds)``.
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        m = {k: round(float(v), 4) for k, v in trainer.callback_metrics.items() if k.startswith("val")}
+        print(
+            f"[val] step {trainer.global_step} {m} elapsed {(time.perf_counter() - self.t0) / 60:.1f} min",
+            flush=True,
+        )
 
-        On an idle machine the schedule is step-driven (reproducible); on a shared, slower machine the wall clock
-        takes over so that the decay still completes within the time budget. Training stops at progress 1.
-        """
 
-        def __init__(
-            self, peak: float, floor: float, warmup: int, max_steps: int, max_seconds: float, stop_step: int
-        ) -> None:
-            self.peak, self.floor, self.warmup = peak, floor, warmup
-            self.max_steps, self.max_seconds, self.stop_step = max_steps, max_seconds, stop_step
-            self.t0 = time.perf_counter()
-            self.clock_driven = False
+class StepOrClockCosine:
+    """Linear warm-up, then cosine decay over ``max(step / max_steps, elapsed / max_seconds)``.
 
-        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            # A resumed run continues the clock where it stopped (``--elapsed-minutes``).
-            self.t0 = time.perf_counter() - args.elapsed_minutes * 60
+    On an idle machine the schedule is step-driven (reproducible); on a shared, slower machine the wall clock
+    takes over so that the decay still completes within the time budget. Training stops at progress 1. A
+    Lightning callback once made one by :func:`lightning_callback`.
 
-        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-            step = trainer.global_step
-            by_step = step / self.max_steps
-            by_clock = (time.perf_counter() - self.t0) / self.max_seconds
-            progress = min(1.0, max(by_step, by_clock))
-            if step > 0 and by_clock > by_step and not self.clock_driven:
-                self.clock_driven = True
-                print(f"[train] step {step}: wall clock now drives the schedule", flush=True)
-            lr = self.floor + (self.peak - self.floor) * 0.5 * (1 + math.cos(math.pi * progress))
-            lr *= min(1.0, (step + 1) / self.warmup)
-            for opt in trainer.optimizers:
-                for group in opt.param_groups:
-                    group["lr"] = lr
-            if progress >= 1.0 or (self.stop_step and step >= self.stop_step):
-                trainer.should_stop = True
+    Args:
+        peak: Learning rate after the warm-up.
+        floor: Learning rate at the end of the decay.
+        warmup: Warm-up steps.
+        max_steps: Steps of the whole schedule.
+        max_seconds: Wall-clock budget of the whole schedule, s.
+        stop_step: Stop at this step (0: at the end of the schedule).
+        elapsed_s: Seconds an interrupted run had already trained (a resumed run continues its clock).
 
-    ckpt = ModelCheckpoint(
-        dirpath=str(run_dir / "checkpoints"),
-        filename="best-{step}-{val_wer:.4f}",
-        monitor="val_wer",
-        mode="min",
-        save_top_k=1,
-        save_last=True,
-    )
-    schedule = StepOrClockCosine(
-        args.lr, args.lr / 100, args.warmup_steps, args.max_steps, args.max_minutes * 60, args.stop_step
-    )
-    trainer = pl.Trainer(
+    """
+
+    def __init__(
+        self,
+        peak: float,
+        floor: float,
+        warmup: int,
+        max_steps: int,
+        max_seconds: float,
+        stop_step: int,
+        elapsed_s: float = 0.0,
+    ) -> None:
+        self.peak, self.floor, self.warmup = peak, floor, warmup
+        self.max_steps, self.max_seconds, self.stop_step = max_steps, max_seconds, stop_step
+        self.elapsed_s = elapsed_s
+        self.t0 = time.perf_counter()
+        self.clock_driven = False
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.t0 = time.perf_counter() - self.elapsed_s
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        step = trainer.global_step
+        by_step = step / self.max_steps
+        by_clock = (time.perf_counter() - self.t0) / self.max_seconds
+        progress = min(1.0, max(by_step, by_clock))
+        if step > 0 and by_clock > by_step and not self.clock_driven:
+            self.clock_driven = True
+            print(f"[train] step {step}: wall clock now drives the schedule", flush=True)
+        lr = self.floor + (self.peak - self.floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        lr *= min(1.0, (step + 1) / self.warmup)
+        for opt in trainer.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = lr
+        if progress >= 1.0 or (self.stop_step and step >= self.stop_step):
+            trainer.should_stop = True
+
+
+def lightning_callback(cls: type) -> type:
+    """``cls`` as a Lightning ``Callback`` (its hooks override the base class's no-ops)."""
+    from lightning.pytorch.callbacks import Callback
+
+    return type(cls.__name__, (cls, Callback), {})
+
+
+def _trainer(args: argparse.Namespace, run_dir: Path, callbacks: list[Any]) -> Any:
+    """The CPU Lightning trainer of one run (validation every ``--val-every`` steps, CSV logs under ``run_dir``)."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import CSVLogger
+
+    return pl.Trainer(
         accelerator="cpu",
         devices=1,
         max_steps=args.max_steps,
@@ -881,9 +827,17 @@ def stage_train(args: argparse.Namespace) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         logger=CSVLogger(str(run_dir), name="logs"),
-        callbacks=[ckpt, Progress(args.print_every), schedule],
+        callbacks=callbacks,
         deterministic=False,
     )
+
+
+def _training_model(args: argparse.Namespace, trainer: Any) -> Any:
+    """The model with its data and optimiser set up (from ``--init-from``'s weights if given)."""
+    import torch
+
+    from pipecat_nemotron.engine.loading import quiet_nemo
+
     model = build_model(args, trainer=trainer)
     if args.init_from:
         state = torch.load(args.init_from, map_location="cpu", weights_only=False)["state_dict"]
@@ -893,6 +847,40 @@ def stage_train(args: argparse.Namespace) -> None:
         model.setup_training_data(model.cfg.train_ds)
         model.setup_validation_data(model.cfg.validation_ds)
         model.setup_optimization(model.cfg.optim)
+    return model
+
+
+def stage_train(args: argparse.Namespace) -> None:
+    """Train with Lightning on CPU; keeps the best (val WER at 160 ms) and the last checkpoint."""
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    torch.set_num_threads(args.threads)
+    pl.seed_everything(args.seed, workers=True)
+    run_dir = Path(args.run_dir)
+    if run_dir.exists() and not args.resume:
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = ModelCheckpoint(
+        dirpath=str(run_dir / "checkpoints"),
+        filename="best-{step}-{val_wer:.4f}",
+        monitor="val_wer",
+        mode="min",
+        save_top_k=1,
+        save_last=True,
+    )
+    schedule = lightning_callback(StepOrClockCosine)(
+        args.lr,
+        args.lr / 100,
+        args.warmup_steps,
+        args.max_steps,
+        args.max_minutes * 60,
+        args.stop_step,
+        args.elapsed_minutes * 60,
+    )
+    trainer = _trainer(args, run_dir, [ckpt, lightning_callback(Progress)(args.print_every), schedule])
+    model = _training_model(args, trainer)
     n_params = sum(p.numel() for p in model.parameters())
     print(
         f"[train] params {n_params:,}; max_steps {args.max_steps}; max_minutes {args.max_minutes}; "
@@ -1046,46 +1034,46 @@ def stage_assets(args: argparse.Namespace) -> None:
             raise ValueError(f"demo sentence {text!r} is not a held-out sentence")
     rng = random.Random(args.seed + 2)
     # --- demo ---
-    if DEMO_DIR.exists():
-        shutil.rmtree(DEMO_DIR)
-    DEMO_DIR.mkdir(parents=True)
+    if DEMO_AUDIO_DIR.exists():
+        shutil.rmtree(DEMO_AUDIO_DIR)
+    DEMO_AUDIO_DIR.mkdir(parents=True)
     transcripts: dict[str, str] = {}
     for fname, text, voice, speed in DEMO_FILES:
         x = augment(synth_raw(text, voice, speed, 50, 1), rng.randrange(2**31), "none")
-        write_wav(DEMO_DIR / fname, x)
+        write_wav(DEMO_AUDIO_DIR / fname, x)
         transcripts[fname] = text
     # Two turns separated by ~1.2 s of digital silence (for turn-taking demos and tests).
     a = _trim_silence(synth_raw(TWO_TURNS[0], "en-us", 165, 45, 1))
     b = _trim_silence(synth_raw(TWO_TURNS[1], "en-us+m3", 165, 45, 1))
     peak = max(np.abs(a.astype(np.int32)).max(), np.abs(b.astype(np.int32)).max())
     a, b = (np.round(v * (0.5 * 32767 / peak)).astype(np.int16) for v in (a, b))
-    lead, gap, tail = (np.zeros(int(t * SAMPLE_RATE), np.int16) for t in (0.3, TWO_TURNS_GAP_S, 0.5))
-    write_wav(DEMO_DIR / "two_turns.wav", np.concatenate([lead, a, gap, b, tail]))
+    lead, gap, tail = (np.zeros(int(t * MODEL_SAMPLE_RATE), np.int16) for t in (0.3, TWO_TURNS_GAP_S, 0.5))
+    write_wav(DEMO_AUDIO_DIR / "two_turns.wav", np.concatenate([lead, a, gap, b, tail]))
     transcripts["two_turns.wav"] = " ".join(TWO_TURNS)
-    t_a = (lead.size / SAMPLE_RATE, (lead.size + a.size) / SAMPLE_RATE)
-    t_b0 = (lead.size + a.size + gap.size) / SAMPLE_RATE
+    t_a = (lead.size / MODEL_SAMPLE_RATE, (lead.size + a.size) / MODEL_SAMPLE_RATE)
+    t_b0 = (lead.size + a.size + gap.size) / MODEL_SAMPLE_RATE
     turns = {
         "two_turns.wav": {
             "turns": list(TWO_TURNS),
             "spans_s": [
                 [round(t_a[0], 3), round(t_a[1], 3)],
-                [round(t_b0, 3), round(t_b0 + b.size / SAMPLE_RATE, 3)],
+                [round(t_b0, 3), round(t_b0 + b.size / MODEL_SAMPLE_RATE, 3)],
             ],
             "silence_between_s": TWO_TURNS_GAP_S,
         }
     }
-    (DEMO_DIR / "transcripts.json").write_text(json.dumps(transcripts, indent=1) + "\n")
-    (DEMO_DIR / "turns.json").write_text(json.dumps(turns, indent=1) + "\n")
-    for fname in sorted(p.name for p in DEMO_DIR.glob("*.wav")):
-        n = read_wav(DEMO_DIR / fname).size
-        print(f"[assets] demo/{fname}: {n / SAMPLE_RATE:.2f} s", flush=True)
+    (DEMO_AUDIO_DIR / "transcripts.json").write_text(json.dumps(transcripts, indent=1) + "\n")
+    (DEMO_AUDIO_DIR / "turns.json").write_text(json.dumps(turns, indent=1) + "\n")
+    for fname in sorted(p.name for p in DEMO_AUDIO_DIR.glob("*.wav")):
+        n = read_pcm16(DEMO_AUDIO_DIR / fname).size
+        print(f"[assets] demo/{fname}: {n / MODEL_SAMPLE_RATE:.2f} s", flush=True)
 
     # --- CI held-out subset: every ``ci_every``-th utterance of each full held-out set, as FLAC ---
     # A fixed stride over the full sets (not a fresh draw) so that the subset is spread over both halves of the
     # unseen-voice set (unseen accent / unseen variants) and the CI figures estimate the model card's.
-    if CI_HELDOUT_DIR.exists():
-        shutil.rmtree(CI_HELDOUT_DIR)
-    CI_HELDOUT_DIR.mkdir(parents=True)
+    if HELDOUT_DIR.exists():
+        shutil.rmtree(HELDOUT_DIR)
+    HELDOUT_DIR.mkdir(parents=True)
     import soundfile
 
     manifest = []
@@ -1096,10 +1084,10 @@ def stage_assets(args: argparse.Namespace) -> None:
         rows = [json.loads(line) for line in full.open()][:: args.ci_every]
         for r in rows:
             name = Path(r["audio_filepath"]).with_suffix(".flac").name
-            soundfile.write(str(CI_HELDOUT_DIR / name), read_wav(Path(r["audio_filepath"])), SAMPLE_RATE)
+            soundfile.write(str(HELDOUT_DIR / name), read_pcm16(Path(r["audio_filepath"])), MODEL_SAMPLE_RATE)
             manifest.append({"audio": name, "text": r["text"], "split": split, "voice": r["voice"]})
-    (CI_HELDOUT_DIR / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    total = sum(p.stat().st_size for p in CI_HELDOUT_DIR.iterdir())
+    (HELDOUT_DIR / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    total = sum(p.stat().st_size for p in HELDOUT_DIR.iterdir())
     print(f"[assets] tests/assets/heldout: {len(manifest)} utterances, {total / 1e6:.2f} MB", flush=True)
 
 
@@ -1109,6 +1097,47 @@ def _trim_silence(x: np.ndarray, thresh: int = 100) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------------------------
+#: Options of the data stages: name -> (default, help); each flag's type is its default's.
+DATA_OPTIONS: dict[str, tuple[Any, str]] = {
+    "workers": (2, "processes for synthesis"),
+    "n_train": (16000, "training utterances"),
+    "n_val": (300, "validation utterances (new sentences)"),
+    "n_test": (300, "full held-out sets: utterances per set"),
+    "ci_every": (3, "CI held-out subset: every N-th utterance of each full held-out set"),
+    "n_accents": (8000, "accent-mix training utterances"),
+    "n_sessions": (3000, "multi-turn training clips"),
+}
+#: Model sizes and training settings: name -> (default, help or None).
+TRAINING_OPTIONS: dict[str, tuple[Any, str | None]] = {
+    "vocab_size": (128, None),
+    "d_model": (128, None),
+    "n_layers": (4, None),
+    "subsampling_channels": (128, None),
+    "pred_hidden": (128, None),
+    "ctc_weight": (0.3, None),
+    "batch_size": (16, None),
+    "num_workers": (1, None),
+    "lr": (2e-3, None),
+    "warmup_steps": (300, None),
+    "max_steps": (3500, None),
+    "max_minutes": (72.0, "wall-clock budget: the LR decay ends and training stops by then"),
+    "val_every": (500, None),
+    "print_every": (50, None),
+    "threads": (2, None),
+    "elapsed_minutes": (
+        0.0,
+        "with --resume: minutes the interrupted run had already trained (continues the clock-driven schedule)",
+    ),
+    "stop_step": (0, "stop at this step, before the schedule ends"),
+}
+
+
+def _add_options(group: argparse._ArgumentGroup, options: dict[str, tuple[Any, str | None]]) -> None:
+    """``--<name>`` per entry of ``options``, typed like its default."""
+    for name, (default, help_text) in options.items():
+        group.add_argument("--" + name.replace("_", "-"), type=type(default), default=default, help=help_text)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1117,63 +1146,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="stages to run, in the order given ('all' = data accents sessions tokenizer recipe export assets)",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--workers", type=int, default=2, help="processes for synthesis")
-    p.add_argument("--n-train", type=int, default=16000, help="training utterances")
-    p.add_argument("--n-val", type=int, default=300, help="validation utterances (new sentences)")
-    p.add_argument("--n-test", type=int, default=300, help="full held-out sets: utterances per set")
-    p.add_argument(
-        "--ci-every",
-        type=int,
-        default=3,
-        help="CI held-out subset: every N-th utterance of each full held-out set",
-    )
-    p.add_argument("--n-accents", type=int, default=8000, help="accent-mix training utterances")
-    p.add_argument("--n-sessions", type=int, default=3000, help="multi-turn training clips")
-    p.add_argument(
+    _add_options(p.add_argument_group("data"), DATA_OPTIONS)
+    train = p.add_argument_group("model and training")
+    train.add_argument(
         "--train-manifest",
         default="train_manifest.json",
         help="training manifest under data/tiny_asr/ (phase 4: train_mix_manifest.json, phase 5: train_all_manifest.json)",
     )
-    p.add_argument("--vocab-size", type=int, default=128)
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--n-layers", type=int, default=4)
-    p.add_argument("--subsampling-channels", type=int, default=128)
-    p.add_argument("--pred-hidden", type=int, default=128)
-    p.add_argument("--ctc-weight", type=float, default=0.3)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--num-workers", type=int, default=1)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup-steps", type=int, default=300)
-    p.add_argument("--max-steps", type=int, default=3500)
-    p.add_argument(
-        "--max-minutes",
-        type=float,
-        default=72.0,
-        help="wall-clock budget: the LR decay ends and training stops by then",
-    )
-    p.add_argument("--val-every", type=int, default=500)
-    p.add_argument("--print-every", type=int, default=50)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--resume", action="store_true", help="resume from <run-dir>/checkpoints/last.ckpt")
-    p.add_argument(
-        "--elapsed-minutes",
-        type=float,
-        default=0.0,
-        help="with --resume: minutes the interrupted run had already trained (continues the clock-driven schedule)",
-    )
-    p.add_argument("--stop-step", type=int, default=0, help="stop at this step, before the schedule ends")
-    p.add_argument(
+    _add_options(train, TRAINING_OPTIONS)
+    train.add_argument("--resume", action="store_true", help="resume from <run-dir>/checkpoints/last.ckpt")
+    train.add_argument(
         "--init-from", default=None, help="start training from this checkpoint's weights (new schedule)"
     )
-    p.add_argument(
+    train.add_argument(
         "--spec-augment",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="SpecAugment during training",
     )
-    p.add_argument("--run-dir", default=str(RUN_DIR))
-    p.add_argument("--checkpoint", default=None, help="export this checkpoint instead of the best one")
-    p.add_argument("--out", default=str(NEMO_OUT))
+    train.add_argument("--run-dir", default=str(RUN_DIR))
+    export = p.add_argument_group("export")
+    export.add_argument("--checkpoint", default=None, help="export this checkpoint instead of the best one")
+    export.add_argument("--out", default=str(TINY_MODEL_PATH))
     return p.parse_args(argv)
 
 
@@ -1183,7 +1177,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # With OpenMP's default busy-wait, two torch threads sharing 2 cores with another busy process ran 2-10x
     # slower per step than with passive waiting (measured). Must be set before torch is imported.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    os.chdir(REPO)
+    os.chdir(REPO_ROOT)
     random.seed(args.seed)
     np.random.seed(args.seed % 2**32)
     stages: list[str] = []
