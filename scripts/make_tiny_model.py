@@ -51,6 +51,7 @@ import numpy as np
 from pipecat_nemotron.bench.audio import HELDOUT_DIR
 from pipecat_nemotron.bench.common import REPO_ROOT
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.wav_input import read_pcm16
 
@@ -621,8 +622,9 @@ def stage_tokenizer(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------------------------------
 # Model
 # --------------------------------------------------------------------------------------------------------------
-#: The lookaheads trained jointly, ``[left, right]`` in 80 ms encoder frames; the first (80 ms right) is the default.
-ATT_CONTEXT_SIZE = [[70, 1], [70, 0], [70, 6], [70, 13]]
+#: The lookaheads trained jointly, ``[left, right]`` in 80 ms encoder frames, one per latency mode; the first
+#: (the 160 ms mode: [70, 1]) is the model's default.
+ATT_CONTEXT_SIZE = [[LEFT_CONTEXT_FRAMES, LATENCY_MODES[ms]] for ms in (160, 80, 560, 1120)]
 
 
 def model_config(args: argparse.Namespace, tokenizer_dir: Path) -> dict[str, Any]:
