@@ -6,6 +6,7 @@ Benchmarks (one module each, results as JSON + PNG under ``--out``, default ``be
 * ``concurrency``: real-time streams per machine, batched step cost, memory per stream.
 * ``time-to-final``: finalize latency against utterance length, soft and hard finalize.
 * ``soak``: many streams for minutes: lag and memory must not grow.
+* ``encoder-step``: our encoder step against NeMo's, per latency mode and batch size.
 * ``load``: the WebSocket ASR server under N concurrent clients (its own module, ``bench.load``; the client in
   ``load_client``, the analysis in ``load_stats``, the local server in ``load_server``).
 
