@@ -343,3 +343,18 @@ async def test_engine_not_started_and_stop_fails_pending(tiny_random_model) -> N
     with pytest.raises(StreamClosedError):
         await stream.push(b"\x00\x00")
     await asyncio.wait_for(eng.stop(), 60)  # idempotent (a hang, not a slow machine, would trip this)
+
+
+async def test_stop_while_loading_waits_for_the_load_and_stops_cleanly(tiny_random_model) -> None:
+    """A server shut down while its model loads: the load ends, the engine stops, nothing is left failing."""
+    engine = NemotronEngine(
+        EngineConfig(model=str(tiny_random_model), device="cpu", max_streams=2, warmup=False)
+    )
+    start = asyncio.ensure_future(engine.start())
+    await asyncio.sleep(0.05)
+    assert not start.done()  # still loading
+    await engine.stop()
+    await start  # the load finished and did not raise
+    assert not engine.running
+    with pytest.raises(Exception, match="not been started|not running"):
+        engine.open_stream()

@@ -222,7 +222,14 @@ class NemotronEngine:
                 await s.close()
 
     async def stop(self) -> None:
-        """Stop the scheduler, close every stream and release the model thread. Idempotent."""
+        """Stop the scheduler, close every stream and release the model thread. Idempotent.
+
+        A stop during :meth:`start` waits for the load (and warm-up) to end first: the model thread cannot be
+        interrupted, and releasing it under a running load would leave ``start`` without its executor.
+        """
+        if self._start_lock is not None and self._start_lock.locked():
+            async with self._start_lock:
+                pass
         if self._scheduler is not None:
             await self._scheduler.stop()
             self._scheduler = None
