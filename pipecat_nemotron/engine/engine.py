@@ -22,6 +22,7 @@ from pipecat_nemotron.engine.scheduler import Scheduler, StepStats
 from pipecat_nemotron.engine.state import StreamState
 from pipecat_nemotron.engine.stream import ASRStream
 from pipecat_nemotron.engine.types import FinalTranscript
+from pipecat_nemotron.latency_stats import percentile
 
 if TYPE_CHECKING:
     import torch
@@ -274,7 +275,7 @@ class NemotronEngine:
         """Percentile ``q`` of recent time-to-final values (ms), or None before any final."""
         if self._scheduler is None or not self._scheduler.recent_ttf_ms:
             return None
-        return float(np.percentile(np.fromiter(self._scheduler.recent_ttf_ms, dtype=float), q))
+        return percentile(list(self._scheduler.recent_ttf_ms), q)
 
     def chunk_ms(self, latency_ms: int) -> float:
         """Audio per regular step in a latency mode, ms."""
