@@ -21,17 +21,15 @@ NAME = "encoder-step"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of this benchmark."""
+    from pipecat_nemotron.engine.config import LATENCY_MODES
+
     common.add_common_args(parser, model_default="600m", manifest=False)
-    parser.add_argument(
-        "--modes",
-        type=int,
-        nargs="+",
-        default=[80, 160, 560, 1120],
-        help="latency modes, ms (default: all four)",
-    )
-    parser.add_argument(
-        "--batches", type=int, nargs="+", default=[1, 4, 16], help="streams per step (default: 1 4 16)"
-    )
+    lists = {
+        "--modes": (sorted(LATENCY_MODES), "latency modes, ms"),
+        "--batches": ([1, 4, 16], "streams per step"),
+    }
+    for flag, (default, what) in lists.items():
+        parser.add_argument(flag, type=int, nargs="+", default=default, help=f"{what} (default: %(default)s)")
     parser.add_argument(
         "--repeats", type=int, default=5, help="measured steps per cell and step (default: 5)"
     )

@@ -75,22 +75,14 @@ class GraphedEncoderStep:
         #: Bytes of CUDA memory reserved by captures so far.
         self.captured_bytes = 0
 
-    def __call__(
-        self,
-        signal: torch.Tensor,
-        lengths: torch.Tensor,
-        kv_cache: torch.Tensor,
-        time_cache: torch.Tensor,
-        cached_frames: torch.Tensor,
-        *,
-        drop_extra_pre_encoded: int,
-        right_context: int,
-    ) -> StepOutputs:
-        """Same contract as :meth:`FastEncoderStep.__call__`; outputs stay valid until the next call."""
-        batch = signal.size(0)
+    def __call__(self, *inputs: torch.Tensor, drop_extra_pre_encoded: int, right_context: int) -> StepOutputs:
+        """:meth:`FastEncoderStep.__call__` on ``(signal, lengths, kv_cache, time_cache, cached_frames)``.
+
+        The outputs stay valid until the next call.
+        """
+        batch, frames = inputs[0].size(0), inputs[0].size(-1)
         bucket = next((b for b in self.buckets if b >= batch), None)
-        inputs = (signal, lengths, kv_cache, time_cache, cached_frames)
-        key = (right_context, drop_extra_pre_encoded, signal.size(-1), bucket or 0)
+        key = (right_context, drop_extra_pre_encoded, frames, bucket or 0)
         graph = self._graphs.get(key) if bucket is not None else None
         if bucket is not None and key not in self._graphs:
             graph = self._capture(key, pad_batch(inputs, _INPUT_BATCH_DIMS, bucket))
