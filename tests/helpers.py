@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from pipecat_nemotron.bench.audio import wait_caught_up  # noqa: F401  (tests import it from here)
 from pipecat_nemotron.engine import ASRStream, NemotronEngine
 
 
@@ -46,16 +47,6 @@ async def push_realtime_chunks(
     for i in range(0, len(pcm), chunk_bytes):
         await stream.push(pcm[i : i + chunk_bytes])
         await asyncio.sleep(pause)
-
-
-async def wait_caught_up(stream: ASRStream, timeout: float = 120.0) -> None:
-    """Wait until the engine has decoded every complete chunk the stream has received."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while stream.backlog_ms >= stream.chunk_ms + 16 or stream.in_flight:
-        if loop.time() > deadline:
-            raise TimeoutError(f"stream still {stream.backlog_ms} ms behind")
-        await asyncio.sleep(0.01)
 
 
 @contextlib.contextmanager

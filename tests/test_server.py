@@ -42,6 +42,7 @@ from pipecat.frames.frames import (
 from pipecat.metrics.metrics import TTFBMetricsData
 from pipecat.pipeline.worker import PipelineParams
 from pipecat.tests.utils import SleepFrame, run_test
+from processes import free_port
 from test_stt import finals_of, latency_change_turns
 from websockets.exceptions import ConnectionClosed
 
@@ -67,6 +68,7 @@ from pipecat_nemotron.server.protocol import (
     parse_server_message,
 )
 from pipecat_nemotron.server_stt import NemotronServerSTTService
+from pipecat_nemotron.wav_input import read_pcm16
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 SYNC = pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")
@@ -79,9 +81,7 @@ def clip(name: str = "demo_math.wav", seed: int = 61, seconds: float = 1.6) -> b
     """A bundled demo utterance (16 kHz int16), or deterministic noise where the demo WAVs are absent."""
     path = DEMO / name
     if path.exists():
-        from pipecat_nemotron.bench.load import read_wav
-
-        return read_wav(path)
+        return read_pcm16(path, convert=True).tobytes()
     return to_pcm16(noise_clip(seconds, seed=seed))
 
 
@@ -650,12 +650,11 @@ async def test_ray_serve_two_cpu_replicas_pin_sessions(asr_model: Path, engine: 
     )
     from ray import serve
 
-    from pipecat_nemotron.bench.load import _free_port
     from pipecat_nemotron.server.ray_serve import build_app
 
     pcm = clip("demo_timer.wav", seed=68)
     expected = (await engine.transcribe(pcm)).text
-    port = _free_port()
+    port = free_port()
     ray.init(
         num_cpus=2,
         include_dashboard=False,

@@ -39,7 +39,6 @@ from loguru import logger
 
 from pipecat_nemotron.bench.load_client import ClientResult, run_client
 from pipecat_nemotron.bench.load_server import fetch_metrics, start_local_server, stop_process
-from pipecat_nemotron.bench.load_server import free_port as _free_port  # noqa: F401 - tests/test_server.py
 from pipecat_nemotron.bench.load_stats import (
     client_drift,
     common_window,
