@@ -17,12 +17,15 @@ from typing import Any
 __all__ = [
     "STAGES",
     "STAGE_LABELS",
+    "EagerStats",
     "StageStats",
     "TurnLatency",
+    "format_eager",
     "format_summary",
     "load_turns",
     "percentile",
     "summarize",
+    "summarize_eager",
 ]
 
 STAGES: tuple[str, ...] = ("ttfs_ms", "asr_finalize_ms", "llm_ttfb_ms", "tts_ttfb_ms", "v2v_ms")
@@ -64,6 +67,13 @@ class TurnLatency:
             output_transport, pipeline, ...), in time order; they sum to ``v2v_ms``.
         processors: Processor name that reported each of ``stt``/``llm``/``tts``.
         transcript: The user's words; only when the observer has ``record_text=True``.
+        eager: The STT predicted this turn's end early (an ``EagerTranscriptionFrame``, eager end of turn).
+        eager_outcome: ``"kept"`` (the reply spoken is the one generated from the prediction), ``"cancelled"``
+            (every prediction was withdrawn or did not match the committed transcript) or None (no prediction).
+        eager_lead_ms: From the last prediction to the committed final transcript (how early the LLM started),
+            ms; None without a prediction standing at the commit.
+        eager_predictions: Predictions made in the turn (each started an LLM request).
+        eager_cancelled: Predictions withdrawn or mismatched (LLM requests wasted).
 
     """
 
@@ -81,6 +91,11 @@ class TurnLatency:
     breakdown_ms: dict[str, float] = field(default_factory=dict)
     processors: dict[str, str] = field(default_factory=dict)
     transcript: str | None = None
+    eager: bool = False
+    eager_outcome: str | None = None
+    eager_lead_ms: float | None = None
+    eager_predictions: int = 0
+    eager_cancelled: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Return the record as a JSON-ready dict (``transcript`` omitted when None)."""
@@ -111,7 +126,7 @@ class TurnLatency:
         if "turn" not in values:
             raise ValueError("turn record has no 'turn' field")
         kwargs = {k: v for k, v in values.items() if k in known}
-        for stage in STAGES:
+        for stage in (*STAGES, "eager_lead_ms"):
             if kwargs.get(stage) is not None:
                 kwargs[stage] = float(kwargs[stage])
         return cls(**kwargs)
@@ -227,6 +242,70 @@ def format_summary(stats: Mapping[str, StageStats]) -> str:
             f"{cell(s.p99)}  {cell(s.max)}"
         )
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class EagerStats:
+    """What the eager end of turn did over a set of turns.
+
+    Attributes:
+        turns: Turns.
+        eager_turns: Turns with at least one prediction.
+        kept: Turns whose spoken reply was generated from a prediction.
+        predictions: Predictions (each started an LLM request).
+        cancelled: Predictions withdrawn or mismatched (each wasted an LLM request).
+        lead: Distribution of the lead time (last prediction to committed final) over the kept turns, ms.
+
+    """
+
+    turns: int
+    eager_turns: int
+    kept: int
+    predictions: int
+    cancelled: int
+    lead: StageStats
+
+    @property
+    def cancelled_share(self) -> float | None:
+        """Share of the predictions cancelled, in [0, 1] (None without predictions)."""
+        return self.cancelled / self.predictions if self.predictions else None
+
+    @property
+    def wasted_per_turn(self) -> float | None:
+        """LLM requests wasted per turn (None without turns)."""
+        return self.cancelled / self.turns if self.turns else None
+
+
+def summarize_eager(turns: Iterable[TurnLatency]) -> EagerStats:
+    """Count the eager end of turn's predictions, cancellations and kept replies, and its lead time (ms)."""
+    turns = list(turns)
+    kept = [t for t in turns if t.eager_outcome == "kept"]
+    lead = summarize(
+        [TurnLatency(turn=t.turn, v2v_ms=t.eager_lead_ms) for t in kept if t.eager_lead_ms is not None],
+        ("v2v_ms",),
+    )["v2v_ms"]
+    return EagerStats(
+        turns=len(turns),
+        eager_turns=sum(1 for t in turns if t.eager),
+        kept=len(kept),
+        predictions=sum(t.eager_predictions for t in turns),
+        cancelled=sum(t.eager_cancelled for t in turns),
+        lead=StageStats(
+            "eager_lead_ms", lead.count, lead.p50, lead.p90, lead.p99, lead.mean, lead.min, lead.max
+        ),
+    )
+
+
+def format_eager(stats: EagerStats) -> str:
+    """One line: predictions, kept replies, cancelled share, wasted LLM requests per turn, lead time p50 (ms)."""
+    if not stats.predictions:
+        return "eager end of turn: no predictions"
+    lead = f", lead p50 {stats.lead.p50:.0f} ms" if stats.lead.p50 is not None else ""
+    return (
+        f"eager end of turn: {stats.predictions} predictions in {stats.eager_turns}/{stats.turns} turns, "
+        f"{stats.kept} kept, {stats.cancelled} cancelled ({100 * (stats.cancelled_share or 0):.0f}%), "
+        f"{stats.wasted_per_turn or 0:.2f} wasted LLM requests per turn{lead}"
+    )
 
 
 def load_turns(path: str | Path) -> list[TurnLatency]:

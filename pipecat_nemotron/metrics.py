@@ -27,6 +27,10 @@ Stage                 Source
 ``llm_ttfb_ms``       The LLM service's ``TTFBMetricsData``: request sent to first streamed
                       token (content or reasoning).
 ``tts_ttfb_ms``       The TTS service's ``TTFBMetricsData``: text sent to first audio.
+``eager_*``           The eager end of turn's frames: ``EagerTranscriptionFrame`` (a
+                      prediction, which starts an LLM request), ``EagerEndOfTurnCancelFrame``
+                      (it was withdrawn or did not match) and the finalized
+                      ``TranscriptionFrame`` (the commit: the lead time ends there).
 ====================  =====================================================================
 
 A TTFB is assigned to a stage by the type of the processor that pushed it
@@ -58,7 +62,10 @@ from loguru import logger
 from pipecat.frames.frames import (
     BotStartedSpeakingFrame,
     CancelFrame,
+    EagerEndOfTurnCancelFrame,
+    EagerTranscriptionFrame,
     EndFrame,
+    Frame,
     LLMFullResponseStartFrame,
     MetricsFrame,
     TranscriptionFrame,
@@ -78,9 +85,21 @@ from pipecat_nemotron import latency_stats
 # The records and statistics live in ``latency_stats`` (plain Python); they are re-exported here, where the
 # observer that builds them is (the way ``asyncio`` re-exports its submodules).
 from pipecat_nemotron.latency_stats import *  # noqa: F403
-from pipecat_nemotron.latency_stats import StageStats, TurnLatency, format_summary, summarize
+from pipecat_nemotron.latency_stats import (
+    StageStats,
+    TurnLatency,
+    format_eager,
+    format_summary,
+    summarize,
+    summarize_eager,
+)
 
-__all__ = ["ASR_FINALIZE_METRIC", "ASRFinalizeMetricsData", "VoiceLatencyObserver", "asr_finalize_metrics_frame"]
+__all__ = [
+    "ASR_FINALIZE_METRIC",
+    "ASRFinalizeMetricsData",
+    "VoiceLatencyObserver",
+    "asr_finalize_metrics_frame",
+]
 __all__ += latency_stats.__all__
 
 
@@ -165,6 +184,46 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 3)
 
 
+class _EagerTurn:
+    """The eager end of turn's predictions in the user turn being watched."""
+
+    def __init__(self) -> None:
+        self.predictions = 0
+        self.cancelled = 0
+        self.standing_since: float | None = None  # when the prediction not (yet) cancelled was made
+        self.lead_ms: float | None = None
+        self._seen: set[int] = set()  # frame ids: the observer sees a frame at every hop
+
+    def observe(self, frame: Frame, now: float) -> bool:
+        """Take an eager frame or a committed transcript; False for any frame the rest of the observer wants."""
+        if isinstance(frame, EagerTranscriptionFrame):
+            if frame.id not in self._seen:
+                self._seen.add(frame.id)
+                self.predictions += 1
+                self.standing_since = now
+                self.lead_ms = None
+            return True
+        if isinstance(frame, EagerEndOfTurnCancelFrame):
+            if self.standing_since is not None:
+                self.cancelled += 1
+                self.standing_since = None
+                self.lead_ms = None
+            return True
+        if isinstance(frame, TranscriptionFrame) and frame.finalized:
+            if self.standing_since is not None and self.lead_ms is None:
+                self.lead_ms = _ms(now - self.standing_since)
+        return False
+
+    def record(self, turn: TurnLatency) -> None:
+        """Write the turn's eager fields."""
+        turn.eager = self.predictions > 0
+        turn.eager_predictions = self.predictions
+        turn.eager_cancelled = self.cancelled
+        if self.predictions:
+            turn.eager_outcome = "kept" if self.standing_since is not None else "cancelled"
+            turn.eager_lead_ms = self.lead_ms
+
+
 class VoiceLatencyObserver(UserBotLatencyObserver):
     """Records STT/ASR/LLM/TTS/voice-to-voice latency per user turn.
 
@@ -233,6 +292,7 @@ class VoiceLatencyObserver(UserBotLatencyObserver):
         self._texts: list[str] = []
         self._bot_started_ts: float | None = None
         self._pending_v2v: float | None = None
+        self._eager = _EagerTurn()
 
         self._register_event_handler("on_turn_latency")
 
@@ -255,7 +315,9 @@ class VoiceLatencyObserver(UserBotLatencyObserver):
         """
         stats = summarize(self._turns)
         if log:
-            logger.info(f"{self}: latency over {len(self._turns)} turn(s)\n{format_summary(stats)}")
+            eager = summarize_eager(self._turns)
+            extra = f"\n{format_eager(eager)}" if eager.predictions else ""
+            logger.info(f"{self}: latency over {len(self._turns)} turn(s)\n{format_summary(stats)}{extra}")
         return stats
 
     # --- frame hooks ------------------------------------------------------------------
@@ -267,7 +329,7 @@ class VoiceLatencyObserver(UserBotLatencyObserver):
             data: The frame push event.
 
         """
-        if data.direction == FrameDirection.DOWNSTREAM:
+        if data.direction == FrameDirection.DOWNSTREAM and not self._eager.observe(data.frame, self._now()):
             self._track(data)
         await super().on_push_frame(data)
         if data.direction == FrameDirection.DOWNSTREAM and isinstance(data.frame, (EndFrame, CancelFrame)):
@@ -372,6 +434,8 @@ class VoiceLatencyObserver(UserBotLatencyObserver):
             processors={stage: name for stage, (name, _) in first.items()},
             transcript=" ".join(self._texts) if self._record_text and self._texts else None,
         )
+        self._eager.record(turn)
+        self._eager = _EagerTurn()
         text = " ".join(self._texts)
         self._texts = []
         self._finalize_ms = None
@@ -398,10 +462,13 @@ class VoiceLatencyObserver(UserBotLatencyObserver):
         def ms(value: float | None) -> str:
             return "-" if value is None else f"{value:.0f}"
 
+        eager = ""
+        if turn.eager:
+            eager = f" | eager {turn.eager_outcome} (lead {ms(turn.eager_lead_ms)} ms, {turn.eager_cancelled} cancelled)"
         return (
             f"turn {turn.turn}: v2v {ms(turn.v2v_ms)} ms | STT TTFS {ms(turn.ttfs_ms)} "
             f"(ASR finalize {ms(turn.asr_finalize_ms)}) | LLM TTFB {ms(turn.llm_ttfb_ms)} | "
-            f"TTS TTFB {ms(turn.tts_ttfb_ms)} ms"
+            f"TTS TTFB {ms(turn.tts_ttfb_ms)} ms{eager}"
         )
 
     def _log_summary_once(self) -> None:

@@ -4,7 +4,7 @@ Usage::
 
     python -m pipecat_nemotron.report turns.jsonl -o latency.png
 
-prints the p50/p90/p99 table per stage and writes a PNG with two panels:
+prints the p50/p90/p99 table per stage and writes a PNG with two panels (three with eager turns):
 
 - a per-turn waterfall: one stacked bar per turn, from speech end to the bot
   speaking. By default the segments are the measured stages (endpointing wait,
@@ -13,6 +13,10 @@ prints the p50/p90/p99 table per stage and writes a PNG with two panels:
   (``breakdown_ms``) instead. A missing stage is drawn as zero.
 - the distribution of each stage (box plot, whiskers at p1/p99, every turn as a
   dot); stages with no data are listed as such.
+- with the eager end of turn on (any turn with a prediction), a third panel: each
+  turn's eager lead time (prediction to committed final), green where the
+  speculative reply was kept, red where it was cancelled, with the predictions
+  cancelled in the turn (wasted LLM requests) written above.
 
 matplotlib (the ``plot``/``dev`` extra) is imported only when plotting, with the
 Agg backend, so ``--no-plot`` works without it.
@@ -32,9 +36,11 @@ from pipecat_nemotron.latency_stats import (
     STAGES,
     StageStats,
     TurnLatency,
+    format_eager,
     format_summary,
     load_turns,
     summarize,
+    summarize_eager,
 )
 
 __all__ = ["main", "plot_turns", "waterfall_segments"]
@@ -185,6 +191,33 @@ def _plot_distribution(ax: Any, turns: Sequence[TurnLatency], stats: dict[str, S
     ax.set_title(dist_title, fontsize="medium")
 
 
+_EAGER_COLORS = {"kept": "#76b900", "cancelled": "#d62728"}
+
+
+def _plot_eager(ax: Any, turns: Sequence[TurnLatency]) -> None:
+    """Eager lead time per turn, coloured by outcome, with each turn's cancelled predictions written above."""
+    x = [t.turn for t in turns]
+    for outcome, color in _EAGER_COLORS.items():
+        chosen = [t for t in turns if t.eager_outcome == outcome]
+        if chosen:
+            ax.bar(
+                [t.turn for t in chosen],
+                [t.eager_lead_ms or 0.0 for t in chosen],
+                0.8 if len(turns) > 1 else 0.5,
+                color=color,
+                label=f"{outcome} ({len(chosen)} turns)",
+            )
+    for t in turns:
+        if t.eager_cancelled:
+            ax.annotate(f"{t.eager_cancelled}x", (t.turn, t.eager_lead_ms or 0.0), ha="center", va="bottom")
+    ax.set_xlim(min(x) - 1, max(x) + 1)
+    ax.set_xlabel("turn")
+    ax.set_ylabel("ms before the final")
+    ax.set_title(format_eager(summarize_eager(turns)), fontsize="medium")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    ax.grid(axis="y", alpha=0.3)
+
+
 def _default_title(turns: Sequence[TurnLatency], stats: dict[str, StageStats]) -> str:
     """The turn count and, where known, the p50 voice-to-voice time."""
     p50 = stats["v2v_ms"].p50
@@ -231,14 +264,17 @@ def plot_turns(
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
 
-    fig, (ax_w, ax_d) = plt.subplots(
-        2,
+    eager = any(t.eager for t in turns)
+    fig, axes = plt.subplots(
+        3 if eager else 2,
         1,
-        figsize=(max(8.0, min(0.25 * len(turns) + 6.0, 24.0)), 9.0),
-        gridspec_kw={"height_ratios": [3, 2]},
+        figsize=(max(8.0, min(0.25 * len(turns) + 6.0, 24.0)), 12.0 if eager else 9.0),
+        gridspec_kw={"height_ratios": [3, 2, 2] if eager else [3, 2]},
     )
-    _plot_waterfall(ax_w, turns, stats, use_breakdown, plt.get_cmap("tab20"))
-    _plot_distribution(ax_d, turns, stats)
+    _plot_waterfall(axes[0], turns, stats, use_breakdown, plt.get_cmap("tab20"))
+    _plot_distribution(axes[1], turns, stats)
+    if eager:
+        _plot_eager(axes[2], turns)
     fig.suptitle(title if title is not None else _default_title(turns, stats))
     fig.tight_layout()
     fig.savefig(output, dpi=dpi)
@@ -290,6 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     stats = summarize(turns)
     print(f"{len(turns)} turns from {args.jsonl}")
     print(format_summary(stats))
+    if any(t.eager for t in turns):
+        print(format_eager(summarize_eager(turns)))
     if not args.no_plot:
         path = plot_turns(
             turns, args.output, stats=stats, use_breakdown=args.breakdown, title=args.title, dpi=args.dpi
