@@ -58,6 +58,11 @@ class EngineConfig:
         cuda_graph_decoder: On CUDA, use NeMo's CUDA-graph greedy RNNT decoder. Off by default (NeMo issue
             15640 reports crashes with it; the reference agent disables it on Blackwell); if it raises, the
             engine logs a warning and switches to the plain label-looping decoder for good.
+        word_timing_offsets_ms: ``(start, end)`` corrections added to word starts and ends, ms: an RNNT emits
+            a word's tokens some frames after the word's audio. None: the offsets measured for the model
+            (:data:`~pipecat_nemotron.engine.words.MEASURED_CALIBRATIONS`: the bundled tiny model), else
+            ``(0, 0)`` (NeMo's own convention: a word starts at its first token's frame). Measure your model's
+            with ``scripts/eval_word_timings.py --raw`` (see ``docs/TRANSCRIPTS.md``).
 
     """
 
@@ -73,6 +78,7 @@ class EngineConfig:
     encoder_step: EncoderStep = "fast"
     cuda_graphs: bool = True
     cuda_graph_decoder: bool = False
+    word_timing_offsets_ms: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -92,3 +98,10 @@ class EngineConfig:
         if self.encoder_step not in ("fast", "nemo"):
             raise ValueError(f"encoder_step must be 'fast' or 'nemo', got {self.encoder_step!r}")
         validate_latency_ms(self.default_latency_ms)
+        offsets = self.word_timing_offsets_ms
+        if offsets is not None and (
+            len(offsets) != 2 or not all(isinstance(v, (int, float)) and abs(v) < 10_000 for v in offsets)
+        ):
+            raise ValueError(
+                f"word_timing_offsets_ms must be (start_ms, end_ms) within +-10 s, got {offsets!r}"
+            )

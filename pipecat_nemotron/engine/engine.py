@@ -192,13 +192,14 @@ class NemotronEngine:
 
         wait_for_nemo_imports()
         from pipecat_nemotron.engine.runner import ModelRunner
+        from pipecat_nemotron.engine.words import calibration_for
 
         device = resolve_torch_device(self.config.device)
         dtype = resolve_dtype(self.config.dtype, device)
         if device.type == "cpu":
             torch.set_num_threads(max(1, torch.get_num_threads()))
         model = load_asr_model(self.config, device, dtype)
-        return ModelRunner(
+        runner = ModelRunner(
             model,
             self.config.max_streams,
             device,
@@ -208,6 +209,8 @@ class NemotronEngine:
             cuda_graphs=self.config.cuda_graphs,
             cuda_graph_decoder=self.config.cuda_graph_decoder,
         )
+        runner.aligner.calibration = calibration_for(self.config.model, self.config.word_timing_offsets_ms)
+        return runner
 
     async def _warmup(self) -> None:
         rng = np.random.default_rng(0)

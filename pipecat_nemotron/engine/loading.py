@@ -199,11 +199,25 @@ def validate_cache_aware(model: Any, description: str) -> None:
         )
 
 
+#: NeMo's per-token confidence (``confidence_cfg`` of the RNNT decoding): computed by the label-looping decoder
+#: from the joint's output distribution at the step that emitted each token; blank steps are left out (the
+#: decoder then records nothing but the emitted tokens). See docs/TRANSCRIPTS.md for the choice of measure.
+TOKEN_CONFIDENCE_CFG: dict[str, Any] = {
+    "preserve_frame_confidence": True,
+    "preserve_token_confidence": True,
+    "preserve_word_confidence": False,  # words span engine steps: the engine aggregates them itself
+    "exclude_blank": True,
+    "aggregation": "min",
+    "method_cfg": {"name": "entropy", "entropy_type": "tsallis", "alpha": 0.33, "entropy_norm": "exp"},
+}
+
+
 def _configure_decoding(model: Any) -> None:
-    """Select label-looping batched greedy RNNT decoding, with the CUDA-graph decoder off.
+    """Select label-looping batched greedy RNNT decoding with token confidence, the CUDA-graph decoder off.
 
     The CUDA-graph decoder is off because it has crashed with this model's streaming path; it can be enabled
-    once tested on the target GPU.
+    once tested on the target GPU. Token frames (``Hypothesis.timestamp``) come with every label-looping
+    decode; ``compute_timestamps`` stays off (NeMo's word offsets would be per step, not per utterance).
     """
     from omegaconf import open_dict
 
@@ -214,5 +228,7 @@ def _configure_decoding(model: Any) -> None:
         decoding_cfg.greedy.use_cuda_graph_decoder = False
         decoding_cfg.greedy.max_symbols = decoding_cfg.greedy.get("max_symbols", 10) or 10
         decoding_cfg.fused_batch_size = -1
+        decoding_cfg.compute_timestamps = False
+        decoding_cfg.confidence_cfg = TOKEN_CONFIDENCE_CFG
     with quiet_nemo():
         model.change_decoding_strategy(decoding_cfg, verbose=False)

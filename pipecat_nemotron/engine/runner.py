@@ -18,11 +18,13 @@ import numpy as np
 import torch
 from loguru import logger
 
+from pipecat_nemotron.engine.audio import SAMPLES_PER_MS
 from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES, EncoderStep
 from pipecat_nemotron.engine.cuda_graphs import GraphedEncoderStep
 from pipecat_nemotron.engine.fast_step import FastEncoderStep, UnsupportedEncoderError
 from pipecat_nemotron.engine.features import MelFrontend
 from pipecat_nemotron.engine.state import StreamState
+from pipecat_nemotron.engine.words import WordAligner
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,13 @@ class StepItem:
     first: bool
     final: bool
     ready_at: float
+    #: Mel frame (of the segment) where the chunk starts.
+    start_frame: int = 0
     new_tokens: list[int] = field(default_factory=list)
+    #: Where each new token was emitted: the last mel frame (of the segment) its encoder frame covers.
+    new_frames: list[int] = field(default_factory=list)
+    #: Confidence of each new token, in [0, 1].
+    new_confidence: list[float] = field(default_factory=list)
     error: BaseException | None = None
 
 
@@ -112,6 +120,10 @@ class ModelRunner:
         self.device = device
         self.dtype = dtype
         self.frontend = MelFrontend(model.preprocessor, device)
+        #: Mel frames per encoder frame.
+        self.subsampling = int(getattr(model.encoder, "subsampling_factor", 8))
+        #: Groups an utterance's tokens into timed words.
+        self.aligner = WordAligner(model.tokenizer, self.frontend.hop / SAMPLES_PER_MS, self.subsampling)
         self.modes: dict[int, ModeShape] = {}
         supported = [list(c) for c in getattr(model.encoder, "att_context_size_all", [])]
         for latency_ms, right in LATENCY_MODES.items():
@@ -238,7 +250,7 @@ class ModelRunner:
             lengths = torch.tensor([cache.size(-1) + n for n in num_frames], device=self.device)
             drop = mode.drop_extra_pre_encoded
         previous = [
-            Hypothesis(score=0.0, y_sequence=None, dec_state=it.state.dec_state)
+            Hypothesis(score=0.0, y_sequence=None, dec_state=it.state.dec_state, timestamp=None)
             if it.state.dec_state is not None
             else None
             for it in items
@@ -262,8 +274,19 @@ class ModelRunner:
         if merged.size(-1) < keep:
             merged = torch.nn.functional.pad(merged, (keep - merged.size(-1), 0))
         self.pre_encode_cache.index_copy_(0, slot_index, merged[:, :, -keep:])
-        for it, hyp, tokens in zip(items, hyps, _token_lists(hyps), strict=True):
+        # Encoder frame j of the chunk covers the mel frames up to (chunk start - pre-encode cache) + S*(j + drop)
+        # (causal 8x subsampling, S = 8): the offset of this chunk's frame grid from its first mel frame.
+        grid = (0 if first else -mode.pre_encode_cache_frames) + self.subsampling * drop
+        lengths = encoded_len.tolist()
+        for it, hyp, tokens, frames, length in zip(
+            items, hyps, _token_lists(hyps), _frame_lists(hyps), lengths, strict=True
+        ):
+            # NeMo counts a token's frame from the first frame decoded with this decoder state.
+            base = it.state.decoded_frames if it.state.dec_state is not None else 0
             it.new_tokens = tokens
+            it.new_frames = [it.start_frame + grid + self.subsampling * (t - base) for t in frames]
+            it.new_confidence = _confidence_list(hyp, len(tokens))
+            it.state.decoded_frames = base + int(length)
             it.state.dec_state = hyp.dec_state
             it.state.encoder_started = True
 
@@ -360,3 +383,21 @@ def _token_lists(hyps: list[Any]) -> list[list[int]]:
         out.append(flat[offset : offset + seq.numel()])
         offset += seq.numel()
     return out
+
+
+def _frame_lists(hyps: list[Any]) -> list[list[int]]:
+    """Encoder frame of each new token of each hypothesis (NeMo's ``Hypothesis.timestamp``, host tensors)."""
+    return [
+        h.timestamp.tolist() if isinstance(h.timestamp, torch.Tensor) else [int(t) for t in h.timestamp or []]
+        for h in hyps
+    ]
+
+
+def _confidence_list(hyp: Any, count: int) -> list[float]:
+    """Confidence of each new token (NeMo's ``token_confidence``); 1.0 each if the decoder kept none."""
+    confidence = hyp.token_confidence
+    if confidence is None:
+        confidence = hyp.non_blank_step_confidence_precomputed
+    if confidence is None or len(confidence) != count:
+        return [1.0] * count
+    return [float(c) for c in confidence]

@@ -25,6 +25,7 @@ from pipecat_nemotron.engine.errors import StreamClosedError, StreamFailedError
 from pipecat_nemotron.engine.runner import ModelRunner, StepGroup, StepItem
 from pipecat_nemotron.engine.state import StreamState
 from pipecat_nemotron.engine.types import FinalTranscript, TranscriptUpdate
+from pipecat_nemotron.engine.words import utterance_confidence
 
 
 @dataclass(frozen=True)
@@ -279,21 +280,28 @@ class Scheduler:
         if need <= limit:
             ready_at = state.arrival_time(state.segment_origin + need)
             segment = frontend.chunk_segment(state.cursor, frames)
-            return StepItem(state, segment, frames, first, False, ready_at)
+            return StepItem(state, segment, frames, first, False, ready_at, state.cursor.next_frame)
         if not at_boundary:
             return None
         segment, frames = frontend.final_segment(state.cursor, limit)
         if frames <= 0:
             return state
-        return StepItem(state, segment, frames, first, True, state.finals[0].requested_at)
+        return StepItem(
+            state, segment, frames, first, True, state.finals[0].requested_at, state.cursor.next_frame
+        )
 
     def _execute(self, plan: StepPlan) -> float:
         """Run the step on the worker thread and detokenise the streams whose tokens changed."""
         step_ms = self.runner.run_step(plan.groups, plan.releases)
         for it in plan.items:
             if it.error is None and it.new_tokens:
-                it.state.tokens.extend(it.new_tokens)
-                it.state.text = self.runner.detokenize(it.state.tokens)
+                state = it.state
+                state.tokens.extend(it.new_tokens)
+                state.text = self.runner.detokenize(state.tokens)
+                state.trace.extend(it.new_frames, it.new_confidence)
+                state.words = self.runner.aligner.words(
+                    state.tokens, state.trace, state.segment_origin / SAMPLES_PER_MS
+                )
         return step_ms
 
     def _resolve(self, plan: StepPlan, step_ms: float) -> None:
@@ -352,6 +360,8 @@ class Scheduler:
                     queue_ms=queue_ms,
                     step_ms=step_ms,
                     lag_ms=(now - it.ready_at) * 1000.0,
+                    words=state.words,
+                    confidence=utterance_confidence(state.words),
                 )
             )
         if it.final:
@@ -365,6 +375,9 @@ class Scheduler:
         self.recent_ttf_ms.append(ttf_ms)
         boundary_rel = pending.boundary - state.segment_origin
         utterance = state.utterance_index
+        start_ms = state.segment_origin / SAMPLES_PER_MS
+        words = self.runner.aligner.words(state.tokens, state.trace, start_ms, boundary_rel / SAMPLES_PER_MS)
+        confidence = utterance_confidence(words)
         final = FinalTranscript(
             text=state.text,
             ttf_ms=ttf_ms,
@@ -372,6 +385,9 @@ class Scheduler:
             utterance=utterance,
             latency_ms=state.latency_ms,
             tokens=tuple(state.tokens),
+            words=words,
+            confidence=confidence,
+            start_ms=start_ms,
         )
         entry.push(
             TranscriptUpdate(
@@ -381,6 +397,8 @@ class Scheduler:
                 latency_ms=state.latency_ms,
                 step_ms=step_ms,
                 ttf_ms=ttf_ms,
+                words=words,
+                confidence=confidence,
             )
         )
         # The next utterance starts a new feature segment at the boundary.
@@ -388,6 +406,8 @@ class Scheduler:
         state.segment_origin = pending.boundary
         state.tokens = []
         state.text = ""
+        state.trace.reset()
+        state.words = ()
         state.utterance_frames = 0
         state.utterance_index = utterance + 1
         if self.hard_reset:

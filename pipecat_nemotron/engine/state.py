@@ -17,6 +17,8 @@ import numpy as np
 
 from pipecat_nemotron.engine.audio import AudioInput
 from pipecat_nemotron.engine.features import FeatureCursor
+from pipecat_nemotron.engine.types import WordTiming
+from pipecat_nemotron.engine.words import TokenTrace
 
 
 @dataclass
@@ -43,8 +45,12 @@ class StreamState:
         finals: Pending finalize requests, oldest first.
         encoder_started: The stream's cache slot holds context (later chunks carry a pre-encode cache).
         dec_state: RNNT prediction-network state after the last step (None: start of sequence).
+        decoded_frames: Encoder frames decoded since ``dec_state`` was None (NeMo's greedy decoder counts
+            token frames from there).
         tokens: Token ids of the current utterance.
         text: Detokenised ``tokens``.
+        trace: Encoder frame and confidence of each of ``tokens``.
+        words: ``tokens`` as timed words (updated with ``text``).
         utterance_frames: Mel frames consumed in the current utterance.
         utterance_index: 0-based index of the current utterance.
         in_flight: A chunk of this stream is in the step that is running now.
@@ -63,8 +69,11 @@ class StreamState:
     finals: deque[PendingFinal] = field(default_factory=deque)
     encoder_started: bool = False
     dec_state: Any = None
+    decoded_frames: int = 0
     tokens: list[int] = field(default_factory=list)
     text: str = ""
+    trace: TokenTrace = field(default_factory=TokenTrace)
+    words: tuple[WordTiming, ...] = ()
     utterance_frames: int = 0
     utterance_started_at: float | None = None
     audio_seconds: float = 0.0

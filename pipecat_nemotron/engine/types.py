@@ -6,6 +6,35 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class WordTiming:
+    """One recognised word: its text, where it lies in the audio, and how sure the model was of it.
+
+    Times come from the encoder frames at which the greedy RNNT decoder emitted the word's tokens (80 ms
+    frames for the Nemotron models), shifted by a constant measured on speech (see ``docs/TRANSCRIPTS.md``):
+    they are accurate to about one frame, not to the sample.
+
+    Attributes:
+        text: The word, as it appears in the transcript text.
+        start_ms: Start of the word, ms from the stream's first sample.
+        end_ms: End of the word, ms from the stream's first sample.
+        utterance_start_ms: Start of the word, ms from the start of its utterance (the previous final's
+            boundary, or the stream's first sample for the first utterance).
+        utterance_end_ms: End of the word, ms from the start of its utterance.
+        confidence: How sure the model is of the word, in [0, 1] (the lowest confidence of its tokens, each
+            the normalised Tsallis entropy of the decoder's output distribution where the token was emitted;
+            1 = certain).
+
+    """
+
+    text: str
+    start_ms: float
+    end_ms: float
+    utterance_start_ms: float
+    utterance_end_ms: float
+    confidence: float
+
+
+@dataclass(frozen=True)
 class TranscriptUpdate:
     """A change of a stream's transcript.
 
@@ -18,6 +47,9 @@ class TranscriptUpdate:
         step_ms: Duration of the batched model step that produced it, ms.
         lag_ms: Time from the chunk's last audio sample arriving to this update, ms.
         ttf_ms: For finals: time from the ``finalize()`` call to the final text, ms.
+        words: The words of ``text`` with their timings and confidence (on partials, the last word may
+            still grow).
+        confidence: Confidence of the whole text so far, in [0, 1] (mean of the words'); None when empty.
 
     """
 
@@ -29,6 +61,8 @@ class TranscriptUpdate:
     step_ms: float = 0.0
     lag_ms: float = 0.0
     ttf_ms: float | None = None
+    words: tuple[WordTiming, ...] = ()
+    confidence: float | None = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +76,10 @@ class FinalTranscript:
         utterance: 0-based index of the utterance within the stream.
         latency_ms: Latency mode that produced it.
         tokens: Token ids of the utterance.
+        words: The words of ``text`` with their timings and confidence.
+        confidence: Confidence of the utterance, in [0, 1] (mean of its words'); None when ``text`` is empty.
+        start_ms: Where the utterance starts, ms from the stream's first sample (add a word's
+            ``utterance_start_ms`` to get its ``start_ms``).
 
     """
 
@@ -51,3 +89,6 @@ class FinalTranscript:
     utterance: int
     latency_ms: int
     tokens: tuple[int, ...] = ()
+    words: tuple[WordTiming, ...] = ()
+    confidence: float | None = None
+    start_ms: float = 0.0
