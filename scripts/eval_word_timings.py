@@ -10,8 +10,9 @@ Three measurements on the bundled tiny model (or ``--model``), CPU by default:
   offsets to use (``EngineConfig.word_timing_offsets_ms`` = minus them).
 * ``confidence``: the held-out set (``tests/assets/heldout``); mean word confidence of the words the
   alignment with the reference keeps (right) and of the others (wrong), per method of NeMo's confidence config.
-* ``cost``: mean model step time with NeMo's token confidence and the engine's word assembly on and off,
-  alternated in one run over the same audio and batch, and their ratio.
+* ``cost``: mean model step time with NeMo's token confidence and the engine's word assembly on and off
+  (``EngineConfig.word_timings``), alternated in one run over the same audio and batch, and their ratio; and,
+  less noisy, the greedy decode alone on the same encoder outputs, and the word assembly per call.
 
 Example::
 
@@ -131,7 +132,7 @@ async def _timed_round(
     def timed_words(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         try:
-            return words(*args, **kwargs) if on else ()
+            return words(*args, **kwargs)
         finally:
             spent[0] += (time.perf_counter() - t0) * 1000.0
 
@@ -139,13 +140,57 @@ async def _timed_round(
     listener = lambda stats: steps.append(stats.step_ms)  # noqa: E731
     _set_confidence(engine, TOKEN_CONFIDENCE_CFG["method_cfg"] if on else None)
     aligner.words = timed_words  # type: ignore[method-assign]
+    aligner.enabled = on
     engine.add_step_listener(listener)
     try:
         await transcribe_all(engine, audio, latency_ms)
     finally:
         engine.remove_step_listener(listener)
         del aligner.words
+        aligner.enabled = True
     return [s + spent[0] / len(steps) for s in steps]
+
+
+async def _decode_cost(
+    engine: NemotronEngine, audio: list[np.ndarray], latency_ms: int, rounds: int
+) -> dict[str, float]:
+    """The greedy decode alone on one pass's encoder outputs, confidence on and off; word assembly per call."""
+    import torch
+
+    from pipecat_nemotron.engine.words import TokenTrace
+
+    chunks: list[tuple[Any, Any]] = []
+    with engine.observe_encoder_output(lambda _ids, enc, lens: chunks.append((enc.clone(), lens.clone()))):
+        finals = await transcribe_all(engine, audio, latency_ms)
+    decoding = engine.model.decoding
+    per_chunk: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(rounds):
+        for on in (False, True):
+            _set_confidence(engine, TOKEN_CONFIDENCE_CFG["method_cfg"] if on else None)
+            decoding = engine.model.decoding
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                for enc, lens in chunks:
+                    decoding.rnnt_decoder_predictions_tensor(
+                        encoder_output=enc, encoded_lengths=lens, return_hypotheses=True
+                    )
+            per_chunk[on].append((time.perf_counter() - t0) * 1000.0 / len(chunks))
+    aligner = engine._require().runner.aligner  # noqa: SLF001
+    calls, t0 = 0, time.perf_counter()
+    for final in finals:  # as on every partial: the words of each growing prefix
+        tokens = list(final.tokens)
+        for k in range(1, len(tokens) + 1):
+            aligner.words(tokens[:k], TokenTrace(list(range(k)), [0.5] * k), 0.0)
+            calls += 1
+    words_us = (time.perf_counter() - t0) * 1e6 / max(calls, 1)
+    off, on = float(np.median(per_chunk[False])), float(np.median(per_chunk[True]))
+    print(
+        f"decode alone ({len(chunks)} chunks): {off:.3f} ms without, {on:.3f} ms with confidence (ratio {on / off:.3f}); "
+        f"word assembly {words_us:.1f} us per call",
+        flush=True,
+    )
+    _set_confidence(engine, TOKEN_CONFIDENCE_CFG["method_cfg"])
+    return {"decode_off_ms": off, "decode_on_ms": on, "words_us_per_call": words_us}
 
 
 async def measure_cost(engine: NemotronEngine, latency_ms: int, streams: int, rounds: int) -> dict[str, Any]:
@@ -164,7 +209,14 @@ async def measure_cost(engine: NemotronEngine, latency_ms: int, streams: int, ro
         flush=True,
     )
     _set_confidence(engine, TOKEN_CONFIDENCE_CFG["method_cfg"])
-    return {"latency_ms": latency_ms, "streams": streams, "rounds": rounds, "off_ms": off_ms, "on_ms": on_ms}
+    decode = await _decode_cost(engine, audio, latency_ms, rounds)
+    return {
+        "latency_ms": latency_ms,
+        "streams": streams,
+        "rounds": rounds,
+        "off_ms": off_ms,
+        "on_ms": on_ms,
+    } | decode
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -192,3 +192,12 @@ def test_a_trace_out_of_step_with_the_tokens_gives_no_words() -> None:
     aligner = WordAligner(_Tokenizer(), 10.0, 8)
     assert aligner.words([0, 1], TokenTrace([8], [1.0]), 0.0) == ()
     assert aligner.words([], TokenTrace(), 0.0) == ()
+
+
+async def test_word_timings_can_be_switched_off(clips: list[WordClip]) -> None:
+    config = EngineConfig(
+        model=str(TRAINED_MODEL), device="cpu", max_streams=2, warmup=False, word_timings=False
+    )
+    async with NemotronEngine(config) as eng:
+        final = await eng.transcribe(clips[0].audio, latency_ms=160)
+    assert final.text and final.words == () and final.confidence is None

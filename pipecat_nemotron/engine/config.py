@@ -58,6 +58,9 @@ class EngineConfig:
         cuda_graph_decoder: On CUDA, use NeMo's CUDA-graph greedy RNNT decoder. Off by default (NeMo issue
             15640 reports crashes with it; the reference agent disables it on Blackwell); if it raises, the
             engine logs a warning and switches to the plain label-looping decoder for good.
+        word_timings: Words with timings and confidence on every transcript (NeMo's token confidence in the
+            decoder, words assembled after each step). False: ``words`` stay empty and ``confidence`` None;
+            it saves about 3% of a small CPU step (``docs/BENCHMARKS.md``).
         word_timing_offsets_ms: ``(start, end)`` corrections added to word starts and ends, ms: an RNNT emits
             a word's tokens some frames after the word's audio. None: the offsets measured for the model
             (:data:`~pipecat_nemotron.engine.words.MEASURED_CALIBRATIONS`: the bundled tiny model), else
@@ -78,6 +81,7 @@ class EngineConfig:
     encoder_step: EncoderStep = "fast"
     cuda_graphs: bool = True
     cuda_graph_decoder: bool = False
+    word_timings: bool = True
     word_timing_offsets_ms: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:

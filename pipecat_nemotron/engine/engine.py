@@ -209,6 +209,7 @@ class NemotronEngine:
             cuda_graphs=self.config.cuda_graphs,
             cuda_graph_decoder=self.config.cuda_graph_decoder,
         )
+        runner.aligner.enabled = self.config.word_timings
         runner.aligner.calibration = calibration_for(self.config.model, self.config.word_timing_offsets_ms)
         return runner
 

@@ -158,7 +158,7 @@ def load_asr_model(config: EngineConfig, device: torch.device, dtype: torch.dtyp
                 "checkpoint of a cache-aware FastConformer-RNNT (e.g. nvidia/nemotron-speech-streaming-en-0.6b)."
             ) from e
     validate_cache_aware(model, description)
-    _configure_decoding(model)
+    _configure_decoding(model, confidence=config.word_timings)
     model.eval()
     model.preprocessor.float()
     for name in ("encoder", "decoder", "joint"):
@@ -212,8 +212,8 @@ TOKEN_CONFIDENCE_CFG: dict[str, Any] = {
 }
 
 
-def _configure_decoding(model: Any) -> None:
-    """Select label-looping batched greedy RNNT decoding with token confidence, the CUDA-graph decoder off.
+def _configure_decoding(model: Any, confidence: bool = True) -> None:
+    """Select label-looping batched greedy RNNT decoding (with token confidence), the CUDA-graph decoder off.
 
     The CUDA-graph decoder is off because it has crashed with this model's streaming path; it can be enabled
     once tested on the target GPU. Token frames (``Hypothesis.timestamp``) come with every label-looping
@@ -229,6 +229,6 @@ def _configure_decoding(model: Any) -> None:
         decoding_cfg.greedy.max_symbols = decoding_cfg.greedy.get("max_symbols", 10) or 10
         decoding_cfg.fused_batch_size = -1
         decoding_cfg.compute_timestamps = False
-        decoding_cfg.confidence_cfg = TOKEN_CONFIDENCE_CFG
+        decoding_cfg.confidence_cfg = TOKEN_CONFIDENCE_CFG if confidence else {}
     with quiet_nemo():
         model.change_decoding_strategy(decoding_cfg, verbose=False)

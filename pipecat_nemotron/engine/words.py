@@ -89,11 +89,15 @@ class WordAligner:
         subsampling: Mel frames per encoder frame (8: an encoder frame is 80 ms).
         calibration: Constant offsets applied to word starts and ends.
 
+    Attributes:
+        enabled: False: :meth:`words` returns no words (``EngineConfig.word_timings=False``).
+
     """
 
     def __init__(
         self, tokenizer: Any, hop_ms: float, subsampling: int, calibration: TimingCalibration | None = None
     ) -> None:
+        self.enabled = True
         self.tokenizer = tokenizer
         self.hop_ms = hop_ms
         self.frame_ms = hop_ms * subsampling
@@ -143,7 +147,7 @@ class WordAligner:
             Words in order; starts never decrease and every word ends at or after its start.
 
         """
-        if len(trace.frames) != len(tokens) or len(trace.confidence) != len(tokens):
+        if not self.enabled or len(trace.frames) != len(tokens) or len(trace.confidence) != len(tokens):
             return ()
         out: list[WordTiming] = []
         previous_start = 0.0
