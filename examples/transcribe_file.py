@@ -2,9 +2,11 @@
 
     python examples/transcribe_file.py pipecat_nemotron/assets/demo/two_turns.wav
     python examples/transcribe_file.py my.wav --model nvidia/nemotron-speech-streaming-en-0.6b --latency-ms 160
+    python examples/transcribe_file.py pipecat_nemotron/assets/demo/two_turns.wav --words
 
 Pipeline: WAV (20 ms frames, paced like a microphone) -> Silero VAD (stop_secs 0.2) -> NemotronSTTService
 (TranscriptCollector observing it). Each utterance ends when the VAD hears 0.2 s of silence; the STT then finalizes it.
+``--words`` also prints each final's words with their start and end times and confidence (``TranscriptionFrame.result``).
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from pipecat_nemotron.transcripts import TranscriptCollector, print_latency_summ
 from pipecat_nemotron.wav_input import feed_wav
 
 
-async def transcribe(path: str, model: str, latency_ms: int, device: str, realtime: bool) -> dict:
+async def transcribe(
+    path: str, model: str, latency_ms: int, device: str, realtime: bool, words: bool = False
+) -> dict:
     stt = NemotronSTTService(model=model, latency_ms=latency_ms, device=device)
-    collector = TranscriptCollector(stt.name, out=sys.stdout)
+    collector = TranscriptCollector(stt.name, out=sys.stdout, show_words=words)
     vad = VADProcessor(vad_analyzer=SileroVADAnalyzer(params=VADParams(stop_secs=0.2)))
     worker = PipelineWorker(
         Pipeline([vad, stt]),
@@ -54,7 +58,12 @@ async def transcribe(path: str, model: str, latency_ms: int, device: str, realti
     await asyncio.gather(runner.run(), feed())
     print()
     summary = print_latency_summary(collector.utterances)
-    return {"utterances": [u.__dict__ for u in collector.utterances], "summary": summary}
+    utterances = [
+        {"text": u.text, "ttfs_ms": u.ttfs_ms, "finalize_ms": u.finalize_ms}
+        | ({"words": u.result.to_dict()["words"], "confidence": u.result.confidence} if u.result else {})
+        for u in collector.utterances
+    ]
+    return {"utterances": utterances, "summary": summary}
 
 
 def main() -> None:
@@ -70,7 +79,12 @@ def main() -> None:
     parser.add_argument(
         "--fast", action="store_true", help="feed audio as fast as possible instead of real time"
     )
-    parser.add_argument("--json", help="write utterances and the latency summary to this file")
+    parser.add_argument(
+        "--words", action="store_true", help="print word timings and confidence of each final"
+    )
+    parser.add_argument(
+        "--json", help="write utterances (with word timings) and the latency summary to this file"
+    )
     args = parser.parse_args()
     logger.remove()
     logger.add(sys.stderr, level="INFO")
@@ -81,6 +95,7 @@ def main() -> None:
             args.latency_ms,
             args.device,
             not args.fast,
+            args.words,
         )
     )
     if args.json:

@@ -20,6 +20,7 @@ from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.processors.frame_processor import FrameDirection
 
 from pipecat_nemotron.metrics import is_asr_finalize_metric
+from pipecat_nemotron.transcript_result import TranscriptResult
 
 
 @dataclass
@@ -30,12 +31,14 @@ class UtteranceRecord:
         text: Final transcript.
         ttfs_ms: Pipecat's TTFS (speech end to final transcript), ms; None if not measured.
         finalize_ms: Pure ASR finalize time (finalize call to final text), ms; None if not reported.
+        result: The STT service's words with timings and confidence (``TranscriptionFrame.result``), if any.
 
     """
 
     text: str
     ttfs_ms: float | None = None
     finalize_ms: float | None = None
+    result: TranscriptResult | None = None
 
 
 class TranscriptCollector(BaseObserver):
@@ -54,6 +57,8 @@ class TranscriptCollector(BaseObserver):
         out: Stream to print interim/final lines to (None: silent).
         show_interims: Also print interim transcripts (overwriting one console line).
         on_final: Called with each :class:`UtteranceRecord` once its numbers are known (e.g. a bot's log line).
+        show_words: Also print each final's words with their start and end (s from the stream's start) and
+            confidence, and the utterance's confidence.
 
     """
 
@@ -63,12 +68,14 @@ class TranscriptCollector(BaseObserver):
         out: TextIO | None = None,
         show_interims: bool = True,
         on_final: Callable[[UtteranceRecord], None] | None = None,
+        show_words: bool = False,
     ) -> None:
         super().__init__(observe_every_push=False)
         self.stt_name = stt_name
         self.out = out
         self.show_interims = show_interims
         self.on_final = on_final
+        self.show_words = show_words
         self.utterances: list[UtteranceRecord] = []
         self._metrics_enabled = True
         self._ttfs_ms: float | None = None
@@ -90,12 +97,17 @@ class TranscriptCollector(BaseObserver):
                 if is_asr_finalize_metric(metric) and self._awaiting_finalize is not None:
                     self._awaiting_finalize.finalize_ms = metric.value * 1000.0
                     self._flush()
-                elif isinstance(metric, TTFBMetricsData) and metric.processor == self.stt_name and metric.value > 0:
+                elif (
+                    isinstance(metric, TTFBMetricsData)
+                    and metric.processor == self.stt_name
+                    and metric.value > 0
+                ):
                     # (value 0 is the placeholder every processor reports at pipeline start)
                     self._ttfs_ms = metric.value * 1000.0
         elif isinstance(frame, TranscriptionFrame):
             self._flush()
-            record = UtteranceRecord(frame.text, ttfs_ms=self._ttfs_ms)
+            result = frame.result if isinstance(frame.result, TranscriptResult) else None
+            record = UtteranceRecord(frame.text, ttfs_ms=self._ttfs_ms, result=result)
             self._ttfs_ms = None
             self.utterances.append(record)
             self._awaiting_finalize = record
@@ -117,6 +129,10 @@ class TranscriptCollector(BaseObserver):
         ttfs = f"{record.ttfs_ms:.0f} ms" if record.ttfs_ms is not None else "n/a"
         fin = f"{record.finalize_ms:.1f} ms" if record.finalize_ms is not None else "n/a"
         self.out.write(f"\r[final] {record.text}\033[K\n        TTFS {ttfs} · ASR finalize {fin}\n")
+        if self.show_words and record.result is not None and record.result.words:
+            confidence = record.result.confidence or 0.0
+            self.out.write(f"        confidence {confidence:.2f}; words (start, end, confidence):\n")
+            self.out.write("".join(f"        {line}\n" for line in record.result.format_words().splitlines()))
         self.out.flush()
 
 

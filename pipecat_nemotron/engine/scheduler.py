@@ -362,6 +362,7 @@ class Scheduler:
                     lag_ms=(now - it.ready_at) * 1000.0,
                     words=state.words,
                     confidence=utterance_confidence(state.words),
+                    start_ms=state.segment_origin / SAMPLES_PER_MS,
                 )
             )
         if it.final:
@@ -399,6 +400,7 @@ class Scheduler:
                 ttf_ms=ttf_ms,
                 words=words,
                 confidence=confidence,
+                start_ms=start_ms,
             )
         )
         # The next utterance starts a new feature segment at the boundary.

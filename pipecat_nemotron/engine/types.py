@@ -50,6 +50,7 @@ class TranscriptUpdate:
         words: The words of ``text`` with their timings and confidence (on partials, the last word may
             still grow).
         confidence: Confidence of the whole text so far, in [0, 1] (mean of the words'); None when empty.
+        start_ms: Where the utterance starts, ms from the stream's first sample.
 
     """
 
@@ -63,6 +64,7 @@ class TranscriptUpdate:
     ttf_ms: float | None = None
     words: tuple[WordTiming, ...] = ()
     confidence: float | None = None
+    start_ms: float = 0.0
 
 
 @dataclass(frozen=True)
