@@ -13,7 +13,7 @@ from pipecat_nemotron.engine.errors import (
 )
 from pipecat_nemotron.engine.scheduler import StepStats
 from pipecat_nemotron.engine.stream import ASRStream
-from pipecat_nemotron.engine.types import FinalTranscript, TranscriptUpdate
+from pipecat_nemotron.engine.types import FinalTranscript, PeekTranscript, TranscriptUpdate
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -28,6 +28,7 @@ __all__ = [
     "ModelLoadError",
     "NemotronEngine",
     "NemotronEngineError",
+    "PeekTranscript",
     "StepStats",
     "StreamClosedError",
     "StreamFailedError",

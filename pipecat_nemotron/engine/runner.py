@@ -59,6 +59,7 @@ class StepItem:
         num_frames: Mel frames of the chunk.
         first: The stream has no encoder context yet: no pre-encode cache, nothing dropped.
         final: The chunk ends an utterance (partial length allowed).
+        peek: The chunk flushes the utterance for a peek, on copies (nothing is written back).
         ready_at: Monotonic time its audio had arrived.
 
     """
@@ -77,6 +78,7 @@ class StepItem:
     #: Confidence of each new token, in [0, 1].
     new_confidence: list[float] = field(default_factory=list)
     error: BaseException | None = None
+    peek: bool = False
 
 
 @dataclass
@@ -264,16 +266,8 @@ class ModelRunner:
         if self.encoder_output_hook is not None:
             self.encoder_output_hook(stream_ids, encoded, encoded_len)
         hyps = self._decode(encoded, encoded_len, previous)
-        self.slots.update_cache(
-            stream_ids, CacheAwareContext(cache_channel, cache_time, cache_channel_len), mapping
-        )
-        # Next pre-encode cache: the last mel frames seen by each stream (all items share num_frames).
-        keep = self.pre_encode_cache.size(-1)
-        chunk = feats[:, :, : num_frames[0]]
-        merged = chunk if cache is None else torch.cat((cache, chunk), dim=-1)
-        if merged.size(-1) < keep:
-            merged = torch.nn.functional.pad(merged, (keep - merged.size(-1), 0))
-        self.pre_encode_cache.index_copy_(0, slot_index, merged[:, :, -keep:])
+        context = CacheAwareContext(cache_channel, cache_time, cache_channel_len)
+        self._keep_caches(items, context, mapping, slot_index, cache, feats[:, :, : num_frames[0]])
         # Encoder frame j of the chunk covers the mel frames up to (chunk start - pre-encode cache) + S*(j + drop)
         # (causal 8x subsampling, S = 8): the offset of this chunk's frame grid from its first mel frame.
         grid = (0 if first else -mode.pre_encode_cache_frames) + self.subsampling * drop
@@ -286,9 +280,45 @@ class ModelRunner:
             it.new_tokens = tokens
             it.new_frames = [it.start_frame + grid + self.subsampling * (t - base) for t in frames]
             it.new_confidence = _confidence_list(hyp, len(tokens))
+            if it.peek:
+                continue  # a peek leaves its stream's decoder state as it was
             it.state.decoded_frames = base + int(length)
             it.state.dec_state = hyp.dec_state
             it.state.encoder_started = True
+
+    def _keep_caches(
+        self,
+        items: list[StepItem],
+        context: Any,
+        mapping: dict[int, int],
+        slot_index: torch.Tensor,
+        cache: torch.Tensor | None,
+        chunk: torch.Tensor,
+    ) -> None:
+        """Write the step's next encoder caches and pre-encode caches back to the slots, except for peeks.
+
+        Args:
+            items: The forward's items (a peek's caches are computed on copies and dropped).
+            context: The next encoder caches of all items, in item order.
+            mapping: Slot to row of ``context`` (from ``get_context``).
+            slot_index: Slot of each item ``[B]``.
+            cache: The pre-encode caches the chunks were given ``[B, features, frames]`` (None on first chunks).
+            chunk: The chunks' own mel frames ``[B, features, frames]`` (all items share the length).
+
+        """
+        kept = [i for i, it in enumerate(items) if not it.peek]
+        if not kept:
+            return
+        self.slots.update_cache([items[i].state.stream_id for i in kept], context, mapping)
+        # Next pre-encode cache: the last mel frames seen by each stream.
+        keep = self.pre_encode_cache.size(-1)
+        merged = chunk if cache is None else torch.cat((cache, chunk), dim=-1)
+        if merged.size(-1) < keep:
+            merged = torch.nn.functional.pad(merged, (keep - merged.size(-1), 0))
+        if len(kept) < len(items):
+            rows = torch.tensor(kept, device=self.device, dtype=torch.long)
+            slot_index, merged = slot_index.index_select(0, rows), merged.index_select(0, rows)
+        self.pre_encode_cache.index_copy_(0, slot_index, merged[:, :, -keep:])
 
     def _encode(
         self, signal: torch.Tensor, lengths: torch.Tensor, context: Any, drop: int, right_context: int

@@ -23,8 +23,8 @@ from loguru import logger
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
 from pipecat_nemotron.engine.errors import StreamClosedError, StreamFailedError
 from pipecat_nemotron.engine.runner import ModelRunner, StepGroup, StepItem
-from pipecat_nemotron.engine.state import StreamState
-from pipecat_nemotron.engine.types import FinalTranscript, TranscriptUpdate
+from pipecat_nemotron.engine.state import PendingPeek, StreamState
+from pipecat_nemotron.engine.types import FinalTranscript, PeekTranscript, TranscriptUpdate
 from pipecat_nemotron.engine.words import utterance_confidence
 
 
@@ -102,11 +102,12 @@ class StepPlan:
 
 
 def _fail_finals(state: StreamState, error: BaseException) -> None:
-    """Fail the stream's pending finalize requests with ``error`` and forget them."""
-    for pending in state.finals:
+    """Fail the stream's pending finalize and peek requests with ``error`` and forget them."""
+    for pending in (*state.finals, *state.peeks):
         if not pending.future.done():
             pending.future.set_exception(error)
     state.finals.clear()
+    state.peeks.clear()
 
 
 class Scheduler:
@@ -263,17 +264,25 @@ class Scheduler:
         items = candidates[: self.max_batch_size]
         by_key: dict[tuple[int, bool, int], list[StepItem]] = {}
         for it in items:
-            self.runner.frontend.advance(it.state.cursor, it.num_frames)
-            it.state.utterance_frames += it.num_frames
+            if not it.peek:  # a peek reads the audio without consuming it
+                self.runner.frontend.advance(it.state.cursor, it.num_frames)
+                it.state.utterance_frames += it.num_frames
             it.state.in_flight = True
             by_key.setdefault((it.state.latency_ms, it.first, it.num_frames), []).append(it)
         groups = [StepGroup(key[0], group) for key, group in by_key.items()]
         return StepPlan(items, groups, immediate, releases)
 
     def _next_item(self, state: StreamState) -> StepItem | StreamState | None:
-        """The stream's next chunk if its audio is ready; the stream itself if a final needs no model step."""
+        """The stream's next chunk if its audio is ready; the stream itself if a final needs no model step.
+
+        A pending peek acts as a boundary that does not end the utterance: the chunks before it come first, then
+        one flush of the rest on copies of the stream's caches (a peek item), then decoding goes on as before.
+        """
         frontend = self.runner.frontend
         limit, at_boundary = state.segment_limit()
+        peek = self._next_peek(state)
+        if peek is not None:
+            limit = peek.boundary - state.segment_origin
         frames = self.runner.chunk_frames(state)
         need = frontend.samples_needed(state.cursor.next_frame, frames)
         first = not state.encoder_started
@@ -281,6 +290,11 @@ class Scheduler:
             ready_at = state.arrival_time(state.segment_origin + need)
             segment = frontend.chunk_segment(state.cursor, frames)
             return StepItem(state, segment, frames, first, False, ready_at, state.cursor.next_frame)
+        if peek is not None:
+            segment, frames = frontend.final_segment(state.cursor, limit)
+            return StepItem(
+                state, segment, frames, first, False, peek.requested_at, state.cursor.next_frame, peek=True
+            )
         if not at_boundary:
             return None
         segment, frames = frontend.final_segment(state.cursor, limit)
@@ -290,11 +304,47 @@ class Scheduler:
             state, segment, frames, first, True, state.finals[0].requested_at, state.cursor.next_frame
         )
 
+    def _next_peek(self, state: StreamState) -> PendingPeek | None:
+        """The stream's first pending peek that needs a model step; peeks with nothing to flush are answered.
+
+        A peek waits for the finals requested before it (it belongs to the utterance after them).
+        """
+        while state.peeks:
+            peek = state.peeks[0]
+            if peek.future.done():  # the caller stopped waiting
+                state.peeks.popleft()
+            elif peek.utterance != state.utterance_index:
+                return None
+            elif self.runner.frontend.frames_available(peek.boundary - state.segment_origin) > (
+                state.cursor.next_frame
+            ):
+                return peek
+            else:  # every frame it covers is decoded: the text so far is the answer
+                self._finish_peek(state, [], time.monotonic())
+        return None
+
+    def _finish_peek(self, state: StreamState, new_tokens: list[int], now: float) -> None:
+        """Answer the stream's first pending peek: its tokens so far plus the peek flush's ``new_tokens``."""
+        pending = state.peeks.popleft()
+        tokens = state.tokens + new_tokens
+        if pending.future.done():
+            return
+        pending.future.set_result(
+            PeekTranscript(
+                text=self.runner.detokenize(tokens) if new_tokens else state.text,
+                utterance=pending.utterance,
+                audio_ms=(pending.boundary - state.segment_origin) / SAMPLES_PER_MS,
+                latency_ms=state.latency_ms,
+                peek_ms=(now - pending.requested_at) * 1000.0,
+                tokens=tuple(tokens),
+            )
+        )
+
     def _execute(self, plan: StepPlan) -> float:
         """Run the step on the worker thread and detokenise the streams whose tokens changed."""
         step_ms = self.runner.run_step(plan.groups, plan.releases)
         for it in plan.items:
-            if it.error is None and it.new_tokens:
+            if it.error is None and it.new_tokens and not it.peek:
                 state = it.state
                 state.tokens.extend(it.new_tokens)
                 state.text = self.runner.detokenize(state.tokens)
@@ -347,9 +397,12 @@ class Scheduler:
             logger.error(f"ASR stream {state.stream_id} failed in a model step: {it.error!r}")
             self.release(state, StreamFailedError(f"model step failed: {it.error!r}"))
             return None
+        queue_ms = max(0.0, (now - it.ready_at) * 1000.0 - step_ms)
+        if it.peek:
+            self._finish_peek(state, it.new_tokens, now)
+            return queue_ms
         hop_s = self.runner.frontend.hop / MODEL_SAMPLE_RATE
         state.audio_seconds += it.num_frames * hop_s
-        queue_ms = max(0.0, (now - it.ready_at) * 1000.0 - step_ms)
         if it.new_tokens and not it.final:
             entry.push(
                 TranscriptUpdate(

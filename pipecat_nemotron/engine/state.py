@@ -31,6 +31,24 @@ class PendingFinal:
 
 
 @dataclass
+class PendingPeek:
+    """A peek request: the text utterance ``utterance`` would end with if it ended at ``boundary``.
+
+    Attributes:
+        boundary: Absolute stream sample (16 kHz) the peek covers the audio up to.
+        requested_at: Monotonic time of the request.
+        future: Resolved with a :class:`~pipecat_nemotron.engine.types.PeekTranscript`.
+        utterance: Index of the utterance peeked at (finalizes requested before the peek come first).
+
+    """
+
+    boundary: int
+    requested_at: float
+    future: asyncio.Future[Any]
+    utterance: int
+
+
+@dataclass
 class StreamState:
     """Everything the engine knows about one stream.
 
@@ -43,6 +61,7 @@ class StreamState:
         cursor: Audio and frame position inside the current segment.
         arrivals: ``(absolute sample count, monotonic time)`` of recent pushes, to time chunk lag.
         finals: Pending finalize requests, oldest first.
+        peeks: Pending peek requests, oldest first.
         encoder_started: The stream's cache slot holds context (later chunks carry a pre-encode cache).
         dec_state: RNNT prediction-network state after the last step (None: start of sequence).
         decoded_frames: Encoder frames decoded since ``dec_state`` was None (NeMo's greedy decoder counts
@@ -67,6 +86,7 @@ class StreamState:
     cursor: FeatureCursor = field(default_factory=FeatureCursor)
     arrivals: deque[tuple[int, float]] = field(default_factory=deque)
     finals: deque[PendingFinal] = field(default_factory=deque)
+    peeks: deque[PendingPeek] = field(default_factory=deque)
     encoder_started: bool = False
     dec_state: Any = None
     decoded_frames: int = 0

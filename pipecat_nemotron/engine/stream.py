@@ -13,8 +13,8 @@ import numpy as np
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
 from pipecat_nemotron.engine.config import validate_latency_ms
 from pipecat_nemotron.engine.errors import InvalidAudioError, StreamClosedError, StreamFailedError
-from pipecat_nemotron.engine.state import PendingFinal, StreamState
-from pipecat_nemotron.engine.types import FinalTranscript, TranscriptUpdate
+from pipecat_nemotron.engine.state import PendingFinal, PendingPeek, StreamState
+from pipecat_nemotron.engine.types import FinalTranscript, PeekTranscript, TranscriptUpdate
 
 if TYPE_CHECKING:
     from pipecat_nemotron.engine.engine import NemotronEngine
@@ -184,6 +184,37 @@ class ASRStream:
         loop = asyncio.get_running_loop()
         pending = PendingFinal(self._state.received, time.monotonic(), loop.create_future())
         self._state.finals.append(pending)
+        self._engine._wake()
+        return pending.future
+
+    async def peek(self) -> PeekTranscript:
+        """The text the current utterance would end with if it ended now, without ending it.
+
+        The same flush as :meth:`finalize` (the audio received so far, right context included), computed on
+        copies of the stream's encoder caches, pre-encode cache and decoder state: the stream is left exactly
+        as it was, and the chunks pushed afterwards decode as if no peek had happened. It costs one model step
+        of the remaining frames (at most one chunk), batched with other streams' work like any chunk; the
+        chunks before it are decoded first, as for a final. Audio still inside the input resampler (a few
+        samples, only when pushing at a rate other than 16 kHz) is not covered.
+
+        Raises:
+            StreamClosedError / StreamFailedError: The stream was closed or failed before the answer.
+
+        """
+        return await self.peek_nowait()
+
+    def peek_nowait(self) -> asyncio.Future[PeekTranscript]:
+        """Like :meth:`peek`, but return a future of the answer (it covers the audio pushed before this call).
+
+        A peek requested after a ``finalize()`` whose final has not arrived yet is about the next utterance.
+        """
+        self._check_open()
+        state = self._state
+        loop = asyncio.get_running_loop()
+        pending = PendingPeek(
+            state.received, time.monotonic(), loop.create_future(), state.utterance_index + len(state.finals)
+        )
+        state.peeks.append(pending)
         self._engine._wake()
         return pending.future
 

@@ -94,3 +94,25 @@ class FinalTranscript:
     words: tuple[WordTiming, ...] = ()
     confidence: float | None = None
     start_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class PeekTranscript:
+    """The text an utterance would end with if it ended now: :meth:`ASRStream.peek`'s result.
+
+    Attributes:
+        text: What ``finalize()`` would return for the audio received up to the peek (empty if nothing).
+        utterance: 0-based index of the utterance within the stream (it goes on after the peek).
+        audio_ms: Audio of the utterance the peek covers, ms.
+        latency_ms: Latency mode that produced it.
+        peek_ms: From the ``peek()`` call to the text being available, ms.
+        tokens: Token ids of ``text``.
+
+    """
+
+    text: str
+    utterance: int
+    audio_ms: float
+    latency_ms: int
+    peek_ms: float
+    tokens: tuple[int, ...] = ()

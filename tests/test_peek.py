@@ -1,0 +1,163 @@
+"""``ASRStream.peek()``: the final-quality text of the current utterance, leaving the stream exactly as it was."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+import pytest_asyncio
+import torch
+from helpers import wait_caught_up
+
+from pipecat_nemotron.engine import EngineConfig, NemotronEngine, PeekTranscript, StreamClosedError
+from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
+from pipecat_nemotron.wav_input import read_pcm16
+
+MODES = (80, 160, 560, 1120)
+#: two_turns.wav: the first turn ends by 1.8 s, the second starts at 3.0 s (``turns.json``); 16 kHz int16.
+TURN_SPLIT = int(2.4 * 16000) * 2
+
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+def engine_config(finalize_mode: str = "soft") -> EngineConfig:
+    return EngineConfig(
+        model=str(TINY_MODEL_PATH),
+        device="cpu",
+        max_streams=4,
+        max_batch_size=4,
+        finalize_mode=finalize_mode,  # type: ignore[arg-type]
+        warmup=False,
+    )
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine():
+    async with NemotronEngine(engine_config()) as eng:
+        yield eng
+
+
+def two_turns() -> bytes:
+    return read_pcm16(DEMO_AUDIO_DIR / "two_turns.wav").tobytes()
+
+
+async def speak(stream, pcm: bytes, rng: random.Random | None, peeks: list) -> None:
+    """Push ``pcm`` in 20-100 ms pieces; with ``rng``, peek at random points (waiting for some answers)."""
+    i = 0
+    while i < len(pcm):
+        size = 640 * (rng.randint(1, 5) if rng else 3)
+        await stream.push(pcm[i : i + size])
+        i += size
+        if rng is not None and rng.random() < 0.25:
+            if rng.random() < 0.5:
+                peeks.append(await stream.peek())
+            else:
+                peeks.append(stream.peek_nowait())
+        await asyncio.sleep(0)
+
+
+async def run_session(engine: NemotronEngine, latency_ms: int, seed: int | None) -> tuple[list, list, list]:
+    """Two utterances on one stream: finals, tokens at sync points, and peek answers (with ``seed``: peeks)."""
+    rng = random.Random(seed) if seed is not None else None
+    pcm = two_turns()
+    stream = engine.open_stream(latency_ms=latency_ms)
+    peeks: list = []
+    synced: list[tuple[int, ...]] = []
+    finals = []
+    try:
+        for part in (pcm[: TURN_SPLIT // 2], pcm[TURN_SPLIT // 2 : TURN_SPLIT], pcm[TURN_SPLIT:]):
+            await speak(stream, part, rng, peeks)
+            await wait_caught_up(stream)
+            synced.append(stream.tokens)
+            if len(synced) != 2:
+                finals.append(await stream.finalize())
+    finally:
+        await stream.close()
+    return finals, synced, [p if isinstance(p, PeekTranscript) else p.result() for p in peeks]
+
+
+@pytest.mark.parametrize("latency_ms", MODES)
+async def test_peeks_leave_the_stream_unchanged(engine: NemotronEngine, latency_ms: int) -> None:
+    # Two streams at once, so the peeks batch with the other stream's chunks.
+    (ref_finals, ref_synced, _), *peeked = await asyncio.gather(
+        run_session(engine, latency_ms, None), run_session(engine, latency_ms, seed=latency_ms)
+    )
+    assert [f.text for f in ref_finals] and all(f.text for f in ref_finals)
+    for finals, synced, peeks in peeked:
+        assert peeks, "the random schedule peeked"
+        assert synced == ref_synced
+        assert [f.tokens for f in finals] == [f.tokens for f in ref_finals]
+        assert [f.text for f in finals] == [f.text for f in ref_finals]
+        for p in peeks:
+            # A peek is a prefix of its utterance's final, as the model saw it then (tokens may still change
+            # only at the flushed tail, which the next chunks decode with their real right context).
+            assert p.utterance in (0, 1) and p.latency_ms == latency_ms and p.peek_ms >= 0
+
+
+@pytest.mark.parametrize("finalize_mode", ["soft", "hard"])
+async def test_peek_equals_the_final_it_predicts(engine: NemotronEngine, finalize_mode: str) -> None:
+    pcm = two_turns()
+    if finalize_mode == "hard":  # a peek right after a hard reset starts from a fresh slot, as the final does
+        engine = NemotronEngine(engine_config("hard"))
+        await engine.start()
+    stream = engine.open_stream(latency_ms=160)
+    try:
+        await speak(stream, pcm[:TURN_SPLIT], None, [])
+        peek = await stream.peek()
+        again = await stream.peek()
+        final = await stream.finalize()
+        assert peek.text and peek.text == final.text and peek.tokens == final.tokens
+        assert again == PeekTranscript(peek.text, 0, peek.audio_ms, 160, again.peek_ms, peek.tokens), (
+            "a second peek sees the same stream"
+        )
+        assert peek.audio_ms == pytest.approx(final.audio_ms)
+
+        # A peek asked while a final is pending belongs to the next utterance; one asked before it, to this one.
+        await speak(stream, pcm[TURN_SPLIT:], None, [])
+        before = stream.peek_nowait()
+        final_future = stream.finalize_nowait()
+        after = stream.peek_nowait()
+        second = await final_future
+        assert (await before).text == second.text and (await before).utterance == 1
+        assert (await after).text == "" and (await after).utterance == 2
+    finally:
+        await stream.close()
+        if finalize_mode == "hard":
+            await engine.stop()
+
+
+async def test_simultaneous_peeks_share_one_forward(engine: NemotronEngine) -> None:
+    pcm = two_turns()[:TURN_SPLIT]
+    streams = [engine.open_stream(latency_ms=160) for _ in range(2)]
+    forwards: list[list[int]] = []
+
+    def hook(ids: list[int], _enc: torch.Tensor, _len: torch.Tensor) -> None:
+        forwards.append(list(ids))
+
+    try:
+        for s in streams:
+            await s.push(pcm)
+        for s in streams:
+            await wait_caught_up(s)
+        with engine.observe_encoder_output(hook):
+            a, b = await asyncio.gather(*(s.peek() for s in streams))
+        assert a.text and a.tokens == b.tokens
+        assert sorted(s.stream_id for s in streams) in [sorted(ids) for ids in forwards]
+    finally:
+        for s in streams:
+            await s.close()
+
+
+async def test_peek_edges(engine: NemotronEngine) -> None:
+    stream = engine.open_stream(latency_ms=160)
+    empty = await stream.peek()
+    assert empty.text == "" and empty.tokens == () and empty.audio_ms == 0
+    await stream.push(two_turns()[:TURN_SPLIT])
+    pending = stream.peek_nowait()
+    await stream.close()
+    with pytest.raises(StreamClosedError):
+        await pending
+    with pytest.raises(StreamClosedError):
+        await stream.peek()
