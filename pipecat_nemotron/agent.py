@@ -37,6 +37,7 @@ from pipecat.services.stt_service import STTService
 from pipecat.services.tts_service import TTSService
 from pipecat.transports.base_transport import BaseTransport
 
+from pipecat_nemotron.eager import DEFAULT_EAGER_SILENCE_MS
 from pipecat_nemotron.engine.config import EngineConfig, validate_latency_ms
 from pipecat_nemotron.llm_env import ENV_BACKEND, ENV_BASE_URL, ENV_NVIDIA_API_KEY, ENV_PREFIX
 from pipecat_nemotron.metrics import TurnLatency, VoiceLatencyObserver
@@ -44,6 +45,17 @@ from pipecat_nemotron.stt_base import VAD_STOP_SECS
 
 #: ``type`` of the RTVI ``server-message`` carrying one :class:`~pipecat_nemotron.metrics.TurnLatency` record.
 TURN_LATENCY_MESSAGE = "nemotron-turn-latency"
+
+_BOOLEANS = {
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+}
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,10 @@ class AgentSettings:
         asr_model: ASR model id or ``.nemo`` path (None: the GPU model, or the tiny model without a GPU).
         asr_device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (also used for Magpie in process).
         asr_latency_ms: 80, 160, 560 or 1120.
+        asr_eager_end_of_turn: Start answering when the user pauses for ``asr_eager_silence_ms``, before the VAD
+            commits the turn (``NemotronSTTService(enable_eager_end_of_turn=True)``); each withdrawn prediction
+            costs an LLM request. Off by default.
+        asr_eager_silence_ms: The pause that predicts the end of a turn, ms.
         llm_configured: Whether an LLM endpoint was configured (``NEMOTRON_LLM_BASE_URL`` or ``_BACKEND``).
         llm_env: The environment the LLM settings are read from (see ``NemotronLLMSettings.from_env``).
         tts_model: Magpie model id or ``.nemo`` path to run in process (None: none).
@@ -66,6 +82,8 @@ class AgentSettings:
     asr_model: str | None = None
     asr_device: str = "auto"
     asr_latency_ms: int = 160
+    asr_eager_end_of_turn: bool = False
+    asr_eager_silence_ms: float = DEFAULT_EAGER_SILENCE_MS
     llm_configured: bool = False
     llm_env: Mapping[str, str] = field(default_factory=dict)
     tts_model: str | None = None
@@ -75,18 +93,22 @@ class AgentSettings:
 
     def __post_init__(self) -> None:
         validate_latency_ms(self.asr_latency_ms)
+        if not self.asr_eager_silence_ms > 0:
+            raise ValueError(f"asr_eager_silence_ms must be > 0 (ms), got {self.asr_eager_silence_ms!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> AgentSettings:
         """Read the agent's settings from ``environ`` (pass ``os.environ`` after ``load_dotenv()``).
 
-        Keys: ``NEMOTRON_ASR_MODEL``/``_DEVICE``/``_LATENCY_MS``, ``NEMOTRON_LLM_*`` (see ``docs/LLM.md``),
+        Keys: ``NEMOTRON_ASR_MODEL``/``_DEVICE``/``_LATENCY_MS``, ``NEMOTRON_ASR_EAGER_END_OF_TURN`` (``1``/``true``
+        to turn it on) and ``NEMOTRON_ASR_EAGER_SILENCE_MS``, ``NEMOTRON_LLM_*`` (see ``docs/LLM.md``),
         ``MAGPIE_TTS_MODEL``/``_VOICE``, ``MAGPIE_NIM_SERVER``/``_VOICE``. Empty values count as unset.
 
         Raises:
             ValueError: A value does not parse (the message names the key).
 
         """
+
         def get(key: str) -> str | None:
             value = environ.get(key, "").strip()
             return value or None
@@ -95,10 +117,22 @@ class AgentSettings:
         if not latency.isdigit():
             raise ValueError(f"NEMOTRON_ASR_LATENCY_MS must be 80, 160, 560 or 1120, got {latency!r}")
         llm_keys = {k: v for k, v in environ.items() if k.startswith(ENV_PREFIX) or k == ENV_NVIDIA_API_KEY}
+        eager = (get("NEMOTRON_ASR_EAGER_END_OF_TURN") or "0").lower()
+        if eager not in _BOOLEANS:
+            raise ValueError(f"NEMOTRON_ASR_EAGER_END_OF_TURN must be 1/0 or true/false, got {eager!r}")
+        silence = get("NEMOTRON_ASR_EAGER_SILENCE_MS") or str(DEFAULT_EAGER_SILENCE_MS)
+        try:
+            silence_ms = float(silence)
+        except ValueError:
+            raise ValueError(
+                f"NEMOTRON_ASR_EAGER_SILENCE_MS must be a number of ms, got {silence!r}"
+            ) from None
         return cls(
             asr_model=get("NEMOTRON_ASR_MODEL"),
             asr_device=get("NEMOTRON_ASR_DEVICE") or "auto",
             asr_latency_ms=int(latency),
+            asr_eager_end_of_turn=_BOOLEANS[eager],
+            asr_eager_silence_ms=silence_ms,
             llm_configured=bool(get(ENV_BASE_URL) or get(ENV_BACKEND)),
             llm_env=llm_keys,
             tts_model=get("MAGPIE_TTS_MODEL"),
@@ -111,12 +145,16 @@ class AgentSettings:
         """The ASR engine these settings name (the key services and :meth:`preload` share it under)."""
         from pipecat_nemotron.models import default_asr_model
 
-        return EngineConfig(model=self.asr_model or default_asr_model(self.asr_device), device=self.asr_device)
+        return EngineConfig(
+            model=self.asr_model or default_asr_model(self.asr_device), device=self.asr_device
+        )
 
     def create_stt(self, **kwargs: Any) -> STTService:
         """The in-process Nemotron STT service (shared engine)."""
         from pipecat_nemotron.stt import NemotronSTTService
 
+        kwargs.setdefault("enable_eager_end_of_turn", self.asr_eager_end_of_turn)
+        kwargs.setdefault("eager_silence_ms", self.asr_eager_silence_ms)
         return NemotronSTTService(
             engine_config=self.asr_engine_config(), latency_ms=self.asr_latency_ms, **kwargs
         )
@@ -171,8 +209,13 @@ class AgentSettings:
 
     def describe(self) -> list[str]:
         """One line per stage saying what runs, or how to configure it."""
+        eager = (
+            f", eager end of turn after {self.asr_eager_silence_ms:g} ms"
+            if self.asr_eager_end_of_turn
+            else ""
+        )
         lines = [
-            f"ASR: {self.asr_model or 'default'} ({self.asr_latency_ms} ms mode, device {self.asr_device})"
+            f"ASR: {self.asr_model or 'default'} ({self.asr_latency_ms} ms mode, device {self.asr_device}{eager})"
         ]
         if self.llm_configured:
             lines.append(
@@ -314,6 +357,8 @@ def build_voice_agent(
         @observer.event_handler("on_turn_latency")
         async def _send_turn_latency(_observer: VoiceLatencyObserver, turn: TurnLatency) -> None:
             # RTVI clients (the /nemotron page) show each turn's latency as the bot measured it.
-            await worker.queue_frame(RTVIServerMessageFrame(data={"type": TURN_LATENCY_MESSAGE, **turn.to_dict()}))
+            await worker.queue_frame(
+                RTVIServerMessageFrame(data={"type": TURN_LATENCY_MESSAGE, **turn.to_dict()})
+            )
 
     return VoiceAgent(pipeline, worker, observer, context, stt, processors)

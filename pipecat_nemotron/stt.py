@@ -57,6 +57,11 @@ class NemotronSTTService(NemotronSTTBase):
     Example::
 
         stt = NemotronSTTService(model="nvidia/nemotron-speech-streaming-en-0.6b", latency_ms=160)
+
+    With ``enable_eager_end_of_turn=True`` a pause of ``eager_silence_ms`` pushes the utterance's text, peeked
+    without ending it (:meth:`ASRStream.peek <pipecat_nemotron.engine.ASRStream.peek>`, one batched model step),
+    as an ``EagerTranscriptionFrame``, so the LLM starts before the VAD commits the turn (see
+    :class:`~pipecat_nemotron.stt_base.NemotronSTTBase`).
     """
 
     def __init__(
@@ -92,7 +97,11 @@ class NemotronSTTService(NemotronSTTBase):
                 Seconds. Load the model at process start (:meth:`SharedEngines.preload
                 <pipecat_nemotron.engine.shared.SharedEngines.preload>`) so no session waits at all.
             settings: Runtime settings (``latency_ms``); overrides ``latency_ms`` above.
-            **kwargs: Passed to :class:`~pipecat.services.stt_service.STTService`.
+            **kwargs: The eager end of turn's settings (``enable_eager_end_of_turn``, ``eager_silence_ms``,
+                ``eager_signal``, ``eager_vad_analyzer``, ``eager_match_policy``, ``eager_turn_analyzer``,
+                ``eager_hold_words``: see
+                :class:`~pipecat_nemotron.stt_base.NemotronSTTBase`), then
+                :class:`~pipecat.services.stt_service.STTService`'s.
 
         Raises:
             ValueError: Unsupported latency, device or ``load_wait_s`` (the message names the allowed values).
@@ -197,7 +206,9 @@ class NemotronSTTService(NemotronSTTBase):
 
     def _pending_audio_s(self) -> float:
         """Audio kept while the engine loads, seconds."""
-        return sum(len(a) for a in self._pending if a is not None) / (2.0 * (self.sample_rate or MODEL_SAMPLE_RATE))
+        return sum(len(a) for a in self._pending if a is not None) / (
+            2.0 * (self.sample_rate or MODEL_SAMPLE_RATE)
+        )
 
     def _drop_pending(self) -> float:
         """Forget the audio kept while loading; return how much it was, seconds."""
@@ -300,6 +311,8 @@ class NemotronSTTService(NemotronSTTBase):
             self._pending.append(audio)
         else:
             await self._push_audio(audio)
+            if self._stream is not None:
+                await self._eager_progress(self._stream.audio_seconds * 1000.0)
         yield None
 
     async def _push_audio(self, audio: bytes) -> None:
@@ -357,9 +370,17 @@ class NemotronSTTService(NemotronSTTBase):
                     await self._on_final(update)
                 else:
                     await self._push_interim(update.text)
+                    await self._eager_progress(stream.audio_seconds * 1000.0, text_changed=True)
         except NemotronEngineError as e:
             if self._stream is stream:
                 await self._stream_failed(e)
+
+    async def _peek_text(self) -> str:
+        """The open utterance's text as its final would be now (:meth:`ASRStream.peek`); "" while loading."""
+        stream = self._stream
+        if stream is None or stream.closed or self._pending:
+            return ""
+        return (await stream.peek()).text
 
     async def _on_final(self, update: TranscriptUpdate) -> None:
         ttf_ms = update.ttf_ms or 0.0

@@ -4,24 +4,52 @@
 :class:`~pipecat_nemotron.server_stt.NemotronServerSTTService` (engine behind a WebSocket) differ only in how
 audio reaches the engine and how its results come back. Everything else lives here, once: the runtime
 settings (``latency_ms``) and their validation, the TTFS p99 each service announces, the interim and final
-frames it pushes (with the ``asr_finalize`` metric) and the tracing hook. A subclass implements the transport:
-:meth:`NemotronSTTBase._finalize_p99_ms` (what the finalize time measured so far says) and
-:meth:`NemotronSTTBase._apply_latency` (tell the engine about a new latency mode).
+frames it pushes (with the ``asr_finalize`` metric), the tracing hook and the eager end of turn (Pipecat's
+``EagerEndOfTurnSTTServiceMixin``, driven by :class:`~pipecat_nemotron.eager.PauseDetector`). A subclass
+implements the transport: :meth:`NemotronSTTBase._finalize_p99_ms` (what the finalize time measured so far says),
+:meth:`NemotronSTTBase._apply_latency` (tell the engine about a new latency mode) and
+:meth:`NemotronSTTBase._peek_text` (the utterance's text as its final would be now, without ending it).
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
 from loguru import logger
-from pipecat.frames.frames import InterimTranscriptionFrame, STTMetadataFrame, TranscriptionFrame
+from pipecat.audio.turn.base_turn_analyzer import BaseTurnAnalyzer
+from pipecat.audio.vad.vad_analyzer import VADAnalyzer
+from pipecat.frames.frames import (
+    Frame,
+    InputAudioRawFrame,
+    InterimTranscriptionFrame,
+    ProposedUserStartedSpeakingFrame,
+    ProposedUserStoppedSpeakingFrame,
+    StartFrame,
+    STTMetadataFrame,
+    TranscriptionFrame,
+    VADUserStartedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.settings import NOT_GIVEN, NotGiven, STTSettings, is_given
 from pipecat.services.stt_service import STTService
 from pipecat.transcriptions.language import Language
+from pipecat.turns.eager_end_of_turn_mixin import EagerEndOfTurnSTTServiceMixin
+from pipecat.turns.user_stop import EagerMatchPolicy
 from pipecat.utils.time import time_now_iso8601
 from pipecat.utils.tracing.service_decorators import traced_stt
 
+from pipecat_nemotron.eager import (
+    DEFAULT_EAGER_SILENCE_MS,
+    HOLD_WORDS,
+    EagerSignal,
+    PauseDetector,
+    PauseEvent,
+    TurnCommit,
+    ends_mid_sentence,
+)
 from pipecat_nemotron.engine.config import LATENCY_MODES, validate_latency_ms
 from pipecat_nemotron.metrics import asr_finalize_metrics_frame
 
@@ -78,16 +106,28 @@ class NemotronSTTSettings(STTSettings):
     latency_ms: int | NotGiven = field(default_factory=lambda: NOT_GIVEN)
 
 
-class NemotronSTTBase(STTService):
-    """Base of the Nemotron STT services: settings, TTFS, interim and final frames, tracing.
+class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
+    """Base of the Nemotron STT services: settings, TTFS, interim and final frames, tracing, eager end of turn.
 
     Interim text is pushed as ``InterimTranscriptionFrame`` whenever it changes; each user turn ends in one
     ``TranscriptionFrame`` with ``finalized=True`` (Pipecat then reports TTFS) and, with metrics enabled,
     an ``asr_finalize`` processing metric. ``STTUpdateSettingsFrame(delta=NemotronSTTSettings(latency_ms=...))``
     switches the latency mode; the model cannot change at run time.
 
-    Subclasses implement :meth:`_finalize_p99_ms` and :meth:`_apply_latency`, and may override
-    :meth:`_model_change_refusal`.
+    With ``enable_eager_end_of_turn=True`` the service also predicts the end of the turn: when the user pauses
+    for ``eager_silence_ms`` (see :class:`~pipecat_nemotron.eager.PauseDetector`) it pushes the utterance's
+    final-quality text, peeked without ending the utterance, as an ``EagerTranscriptionFrame``, so the LLM starts
+    answering while the VAD still waits for its ``stop_secs``; if the user speaks again it withdraws it
+    (``EagerEndOfTurnCancelFrame``). The committed end of turn is the VAD stop, as without it: the finalized
+    ``TranscriptionFrame``, then a ``ProposedUserStoppedSpeakingFrame``. The service then owns turn detection
+    (``ProposedUserStartedSpeakingFrame`` at each VAD start) and recommends Pipecat's
+    ``EagerUserTurnStrategies`` in its ``STTMetadataFrame``; the LLM service's ``SpeculationGate`` holds the
+    speculative reply until the turn is committed and the committed transcript matches. Every withdrawn or
+    mismatched prediction costs one LLM request.
+
+    Subclasses implement :meth:`_finalize_p99_ms`, :meth:`_apply_latency` and :meth:`_peek_text`, may override
+    :meth:`_model_change_refusal`, and report the ASR's progress to :meth:`_eager_progress` for the ``"asr"``
+    pause signal.
     """
 
     Settings = NemotronSTTSettings
@@ -100,6 +140,13 @@ class NemotronSTTBase(STTService):
         model: str | None,
         ttfs_p99_latency: float | None = None,
         settings: NemotronSTTSettings | None = None,
+        enable_eager_end_of_turn: bool = False,
+        eager_silence_ms: float = DEFAULT_EAGER_SILENCE_MS,
+        eager_signal: EagerSignal = "vad",
+        eager_vad_analyzer: VADAnalyzer | None = None,
+        eager_match_policy: EagerMatchPolicy | None = None,
+        eager_turn_analyzer: BaseTurnAnalyzer | None = None,
+        eager_hold_words: frozenset[str] = HOLD_WORDS,
         **kwargs: Any,
     ) -> None:
         """Validate and store the settings, then initialise the Pipecat service.
@@ -110,10 +157,26 @@ class NemotronSTTBase(STTService):
             ttfs_p99_latency: P99 speech-end-to-final time, seconds; None derives it from the measured
                 finalize times (:func:`ttfs_p99_from_finalize_ms`).
             settings: Runtime settings (``latency_ms``); override ``latency_ms`` above.
+            enable_eager_end_of_turn: Answer a predicted end of turn (a pause of ``eager_silence_ms``) before
+                the VAD commits it. Off by default: each withdrawn prediction costs an LLM request.
+            eager_silence_ms: Pause after speech that predicts the end of the turn, ms (shorter than the VAD's
+                ``stop_secs``, which commits it).
+            eager_signal: What detects the pause: ``"vad"`` (this service's own VAD, the default), ``"asr"``
+                (the transcript's blank run) or ``"both"``.
+            eager_vad_analyzer: The VAD for the ``"vad"`` signal (default: Silero, ``stop_secs`` =
+                ``eager_silence_ms``).
+            eager_match_policy: When the committed transcript still matches the predicted one (Pipecat's
+                ``NormalizedMatch`` by default: case and punctuation aside).
+            eager_turn_analyzer: In eager mode, also ask this turn analyzer (e.g. Pipecat's
+                ``LocalSmartTurnAnalyzerV3()``) at each VAD stop: the turn is committed only when it says the
+                turn is complete (else after its own longer silence, or the user goes on). None: the VAD stop
+                commits.
+            eager_hold_words: A pause after one of these words is mid-sentence: no prediction (default:
+                :data:`~pipecat_nemotron.eager.HOLD_WORDS`, English function words; empty: predict at every pause).
             **kwargs: Passed on to the next base (Pipecat's ``STTService`` or ``WebsocketSTTService``).
 
         Raises:
-            ValueError: Unsupported latency (the message names the allowed values).
+            ValueError: Unsupported latency (the message names the allowed values), or a bad eager setting.
 
         """
         validate_latency_ms(latency_ms)
@@ -121,9 +184,23 @@ class NemotronSTTBase(STTService):
         if settings is not None:
             default_settings.apply_update(settings)
         validate_latency_ms(default_settings.latency_ms)  # type: ignore[arg-type]
-        super().__init__(ttfs_p99_latency=ttfs_p99_latency, settings=default_settings, **kwargs)
+        pauses = PauseDetector(
+            silence_ms=eager_silence_ms, signal=eager_signal, vad_analyzer=eager_vad_analyzer
+        )
+        super().__init__(
+            ttfs_p99_latency=ttfs_p99_latency,
+            settings=default_settings,
+            enable_eager_end_of_turn=enable_eager_end_of_turn,
+            eager_match_policy=eager_match_policy,
+            **kwargs,
+        )
         self._explicit_ttfs = ttfs_p99_latency is not None
         self._last_interim = ""
+        #: Decides when the user pauses (None with the eager end of turn off).
+        self._pauses: PauseDetector | None = pauses if enable_eager_end_of_turn else None
+        self._peek_task: asyncio.Task[None] | None = None
+        self._commit = TurnCommit(eager_turn_analyzer)
+        self._hold_words = frozenset(eager_hold_words)
 
     # ---- what the subclasses implement --------------------------------------------------------------------
 
@@ -139,6 +216,10 @@ class NemotronSTTBase(STTService):
         """The error pushed when a settings delta asks for another model."""
         return f"the model cannot change at run time (loaded: {self._settings.model})"
 
+    async def _peek_text(self) -> str:
+        """The current utterance's text as its final would be now, without ending it (eager end of turn)."""
+        raise NotImplementedError
+
     # ---- TTFS and metrics ---------------------------------------------------------------------------------
 
     @property
@@ -151,10 +232,17 @@ class NemotronSTTBase(STTService):
         return True
 
     def service_metadata_frame(self) -> STTMetadataFrame:
-        """Broadcast a TTFS p99 derived from the measured finalize times (unless given explicitly)."""
+        """Broadcast a TTFS p99 derived from the measured finalize times (unless given explicitly).
+
+        With the eager end of turn on, the frame also recommends Pipecat's ``EagerUserTurnStrategies`` (applied
+        unless the pipeline passed its own ``user_turn_strategies``).
+        """
         if not self._explicit_ttfs:
             self._ttfs_p99_latency = self.measured_ttfs_p99()
-        return super().service_metadata_frame()
+        frame = super().service_metadata_frame()
+        if self.eager_end_of_turn_enabled:
+            frame.user_turn_strategies = self.recommended_user_turn_strategies(enable_interruptions=True)
+        return frame
 
     def measured_ttfs_p99(self) -> float:
         """TTFS p99 from the finalize times measured so far (see :func:`ttfs_p99_from_finalize_ms`), seconds."""
@@ -184,11 +272,17 @@ class NemotronSTTBase(STTService):
 
         """
         self._last_interim = ""
-        if not text:
+        # The turn is committed: whatever was answered eagerly is settled by this transcript.
+        self._clear_eager_end_of_turn()
+        pushed = bool(text)
+        if pushed:
+            await self._deliver_final(text, ttf_ms, model)
+        else:
             await self._skip_empty_final(utterance, ttf_ms)
-            return False
-        await self._deliver_final(text, ttf_ms, model)
-        return True
+        if self._pauses is not None and await self._commit.complete():
+            # The service owns turn detection in eager mode (Pipecat's external turn strategies).
+            await self.broadcast_frame(ProposedUserStoppedSpeakingFrame)
+        return pushed
 
     async def _skip_empty_final(self, utterance: int, ttf_ms: float) -> None:
         """A turn with no speech: no empty transcript is pushed, and there is no TTFS to report."""
@@ -217,6 +311,90 @@ class NemotronSTTBase(STTService):
         if self.metrics_enabled:
             await self.push_frame(asr_finalize_metrics_frame(self.name, model, ttf_ms))
         logger.debug(f"{self}: final transcript: {text!r}")
+
+    # ---- eager end of turn --------------------------------------------------------------------------------
+
+    async def start(self, frame: StartFrame) -> None:
+        """Start the service (and the eager end of turn's VAD, at the input sample rate)."""
+        await super().start(frame)
+        if self._pauses is not None:
+            self._pauses.start(self.sample_rate)
+            self._commit.start(self.sample_rate)
+            logger.info(
+                f"{self}: eager end of turn on ({self._pauses.signal} signal, {self._pauses.silence_ms:g} ms pause)"
+            )
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        """Handle frames; in eager mode, a VAD start opens a turn and a VAD stop ends the eager prediction."""
+        await super().process_frame(frame, direction)
+        if self._pauses is None:
+            return
+        if isinstance(frame, VADUserStartedSpeakingFrame):
+            await self._withdraw_eager()
+            self._pauses.reset()
+            self._commit.on_speech_start(frame.start_secs)
+            await self.broadcast_frame(ProposedUserStartedSpeakingFrame)
+        elif isinstance(frame, VADUserStoppedSpeakingFrame):
+            # The final comes next and settles the prediction; a peek still running would only repeat it.
+            await self._cancel_peek()
+            self._pauses.reset()
+            self._commit.on_vad_stop()
+
+    async def process_audio_frame(self, frame: InputAudioRawFrame, direction: FrameDirection) -> None:
+        """Transcribe the audio (the subclass's ``run_stt``), then listen for a pause in eager mode."""
+        await super().process_audio_frame(frame, direction)
+        if self._pauses is None or self._muted or not frame.audio:
+            return
+        if self._commit.on_audio(frame.audio, self._user_speaking):  # the analyzer ends a turn it held open
+            await self.broadcast_frame(ProposedUserStoppedSpeakingFrame)
+        if self._user_speaking:
+            await self._on_pause_event(await self._pauses.on_audio(frame.audio))
+
+    async def _eager_progress(self, decoded_ms: float, text_changed: bool = False) -> None:
+        """The ASR decoded more of this session's audio (ms, any origin); ``text_changed``: the transcript grew."""
+        if self._pauses is not None and self._user_speaking:
+            await self._on_pause_event(self._pauses.on_decoded(decoded_ms, text_changed))
+
+    async def _on_pause_event(self, event: PauseEvent | None) -> None:
+        if event is PauseEvent.PAUSE and self._peek_task is None and not self.eager_end_of_turn_pending:
+            self._peek_task = self.create_task(self._eager_peek(), name=f"{self}::eager_peek")
+        elif event is PauseEvent.RESUME:
+            await self._withdraw_eager()
+
+    async def _eager_peek(self) -> None:
+        """Peek at the utterance and, if the user is still pausing, push it as the predicted end of turn."""
+        try:
+            text = await self._peek_text()
+        except Exception as e:  # the stream failed or closed meanwhile: no prediction this time
+            logger.debug(f"{self}: eager peek failed: {e!r}")
+            return
+        finally:
+            if self._peek_task is asyncio.current_task():
+                self._peek_task = None
+        if ends_mid_sentence(text, self._hold_words):
+            logger.debug(f"{self}: a pause after {text.split()[-1]!r} is mid-sentence; no eager end of turn")
+        elif text and self._user_speaking and self._pauses is not None and self._pauses.paused:
+            logger.debug(f"{self}: eager end of turn: {text!r}")
+            await self._push_eager_end_of_turn(text, user_id=self._user_id, language=Language.EN)
+
+    async def _cancel_peek(self) -> None:
+        task, self._peek_task = self._peek_task, None
+        if task is not None and not task.done():
+            await self.cancel_task(task)
+
+    async def _withdraw_eager(self) -> None:
+        """The user speaks again: drop a peek in flight and withdraw the prediction (if one is out)."""
+        if self._peek_task is not None:
+            logger.debug(f"{self}: user resumed before the eager peek returned; dropped")
+        await self._cancel_peek()
+        if self.eager_end_of_turn_pending:
+            logger.debug(f"{self}: user resumed; eager end of turn withdrawn")
+        await self._cancel_eager_end_of_turn()
+
+    async def cleanup(self) -> None:
+        """Stop a peek still running."""
+        await self._cancel_peek()
+        await super().cleanup()
 
     @traced_stt
     async def _handle_transcription(
