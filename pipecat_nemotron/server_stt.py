@@ -35,10 +35,12 @@ from pipecat.services.stt_service import WebsocketSTTService
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
+from pipecat_nemotron.eager import PeekRequests
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.latency_stats import percentile
 from pipecat_nemotron.server.protocol import (
     DEFAULT_PATH,
+    PEEK_FEATURE,
     PROTOCOL_VERSION,
     ConfigMessage,
     ErrorMessage,
@@ -47,6 +49,8 @@ from pipecat_nemotron.server.protocol import (
     KeepaliveMessage,
     LatencyMessage,
     PartialMessage,
+    PeekMessage,
+    PeekResultMessage,
     ProtocolError,
     ReadyMessage,
     SetLatencyMessage,
@@ -174,6 +178,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
         self._finalize_rtts_ms: deque[float] = deque(maxlen=512)
         self._fatal_error: ErrorMessage | None = None
         self._max_send_bytes = MAX_AUDIO_MESSAGE_BYTES
+        self._peeks = PeekRequests()
         self.sessions_opened = 0
 
     # ---- properties ---------------------------------------------------------------------------------------
@@ -335,6 +340,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
     async def _disconnect_websocket(self) -> None:
         ws, self._websocket = self._websocket, None
         self._ready = None
+        self._peeks.clear()
         if ws is None:
             return
         try:
@@ -380,6 +386,8 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
             await self._push_interim(msg.text)
         elif isinstance(msg, FinalMessage):
             await self._on_final(msg)
+        elif isinstance(msg, PeekResultMessage):
+            self._peeks.answer(msg.text)
         elif isinstance(msg, LatencyMessage):
             logger.debug(f"{self}: latency mode {msg.latency_ms} ms applies {msg.applied}")
         elif isinstance(msg, ErrorMessage):
@@ -441,6 +449,16 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
                     await self._websocket.send(FinalizeMessage().to_json())
                 except Exception as e:  # replayed after the reconnect
                     logger.debug(f"{self}: finalize send failed: {e!r}")
+
+    async def _peek_text(self) -> str:
+        """A ``peek`` round trip: the open utterance's text as its final would be now ("" if the server lacks it)."""
+        ws, ready = self._websocket, self._ready
+        if ws is None or ready is None or PEEK_FEATURE not in ready.features:
+            return ""
+        async with self._send_lock:  # after the audio sent so far, which it covers
+            answer = self._peeks.request()
+            await ws.send(PeekMessage().to_json())
+        return await asyncio.wait_for(answer, self._final_timeout_s)
 
     async def _flush_finals(self) -> None:
         """At the end of the session: finalize an unfinished utterance and wait for every final owed."""

@@ -177,6 +177,17 @@ class ServerConfig:
         if not self.path.startswith("/"):
             raise ValueError(f"path must start with '/', got {self.path!r}")
 
+    def announced_limits(self) -> dict[str, float]:
+        """The limits a session's ``ready`` message announces to its client."""
+        return {
+            "max_message_bytes": self.max_message_bytes,
+            "idle_timeout_s": self.idle_timeout_s,
+            "burst_ms": self.burst_ms,
+            "max_backlog_ms": self.max_backlog_ms,
+            "max_control_rate": self.max_control_rate,
+            "control_burst": self.control_burst,
+        }
+
     def __repr__(self) -> str:
         shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
         metrics_token = "'<hidden>'" if self.metrics_token else None

@@ -4,7 +4,8 @@ One WebSocket connection is one ASR session (one engine stream). The client send
 first, then binary PCM frames and JSON control messages; the server answers ``ready``, then ``partial`` and
 ``final`` results, ``latency`` acknowledgements and ``error`` messages. See ``docs/PROTOCOL.md`` for the full
 specification. Every message is a JSON object with a ``"type"`` field; unknown fields are ignored (so fields
-can be added within a version), unknown types are a protocol error.
+can be added within a version), unknown types are a protocol error. Optional messages added within v1 are used
+only when the server lists them in ``ready.features`` (:data:`SERVER_FEATURES`): ``peek`` / ``peek_result``.
 
 This module is shared by the server (:mod:`pipecat_nemotron.server.app`), the Pipecat client
 (:mod:`pipecat_nemotron.server_stt`) and the load generator (:mod:`pipecat_nemotron.bench.load`). It imports
@@ -32,6 +33,13 @@ SUPPORTED_SAMPLE_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100,
 
 #: Latency modes of the protocol (the served model may support a subset; ``ready`` lists them), ms.
 PROTOCOL_LATENCY_MODES = (80, 160, 560, 1120)
+
+#: Optional feature: the client may send ``peek`` (answered by ``peek_result``). Added within v1.
+PEEK_FEATURE = "peek"
+
+#: The optional features this server supports, announced in ``ready.features`` (a client uses a feature only
+#: when it is listed there, so old clients and old servers keep working with new ones).
+SERVER_FEATURES: tuple[str, ...] = (PEEK_FEATURE,)
 
 
 class CloseCode(IntEnum):
@@ -159,18 +167,24 @@ class ConfigMessage:
         return json.dumps({k: v for k, v in data.items() if v is not None})
 
 
+class _BareMessage:
+    """A client message that is only its ``type``."""
+
+    type: ClassVar[str]
+
+    def to_json(self) -> str:
+        """Serialize."""
+        return json.dumps({"type": self.type})
+
+
 @dataclass(frozen=True)
-class FinalizeMessage:
+class FinalizeMessage(_BareMessage):
     """End the current utterance (client to server): the server answers with exactly one ``final``.
 
     Audio sent after this message belongs to the next utterance.
     """
 
     type: ClassVar[str] = "finalize"
-
-    def to_json(self) -> str:
-        """Serialize."""
-        return json.dumps({"type": self.type})
 
 
 @dataclass(frozen=True)
@@ -192,28 +206,33 @@ class SetLatencyMessage:
 
 
 @dataclass(frozen=True)
-class KeepaliveMessage:
+class KeepaliveMessage(_BareMessage):
     """Resets the server's idle timer without sending audio (client to server)."""
 
     type: ClassVar[str] = "keepalive"
 
-    def to_json(self) -> str:
-        """Serialize."""
-        return json.dumps({"type": self.type})
-
 
 @dataclass(frozen=True)
-class CloseMessage:
+class CloseMessage(_BareMessage):
     """End the session (client to server): the server sends the finals still owed, then closes with 1000."""
 
     type: ClassVar[str] = "close"
 
-    def to_json(self) -> str:
-        """Serialize."""
-        return json.dumps({"type": self.type})
+
+@dataclass(frozen=True)
+class PeekMessage(_BareMessage):
+    """Ask for the current utterance's text as its final would be now, without ending it (client to server).
+
+    Only when ``ready.features`` lists ``"peek"``. Answered by one ``peek_result``, in order; covers the audio
+    sent before it. Costs the server one batched model step.
+    """
+
+    type: ClassVar[str] = "peek"
 
 
-ClientMessage = ConfigMessage | FinalizeMessage | SetLatencyMessage | KeepaliveMessage | CloseMessage
+ClientMessage = (
+    ConfigMessage | FinalizeMessage | SetLatencyMessage | KeepaliveMessage | CloseMessage | PeekMessage
+)
 
 
 def parse_client_message(text: str | bytes) -> ClientMessage:
@@ -238,18 +257,15 @@ def parse_client_message(text: str | bytes) -> ClientMessage:
         except TypeError as e:  # pragma: no cover - dataclass kwargs are filtered above
             raise ProtocolError(f"invalid config: {e}") from e
         return msg.validate()
-    if kind == "finalize":
-        return FinalizeMessage()
     if kind == "set_latency":
         if "latency_ms" not in data:
             raise ProtocolError("set_latency needs latency_ms")
         return SetLatencyMessage(latency_ms=_check_latency(data["latency_ms"]))
-    if kind == "keepalive":
-        return KeepaliveMessage()
-    if kind == "close":
-        return CloseMessage()
+    bare = {cls.type: cls for cls in (FinalizeMessage, KeepaliveMessage, CloseMessage, PeekMessage)}
+    if isinstance(kind, str) and kind in bare:
+        return bare[kind]()
     raise ProtocolError(
-        f"unknown message type {kind!r}; expected one of config, finalize, set_latency, keepalive, close"
+        f"unknown message type {kind!r}; expected one of config, finalize, set_latency, keepalive, close, peek"
     )
 
 
@@ -270,6 +286,7 @@ class ReadyMessage:
         limits: Server limits the client should respect: ``max_message_bytes``, ``idle_timeout_s``,
             ``burst_ms`` (audio the client may send ahead of real time), ``max_backlog_ms``.
         server_id: Which server process (or Ray Serve replica) holds the session, for logs and debugging.
+        features: Optional messages the server supports (:data:`SERVER_FEATURES`; empty from older servers).
 
     """
 
@@ -282,6 +299,7 @@ class ReadyMessage:
     latency_modes: tuple[int, ...] = PROTOCOL_LATENCY_MODES
     chunk_ms: float = 0.0
     limits: dict[str, float] = field(default_factory=dict)
+    features: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -368,10 +386,32 @@ class ErrorMessage:
     fatal: bool = True
 
 
-ServerMessage = ReadyMessage | PartialMessage | FinalMessage | LatencyMessage | ErrorMessage
+@dataclass(frozen=True)
+class PeekResultMessage:
+    """Answers one ``peek`` (server to client), in order: the text the utterance would end with now.
+
+    Attributes:
+        utterance: 0-based utterance index within the session (the utterance goes on).
+        text: What a ``finalize`` now would return.
+        audio_ms: Audio of the utterance the peek covers, ms.
+        peek_ms: From the ``peek`` message to the text, on the server, ms.
+
+    """
+
+    type: ClassVar[str] = "peek_result"
+    utterance: int = 0
+    text: str = ""
+    audio_ms: float = 0.0
+    peek_ms: float = 0.0
+
+
+ServerMessage = (
+    ReadyMessage | PartialMessage | FinalMessage | LatencyMessage | ErrorMessage | PeekResultMessage
+)
 
 _SERVER_TYPES: dict[str, type[Any]] = {
-    cls.type: cls for cls in (ReadyMessage, PartialMessage, FinalMessage, LatencyMessage, ErrorMessage)
+    cls.type: cls
+    for cls in (ReadyMessage, PartialMessage, FinalMessage, LatencyMessage, ErrorMessage, PeekResultMessage)
 }
 
 
@@ -380,7 +420,17 @@ def dump_server_message(msg: ServerMessage) -> str:
     data = asdict(msg)
     if isinstance(msg, ReadyMessage):
         data["latency_modes"] = list(msg.latency_modes)
-    for key in ("audio_ms", "utterance_audio_ms", "queue_ms", "step_ms", "lag_ms", "ttf_ms", "chunk_ms"):
+        data["features"] = list(msg.features)
+    for key in (
+        "audio_ms",
+        "utterance_audio_ms",
+        "queue_ms",
+        "step_ms",
+        "lag_ms",
+        "ttf_ms",
+        "chunk_ms",
+        "peek_ms",
+    ):
         if key in data:
             data[key] = round(float(data[key]), 2)
     if isinstance(msg, ErrorMessage):
@@ -401,8 +451,10 @@ def parse_server_message(text: str | bytes) -> ServerMessage:
         raise ProtocolError(f"unknown server message type {data.get('type')!r}")
     names = {f.name for f in fields(cls)}
     known = {k: v for k, v in data.items() if k in names}
-    if cls is ReadyMessage and "latency_modes" in known:
-        known["latency_modes"] = tuple(known["latency_modes"])
+    if cls is ReadyMessage:
+        for key in ("latency_modes", "features"):
+            if key in known:
+                known[key] = tuple(known[key])
     try:
         return cls(**known)
     except TypeError as e:  # pragma: no cover - kwargs are filtered above

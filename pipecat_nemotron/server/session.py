@@ -32,8 +32,10 @@ from pipecat_nemotron.engine import (
 )
 from pipecat_nemotron.server.errors import ClientGone, SessionError
 from pipecat_nemotron.server.pacing import Pacer
+from pipecat_nemotron.server.peeks import PeekReplies
 from pipecat_nemotron.server.positions import AudioPositions
 from pipecat_nemotron.server.protocol import (
+    SERVER_FEATURES,
     CloseCode,
     CloseMessage,
     ConfigMessage,
@@ -42,6 +44,7 @@ from pipecat_nemotron.server.protocol import (
     KeepaliveMessage,
     LatencyMessage,
     PartialMessage,
+    PeekMessage,
     ProtocolError,
     ReadyMessage,
     ServerMessage,
@@ -101,6 +104,7 @@ class Session:
         self.control_messages = 0
         self._released = False
         self._send_lock = asyncio.Lock()
+        self._peeks = PeekReplies(session_id, self._send)
         self._positions = AudioPositions()
 
     # ---- public -------------------------------------------------------------------------------------------
@@ -132,14 +136,8 @@ class Session:
                     latency_ms=self.stream.latency_ms,
                     latency_modes=engine.info.latency_modes,
                     chunk_ms=self.stream.chunk_ms,
-                    limits={
-                        "max_message_bytes": cfg.max_message_bytes,
-                        "idle_timeout_s": cfg.idle_timeout_s,
-                        "burst_ms": cfg.burst_ms,
-                        "max_backlog_ms": cfg.max_backlog_ms,
-                        "max_control_rate": cfg.max_control_rate,
-                        "control_burst": cfg.control_burst,
-                    },
+                    limits=cfg.announced_limits(),
+                    features=SERVER_FEATURES,
                 )
             )
             logger.info(
@@ -315,6 +313,8 @@ class Session:
             self._on_finalize()
         elif isinstance(msg, SetLatencyMessage):
             await self._on_set_latency(msg.latency_ms)
+        elif isinstance(msg, PeekMessage):
+            self._peeks.request(self.stream)  # type: ignore[arg-type]
         elif isinstance(msg, CloseMessage):
             await self._close_gracefully()
             return True
