@@ -59,7 +59,7 @@ from pipecat_nemotron.server.protocol import (
     parse_server_message,
 )
 from pipecat_nemotron.server.security import MaskedHeaders, Secret
-from pipecat_nemotron.stt_base import NemotronSTTBase, NemotronSTTSettings
+from pipecat_nemotron.stt_base import NemotronSTTBase, NemotronSTTSettings, TranscriptResult
 from pipecat_nemotron.stt_replay import ReplayBuffer, pieces
 
 #: Default server URL (a server on this machine).
@@ -267,7 +267,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
         config = ConfigMessage(
             latency_ms=self.latency_ms,
             sample_rate=self.sample_rate,
-            num_channels=1,
+            word_timings=True,
             client="pipecat-nemotron/NemotronServerSTTService",
         )
         try:
@@ -478,7 +478,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
             logger.warning(f"{self}: unexpected final for utterance {msg.utterance} (no finalize pending)")
         elif seg.finalize_sent_at is not None:
             self._finalize_rtts_ms.append((time.monotonic() - seg.finalize_sent_at) * 1000.0)
-        if await self._push_final(msg.text, msg.utterance, msg.ttf_ms, self._settings.model):
+        if await self._push_final(TranscriptResult.from_message(msg), msg.ttf_ms, self._settings.model):
             rtt = f", round trip {self._finalize_rtts_ms[-1]:.1f} ms" if seg and seg.finalize_sent_at else ""
             logger.info(
                 f"{self}: final for utterance {msg.utterance} in {msg.ttf_ms:.1f} ms on the server{rtt} "

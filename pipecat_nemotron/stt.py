@@ -34,6 +34,7 @@ from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.engine.loading import prefetch_nemo_imports
 from pipecat_nemotron.engine.shared import SharedEngines, shared_engines
 from pipecat_nemotron.stt_base import NEMOTRON_TTFS_P99, NemotronSTTBase, NemotronSTTSettings
+from pipecat_nemotron.transcript_result import TranscriptResult
 
 __all__ = ["DEFAULT_LOAD_WAIT_S", "NEMOTRON_TTFS_P99", "NemotronSTTService", "NemotronSTTSettings"]
 
@@ -369,7 +370,7 @@ class NemotronSTTService(NemotronSTTBase):
                 if update.is_final:
                     await self._on_final(update)
                 else:
-                    await self._push_interim(update.text)
+                    await self._push_interim(update.text, TranscriptResult.from_update(update))
                     await self._eager_progress(stream.audio_seconds * 1000.0, text_changed=True)
         except NemotronEngineError as e:
             if self._stream is stream:
@@ -384,7 +385,7 @@ class NemotronSTTService(NemotronSTTBase):
 
     async def _on_final(self, update: TranscriptUpdate) -> None:
         ttf_ms = update.ttf_ms or 0.0
-        if await self._push_final(update.text, update.utterance, ttf_ms, self._engine_config.model):
+        if await self._push_final(TranscriptResult.from_update(update), ttf_ms, self._engine_config.model):
             logger.info(
                 f"{self}: final for utterance {update.utterance} in {ttf_ms:.1f} ms ({update.latency_ms} ms mode)"
             )

@@ -52,6 +52,7 @@ from pipecat_nemotron.eager import (
 )
 from pipecat_nemotron.engine.config import LATENCY_MODES, validate_latency_ms
 from pipecat_nemotron.metrics import asr_finalize_metrics_frame
+from pipecat_nemotron.transcript_result import TranscriptResult
 
 __all__ = [
     "NEMOTRON_TTFS_P99",
@@ -250,20 +251,21 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
 
     # ---- results ------------------------------------------------------------------------------------------
 
-    async def _push_interim(self, text: str) -> None:
-        """Push ``text`` as an ``InterimTranscriptionFrame`` if it is new (empty and repeated text is not)."""
+    async def _push_interim(self, text: str, result: TranscriptResult | None = None) -> None:
+        """Push ``text`` as an ``InterimTranscriptionFrame`` (``result``: its words so far) if it is new."""
         if text and text != self._last_interim:
             self._last_interim = text
-            await self.push_frame(
-                InterimTranscriptionFrame(text, self._user_id, time_now_iso8601(), Language.EN)
+            frame = InterimTranscriptionFrame(
+                text, self._user_id, time_now_iso8601(), Language.EN, result=result
             )
+            await self.push_frame(frame)
 
-    async def _push_final(self, text: str, utterance: int, ttf_ms: float, model: str | None) -> bool:
+    async def _push_final(self, result: TranscriptResult, ttf_ms: float, model: str | None) -> bool:
         """Deliver the final of one utterance (a turn with no speech pushes nothing).
 
         Args:
-            text: The utterance's final text ("" when it had no speech).
-            utterance: Index of the utterance in the session (for the log).
+            result: The utterance's final text ("" when it had no speech), index and words: the
+                ``TranscriptionFrame``'s ``result``.
             ttf_ms: Finalize call to final text, ms.
             model: Model name for the metric.
 
@@ -274,11 +276,11 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         self._last_interim = ""
         # The turn is committed: whatever was answered eagerly is settled by this transcript.
         self._clear_eager_end_of_turn()
-        pushed = bool(text)
+        pushed = bool(result.text)
         if pushed:
-            await self._deliver_final(text, ttf_ms, model)
+            await self._deliver_final(result, ttf_ms, model)
         else:
-            await self._skip_empty_final(utterance, ttf_ms)
+            await self._skip_empty_final(result.utterance, ttf_ms)
         if self._pauses is not None and await self._commit.complete():
             # The service owns turn detection in eager mode (Pipecat's external turn strategies).
             await self.broadcast_frame(ProposedUserStoppedSpeakingFrame)
@@ -291,22 +293,25 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         await self.cancel_ttfb_metrics()
         logger.debug(f"{self}: utterance {utterance} had no speech (finalize {ttf_ms:.1f} ms)")
 
-    async def _deliver_final(self, text: str, ttf_ms: float, model: str | None) -> None:
+    async def _deliver_final(self, result: TranscriptResult, ttf_ms: float, model: str | None) -> None:
         """Push the finalized ``TranscriptionFrame`` (Pipecat then reports TTFS) and the ASR finalize metric.
 
         Args:
-            text: The utterance's final text (non-empty).
+            result: The utterance's final text (non-empty) and words: the frame's ``text`` and ``result``.
             ttf_ms: Finalize call to final text, ms.
             model: Model name for the metric.
 
         """
+        text = result.text
         # Every final answers one finalize request (a VAD stop or the end of the session). Pipecat keeps one
         # request flag, not a count: when finalize requests queued up (audio kept while the model loaded),
         # later finals would lose ``finalized=True``, so each final re-asserts its own request.
         self.request_finalize()
         self.confirm_finalize()
         await self.emit_stt_usage_metrics()
-        await self.push_frame(TranscriptionFrame(text, self._user_id, time_now_iso8601(), Language.EN))
+        await self.push_frame(
+            TranscriptionFrame(text, self._user_id, time_now_iso8601(), Language.EN, result=result)
+        )
         await self._handle_transcription(text, True, Language.EN)
         if self.metrics_enabled:
             await self.push_frame(asr_finalize_metrics_frame(self.name, model, ttf_ms))

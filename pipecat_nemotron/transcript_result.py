@@ -3,15 +3,18 @@
 Both services (in-process :class:`~pipecat_nemotron.stt.NemotronSTTService` and the server client
 :class:`~pipecat_nemotron.server_stt.NemotronServerSTTService`) set ``result`` of every final
 ``TranscriptionFrame`` to a :class:`TranscriptResult`; the in-process service also sets it on interim frames.
-Plain Python: no Pipecat, no NeMo.
+Also the wire form of words in the server's ``final`` messages. Plain Python: no Pipecat, no NeMo.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipecat_nemotron.engine.types import TranscriptUpdate, WordTiming
+
+if TYPE_CHECKING:
+    from pipecat_nemotron.server.protocol import FinalMessage
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,24 @@ class TranscriptResult:
             is_final=update.is_final,
             utterance_start_ms=update.start_ms,
         )
+
+    @classmethod
+    def from_message(cls, msg: FinalMessage) -> TranscriptResult:
+        """The result of a server ``final`` message (words only if the session asked for them)."""
+        start = max(0.0, msg.audio_ms - msg.utterance_audio_ms)
+        words = tuple(
+            WordTiming(
+                text=str(w.get("text", "")),
+                start_ms=float(w.get("start_ms", 0.0)),
+                end_ms=float(w.get("end_ms", 0.0)),
+                utterance_start_ms=float(w.get("start_ms", 0.0)) - start,
+                utterance_end_ms=float(w.get("end_ms", 0.0)) - start,
+                confidence=float(w.get("confidence", 0.0)),
+            )
+            for w in msg.words or ()
+            if isinstance(w, dict)
+        )
+        return cls(msg.text, words, msg.confidence, msg.utterance, msg.latency_ms, True, start)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (times rounded to 0.1 ms, confidences to 4 digits)."""

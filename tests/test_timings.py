@@ -7,17 +7,38 @@ and end are known from the samples. Numbers and their causes: ``docs/TRANSCRIPTS
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+from dataclasses import fields
 
 import numpy as np
 import pytest
 import pytest_asyncio
+import websockets
 from conftest import TRAINED_MODEL
+from helpers import FRAME_BYTES, to_pcm16, turn
+from pipecat.frames.frames import InterimTranscriptionFrame, TranscriptionFrame
+from pipecat.tests.utils import SleepFrame, run_test
 from word_clips import HELDOUT_MANIFEST, TimingErrors, WordClip, WordSpan, correct_words, sentence_clips
 
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.engine.types import WordTiming
 from pipecat_nemotron.engine.words import TimingCalibration, TokenTrace, WordAligner, calibration_for
+from pipecat_nemotron.server.app import ASRServer, ServerConfig
+from pipecat_nemotron.server.protocol import (
+    PROTOCOL_VERSION,
+    WORD_TIMINGS_FEATURE,
+    ConfigMessage,
+    FinalizeMessage,
+    FinalMessage,
+    PartialMessage,
+    ReadyMessage,
+    parse_server_message,
+)
+from pipecat_nemotron.server_stt import NemotronServerSTTService
+from pipecat_nemotron.stt import NemotronSTTService
+from pipecat_nemotron.transcript_result import TranscriptResult
+from pipecat_nemotron.transcripts import TranscriptCollector
 from pipecat_nemotron.wav_input import read_float32
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -161,7 +182,7 @@ class _Tokenizer:
         return "".join(self.pieces[i] for i in ids).replace("\u2581", " ").strip()
 
 
-def test_pieces_starting_with_the_marker_start_words() -> None:
+async def test_pieces_starting_with_the_marker_start_words() -> None:
     aligner = WordAligner(_Tokenizer(), hop_ms=10.0, subsampling=8)
     tokens = [0, 1, 2, 3, 4]
     trace = TokenTrace(frames=[16, 24, 40, 48, 48], confidence=[0.9, 0.8, 0.5, 0.7, 0.6])
@@ -174,7 +195,7 @@ def test_pieces_starting_with_the_marker_start_words() -> None:
     assert [w.start_ms for w in words] == [1080.0, 1160.0, 1400.0]
 
 
-def test_calibration_shifts_and_clips_words() -> None:
+async def test_calibration_shifts_and_clips_words() -> None:
     aligner = WordAligner(
         _Tokenizer(), 10.0, 8, TimingCalibration(start_offset_ms=-300.0, end_offset_ms=-50.0)
     )
@@ -188,7 +209,7 @@ def test_calibration_shifts_and_clips_words() -> None:
     assert calibration_for("any", (-100.0, -20.0)) == TimingCalibration(-100.0, -20.0)
 
 
-def test_a_trace_out_of_step_with_the_tokens_gives_no_words() -> None:
+async def test_a_trace_out_of_step_with_the_tokens_gives_no_words() -> None:
     aligner = WordAligner(_Tokenizer(), 10.0, 8)
     assert aligner.words([0, 1], TokenTrace([8], [1.0]), 0.0) == ()
     assert aligner.words([], TokenTrace(), 0.0) == ()
@@ -201,3 +222,83 @@ async def test_word_timings_can_be_switched_off(clips: list[WordClip]) -> None:
     async with NemotronEngine(config) as eng:
         final = await eng.transcribe(clips[0].audio, latency_ms=160)
     assert final.text and final.words == () and final.confidence is None
+
+
+# ---- through the STT services and the server ------------------------------------------------------------------
+
+
+def _turn_frames(clip: WordClip) -> list:
+    return [SleepFrame(sleep=0.2), *turn(to_pcm16(clip.audio), wait=2.0)]
+
+
+def _check_result(frame: TranscriptionFrame, expected: tuple[WordTiming, ...]) -> None:
+    result = frame.result
+    assert isinstance(result, TranscriptResult) and result.is_final and result.text == frame.text
+    assert " ".join(w.text for w in result.words) == frame.text
+    assert [(w.text, round(w.start_ms), round(w.end_ms)) for w in result.words] == [
+        (w.text, round(w.start_ms), round(w.end_ms)) for w in expected
+    ]
+    assert result.confidence == pytest.approx(np.mean([w.confidence for w in expected]), abs=1e-3)
+
+
+async def test_stt_frames_carry_words_and_the_collector_prints_them(
+    engine: NemotronEngine, clips: list[WordClip]
+) -> None:
+    expected = await engine.transcribe(to_pcm16(clips[1].audio), latency_ms=160)
+    stt = NemotronSTTService(engine=engine, latency_ms=160)
+    out = io.StringIO()
+    collector = TranscriptCollector(stt.name, out=out, show_interims=False, show_words=True)
+    down, _ = await run_test(
+        stt, frames_to_send=_turn_frames(clips[1]), observers=[collector], start_timeout=5.0
+    )
+    finals = [f for f in down if isinstance(f, TranscriptionFrame)]
+    assert len(finals) == 1
+    _check_result(finals[0], expected.words)
+    interims = [f for f in down if isinstance(f, InterimTranscriptionFrame)]
+    assert interims and all(
+        isinstance(f.result, TranscriptResult) and not f.result.is_final for f in interims
+    )
+    assert collector.utterances[0].result == finals[0].result
+    printed = out.getvalue()
+    assert "confidence" in printed and all(w.text in printed for w in expected.words)
+
+
+async def test_server_final_carries_words_only_when_asked(
+    engine: NemotronEngine, clips: list[WordClip]
+) -> None:
+    pcm = to_pcm16(clips[2].audio)
+    expected = await engine.transcribe(pcm, latency_ms=160)
+    srv = ASRServer(engine, ServerConfig(port=0, insecure=True))
+    await srv.start()
+    try:
+        for asked in (False, True):
+            async with websockets.connect(srv.url, subprotocols=[PROTOCOL_VERSION]) as ws:
+                await ws.send(ConfigMessage(word_timings=asked).to_json())
+                ready = parse_server_message(await asyncio.wait_for(ws.recv(), 10))
+                assert isinstance(ready, ReadyMessage) and WORD_TIMINGS_FEATURE in ready.features
+                for i in range(0, len(pcm), FRAME_BYTES * 10):
+                    await ws.send(pcm[i : i + FRAME_BYTES * 10])
+                await ws.send(FinalizeMessage().to_json())
+                while isinstance(
+                    msg := parse_server_message(raw := await asyncio.wait_for(ws.recv(), 30)), PartialMessage
+                ):
+                    assert "words" not in json.loads(raw)
+                assert isinstance(msg, FinalMessage) and msg.text == expected.text
+                if not asked:  # an old client sees exactly the v1 message it knows
+                    assert set(json.loads(raw)) == {"type", *(f.name for f in fields(FinalMessage))} - {
+                        "words",
+                        "confidence",
+                    }
+                    continue
+                result = TranscriptResult.from_message(msg)
+                assert [(w.text, round(w.start_ms), round(w.utterance_start_ms)) for w in result.words] == [
+                    (w.text, round(w.start_ms), round(w.utterance_start_ms)) for w in expected.words
+                ]
+                assert msg.confidence == pytest.approx(expected.confidence, abs=1e-3)
+        stt = NemotronServerSTTService(url=srv.url)
+        down, _ = await run_test(stt, frames_to_send=_turn_frames(clips[2]), start_timeout=5.0)
+        finals = [f for f in down if isinstance(f, TranscriptionFrame)]
+        assert len(finals) == 1
+        _check_result(finals[0], expected.words)
+    finally:
+        await srv.stop(drain_timeout_s=0)

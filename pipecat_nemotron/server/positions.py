@@ -7,6 +7,7 @@ from collections import deque
 
 from pipecat_nemotron.engine import ASRStream, FinalTranscript, TranscriptUpdate
 from pipecat_nemotron.server.protocol import FinalMessage
+from pipecat_nemotron.transcript_result import wire_words
 
 
 class AudioPositions:
@@ -30,8 +31,13 @@ class AudioPositions:
         """Session audio decoded so far, ms: exact up to the last final, then 10 ms resolution."""
         return self._base_ms + max(0.0, stream.audio_seconds * 1000.0 - self._decoded_at_final_ms)
 
-    def final_message(self, update: TranscriptUpdate, stream: ASRStream) -> FinalMessage:
-        """The ``final`` message for ``update``; later positions count from the end of its utterance."""
+    def final_message(
+        self, update: TranscriptUpdate, stream: ASRStream, word_timings: bool = False
+    ) -> FinalMessage:
+        """The ``final`` message for ``update``, with its words if ``word_timings``.
+
+        Later positions count from the end of its utterance.
+        """
         decoded_ms = stream.audio_seconds * 1000.0
         utterance_ms = max(0.0, decoded_ms - self._decoded_at_final_ms)
         future = self._final_futures.popleft() if self._final_futures else None
@@ -47,4 +53,6 @@ class AudioPositions:
             utterance_audio_ms=utterance_ms,
             ttf_ms=update.ttf_ms or 0.0,
             step_ms=update.step_ms,
+            words=list(wire_words(update.words)) if word_timings else None,
+            confidence=update.confidence if word_timings else None,
         )

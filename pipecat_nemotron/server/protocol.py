@@ -1,11 +1,12 @@
-"""Wire protocol ``nemotron-asr.v1``: the JSON messages and close codes of the ASR WebSocket server.
+"""Wire protocol ``nemotron-asr.v1``: the JSON messages (and, from :mod:`.close_codes`, the close codes).
 
 One WebSocket connection is one ASR session (one engine stream). The client sends a ``config`` message
 first, then binary PCM frames and JSON control messages; the server answers ``ready``, then ``partial`` and
 ``final`` results, ``latency`` acknowledgements and ``error`` messages. See ``docs/PROTOCOL.md`` for the full
 specification. Every message is a JSON object with a ``"type"`` field; unknown fields are ignored (so fields
 can be added within a version), unknown types are a protocol error. Optional messages added within v1 are used
-only when the server lists them in ``ready.features`` (:data:`SERVER_FEATURES`): ``peek`` / ``peek_result``.
+only when the server lists them in ``ready.features`` (:data:`SERVER_FEATURES`): ``peek`` / ``peek_result``,
+and the ``words`` of ``final`` messages (``word_timings``).
 
 This module is shared by the server (:mod:`pipecat_nemotron.server.app`), the Pipecat client
 (:mod:`pipecat_nemotron.server_stt`) and the load generator (:mod:`pipecat_nemotron.bench.load`). It imports
@@ -16,8 +17,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
-from enum import IntEnum
 from typing import Any, ClassVar
+
+from pipecat_nemotron.server.close_codes import AUTH_BACKOFF_REASON as AUTH_BACKOFF_REASON
+from pipecat_nemotron.server.close_codes import CLOSE_REASONS as CLOSE_REASONS
+from pipecat_nemotron.server.close_codes import PERMANENT_CLOSE_CODES as PERMANENT_CLOSE_CODES
+from pipecat_nemotron.server.close_codes import CloseCode as CloseCode
+from pipecat_nemotron.server.close_codes import close_reason as close_reason
+from pipecat_nemotron.server.close_codes import is_permanent as is_permanent
 
 #: Protocol name and version. Sent in ``config`` and ``ready``; also offered as the WebSocket subprotocol.
 PROTOCOL_VERSION = "nemotron-asr.v1"
@@ -37,66 +44,13 @@ PROTOCOL_LATENCY_MODES = (80, 160, 560, 1120)
 #: Optional feature: the client may send ``peek`` (answered by ``peek_result``). Added within v1.
 PEEK_FEATURE = "peek"
 
+#: Optional feature: ``final`` carries ``words`` and ``confidence`` if the ``config`` asks (``word_timings``).
+#: Added within v1.
+WORD_TIMINGS_FEATURE = "word_timings"
+
 #: The optional features this server supports, announced in ``ready.features`` (a client uses a feature only
 #: when it is listed there, so old clients and old servers keep working with new ones).
-SERVER_FEATURES: tuple[str, ...] = (PEEK_FEATURE,)
-
-
-class CloseCode(IntEnum):
-    """WebSocket close codes the server uses (4000-4999 are application codes, RFC 6455 section 7.4.2).
-
-    Clients should treat ``UNAUTHORIZED``, ``FORBIDDEN_ORIGIN``, ``MESSAGE_TOO_BIG`` and ``PROTOCOL_ERROR`` as
-    permanent (retrying cannot help) and every other non-normal code as retryable with backoff.
-    """
-
-    #: The session ended normally (after a client ``close``).
-    NORMAL = 1000
-    #: The server is shutting down (after draining); reconnect, possibly to another replica.
-    GOING_AWAY = 1001
-    #: Missing or wrong bearer token.
-    UNAUTHORIZED = 4001
-    #: The request's ``Origin`` is not in the server's allow-list.
-    FORBIDDEN_ORIGIN = 4003
-    #: No message from the client within the idle timeout, or the client stopped reading results.
-    IDLE_TIMEOUT = 4008
-    #: A message exceeded the server's size limit.
-    MESSAGE_TOO_BIG = 4009
-    #: Every session slot is in use (existing sessions are unaffected); retry later or elsewhere.
-    CAPACITY = 4013
-    #: Too much, too fast: the session stayed too far behind real time (engine backlog above the limit for too
-    #: long; reason ``backlog``), or the peer failed authentication too often (reason ``auth_backoff``).
-    BACKLOG = 4029
-    #: Malformed, unknown or out-of-order message, unsupported config, or unusable audio.
-    PROTOCOL_ERROR = 4400
-    #: The server failed (model step error, bug); retry.
-    INTERNAL = 4500
-    #: The model is still loading, or the server is draining for shutdown; retry later or elsewhere.
-    NOT_READY = 4503
-
-
-#: Close codes a client must not retry on: the same request would fail the same way.
-PERMANENT_CLOSE_CODES = frozenset(
-    {CloseCode.UNAUTHORIZED, CloseCode.FORBIDDEN_ORIGIN, CloseCode.MESSAGE_TOO_BIG, CloseCode.PROTOCOL_ERROR}
-)
-
-#: Short machine-readable reason for each close code (the ``reason`` of ``error`` messages).
-CLOSE_REASONS: dict[int, str] = {
-    CloseCode.NORMAL: "normal",
-    CloseCode.GOING_AWAY: "going_away",
-    CloseCode.UNAUTHORIZED: "unauthorized",
-    CloseCode.FORBIDDEN_ORIGIN: "forbidden_origin",
-    CloseCode.IDLE_TIMEOUT: "idle_timeout",
-    CloseCode.MESSAGE_TOO_BIG: "message_too_big",
-    CloseCode.CAPACITY: "capacity",
-    CloseCode.BACKLOG: "backlog",
-    CloseCode.PROTOCOL_ERROR: "protocol_error",
-    CloseCode.INTERNAL: "internal",
-    CloseCode.NOT_READY: "not_ready",
-}
-
-
-#: ``reason`` of a 4029 refusal of a peer locked out after failed authentications (``backlog`` is the other).
-AUTH_BACKOFF_REASON = "auth_backoff"
+SERVER_FEATURES: tuple[str, ...] = (PEEK_FEATURE, WORD_TIMINGS_FEATURE)
 
 
 class ProtocolError(ValueError):
@@ -119,6 +73,8 @@ class ConfigMessage:
         protocol: Protocol version the client speaks.
         token: Bearer token, for clients that cannot set an ``Authorization`` header (browsers).
         client: Free-form client name and version, for logs.
+        word_timings: Ask for each ``final``'s ``words`` (with timings and confidence) and ``confidence``; a
+            server with the ``word_timings`` feature sends them, others ignore this field.
 
     """
 
@@ -131,6 +87,7 @@ class ConfigMessage:
     protocol: str = PROTOCOL_VERSION
     token: str | None = field(default=None, repr=False)  # a credential: never in a repr (logs, tracebacks)
     client: str | None = None
+    word_timings: bool = False
 
     def validate(self) -> ConfigMessage:
         """Return self if every field is supported.
@@ -150,8 +107,9 @@ class ConfigMessage:
         if not _is_int(self.num_channels) or not 1 <= self.num_channels <= 8:
             raise ProtocolError(f"num_channels must be an integer from 1 to 8, got {self.num_channels!r}")
         _check_latency(self.latency_ms)
-        if not isinstance(self.interim_results, bool):
-            raise ProtocolError(f"interim_results must be true or false, got {self.interim_results!r}")
+        for name in ("interim_results", "word_timings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ProtocolError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.token is not None and not isinstance(self.token, str):
             raise ProtocolError("token must be a string")
         return self
@@ -162,9 +120,9 @@ class ConfigMessage:
         return 2 * self.num_channels * self.sample_rate / 1000.0
 
     def to_json(self) -> str:
-        """Serialize (``token`` and ``client`` are omitted when unset)."""
+        """Serialize (``token`` and ``client`` are omitted when unset, ``word_timings`` when false)."""
         data = {"type": self.type, **asdict(self)}
-        return json.dumps({k: v for k, v in data.items() if v is not None})
+        return json.dumps({k: v for k, v in data.items() if v is not None and (k != "word_timings" or v)})
 
 
 class _BareMessage:
@@ -339,6 +297,9 @@ class FinalMessage:
         utterance_audio_ms: Audio in this utterance, ms.
         ttf_ms: Time-to-final on the server: from the ``finalize`` message to the final text, ms.
         step_ms: Duration of the model step that produced it, ms.
+        words: Only when the ``config`` asked for ``word_timings``: each word as ``{"text", "start_ms",
+            "end_ms", "confidence"}``, times in ms from the session's start, confidence 0 to 1.
+        confidence: Only with ``words`` (and absent when there are none): the utterance's confidence, 0 to 1.
 
     """
 
@@ -350,6 +311,8 @@ class FinalMessage:
     utterance_audio_ms: float = 0.0
     ttf_ms: float = 0.0
     step_ms: float = 0.0
+    words: list[dict[str, Any]] | None = None
+    confidence: float | None = None
 
 
 @dataclass(frozen=True)
@@ -435,6 +398,8 @@ def dump_server_message(msg: ServerMessage) -> str:
             data[key] = round(float(data[key]), 2)
     if isinstance(msg, ErrorMessage):
         data["code"] = int(msg.code)
+    if isinstance(msg, FinalMessage):  # the word timings' fields only when asked for (and known)
+        data = {k: v for k, v in data.items() if k not in ("words", "confidence") or v is not None}
     return json.dumps({"type": msg.type, **data})
 
 
@@ -462,16 +427,6 @@ def parse_server_message(text: str | bytes) -> ServerMessage:
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------
-
-
-def close_reason(code: int) -> str:
-    """Short machine-readable reason of a close code (``"unknown"`` for codes this protocol does not define)."""
-    return CLOSE_REASONS.get(int(code), "unknown")
-
-
-def is_permanent(code: int | None) -> bool:
-    """True if a client must not reconnect after the server closed with ``code``."""
-    return code is not None and int(code) in PERMANENT_CLOSE_CODES
 
 
 def _is_int(value: object) -> bool:

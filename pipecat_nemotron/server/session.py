@@ -398,7 +398,7 @@ class Session:
         try:
             async for update in stream.updates():
                 if update.is_final:
-                    await self._send(self._positions.final_message(update, stream))
+                    await self._send(self._positions.final_message(update, stream, self.config.word_timings))
                     self.finals_sent += 1
                     self._finals_event.set()
                     metrics.finalize_seconds.observe((update.ttf_ms or 0.0) / 1000.0)
