@@ -21,6 +21,7 @@ _EXPORTS = {
     "create_nemotron_llm": "pipecat_nemotron.llm",
     "NemotronLLMSettings": "pipecat_nemotron.llm",
     "VoiceLatencyObserver": "pipecat_nemotron.metrics",
+    "TranscriptResult": "pipecat_nemotron.transcript_result",
 }
 
 __all__ = ["__version__", *_EXPORTS]

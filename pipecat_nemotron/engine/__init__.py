@@ -13,7 +13,7 @@ from pipecat_nemotron.engine.errors import (
 )
 from pipecat_nemotron.engine.scheduler import StepStats
 from pipecat_nemotron.engine.stream import ASRStream
-from pipecat_nemotron.engine.types import FinalTranscript, PeekTranscript, TranscriptUpdate
+from pipecat_nemotron.engine.types import FinalTranscript, PeekTranscript, TranscriptUpdate, WordTiming
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -33,4 +33,5 @@ __all__ = [
     "StreamClosedError",
     "StreamFailedError",
     "TranscriptUpdate",
+    "WordTiming",
 ]
