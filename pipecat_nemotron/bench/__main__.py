@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, str] = {
     "soak": "soak",
     "cold-start": "cold_start",
     "encoder-step": "encoder_step",
+    "eager": "eager",
     # The WebSocket server's load test (its own module and options).
     "load": "load",
 }
