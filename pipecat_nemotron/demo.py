@@ -18,7 +18,6 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from loguru import logger
 
@@ -43,11 +42,9 @@ async def run_demo(
     wav: Path, model: str, latency_ms: int, device: str, realtime: bool, turns_jsonl: Path
 ) -> int:
     """Run the pipeline over ``wav``; return a process exit code."""
-    from pipecat.pipeline.runner import WorkerRunner
-
     from pipecat_nemotron.agent import AgentSettings, build_voice_agent
     from pipecat_nemotron.transcripts import TranscriptCollector, print_latency_summary
-    from pipecat_nemotron.wav_input import feed_wav
+    from pipecat_nemotron.wav_input import run_worker_on_wav
 
     settings = replace(
         AgentSettings.from_env(os.environ), asr_model=model, asr_device=device, asr_latency_ms=latency_ms
@@ -61,21 +58,8 @@ async def run_demo(
     stt = settings.create_stt()
     collector = TranscriptCollector(stt.name, out=sys.stdout)
     agent = build_voice_agent(stt=stt, llm=llm, tts=tts, observers=[collector], turns_jsonl=turns_jsonl)
-    started = asyncio.Event()
-
-    @agent.worker.event_handler("on_pipeline_started")
-    async def _started(_worker: Any, _frame: Any) -> None:
-        started.set()
-
-    async def feed() -> None:
-        await started.wait()
-        await stt.wait_until_ready()
-        print(f"\nStreaming {wav.name} {'in real time' if realtime else 'as fast as possible'}...\n")
-        await feed_wav(agent.worker, wav, realtime=realtime, trailing_silence_s=4.0 if llm else 1.5)
-
-    runner = WorkerRunner(handle_sigint=False)
-    await runner.add_workers(agent.worker)
-    await asyncio.gather(runner.run(), feed())
+    print(f"\nStreaming {wav.name} {'in real time' if realtime else 'as fast as possible'}...\n")
+    await run_worker_on_wav(agent.worker, stt, wav, realtime=realtime, trailing_silence_s=4.0 if llm else 1.5)
 
     print("\nPer utterance (speech end → final transcript; finalize call → final text), ms:")
     print_latency_summary(collector.utterances)

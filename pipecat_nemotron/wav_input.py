@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -128,3 +128,44 @@ async def feed_wav(
     if end:
         await worker.queue_frame(EndFrame())
     return len(pcm) / (rate * channels * 2)
+
+
+async def run_worker_on_wav(
+    worker: PipelineWorker,
+    stt: Any,
+    path: str | Path,
+    *,
+    realtime: bool = True,
+    trailing_silence_s: float = 1.5,
+    timeout_s: float | None = None,
+) -> None:
+    """Run ``worker`` under Pipecat's ``WorkerRunner`` and feed it a WAV file, as a microphone session would.
+
+    Feeding starts once the pipeline has started and ``stt`` is ready (its model loaded); the ``EndFrame`` after
+    the audio ends the run.
+
+    Args:
+        worker: A pipeline worker not yet running.
+        stt: The pipeline's STT service (``await stt.wait_until_ready()`` gates the audio).
+        path: The WAV file.
+        realtime: Pace frames in real time; else as fast as possible.
+        trailing_silence_s: Silence appended after the audio, seconds.
+        timeout_s: Give up (``TimeoutError``) after this long, seconds; None waits for the end.
+
+    """
+    from pipecat.pipeline.runner import WorkerRunner
+
+    runner = WorkerRunner(handle_sigint=False)
+    await runner.add_workers(worker)
+    started = asyncio.Event()
+
+    @worker.event_handler("on_pipeline_started")
+    async def _started(_worker: Any, _frame: Any) -> None:
+        started.set()
+
+    async def feed() -> None:
+        await started.wait()
+        await stt.wait_until_ready()
+        await feed_wav(worker, path, realtime=realtime, trailing_silence_s=trailing_silence_s)
+
+    await asyncio.wait_for(asyncio.gather(runner.run(), feed()), timeout=timeout_s)

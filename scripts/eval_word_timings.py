@@ -184,13 +184,18 @@ async def _decode_cost(
             calls += 1
     words_us = (time.perf_counter() - t0) * 1e6 / max(calls, 1)
     off, on = float(np.median(per_chunk[False])), float(np.median(per_chunk[True]))
+    _print_on_off(
+        engine, f"decode alone ({len(chunks)} chunks)", off, on, f"; word assembly {words_us:.1f} us per call"
+    )
+    return {"decode_off_ms": off, "decode_on_ms": on, "words_us_per_call": words_us}
+
+
+def _print_on_off(engine: NemotronEngine, what: str, off_ms: float, on_ms: float, extra: str = "") -> None:
+    """Print an off/on timing pair and its ratio; leave the engine's confidence as configured by default."""
     print(
-        f"decode alone ({len(chunks)} chunks): {off:.3f} ms without, {on:.3f} ms with confidence (ratio {on / off:.3f}); "
-        f"word assembly {words_us:.1f} us per call",
-        flush=True,
+        f"{what}: {off_ms:.3f} ms without, {on_ms:.3f} ms with word timings/confidence (ratio {on_ms / off_ms:.3f}){extra}"
     )
     _set_confidence(engine, TOKEN_CONFIDENCE_CFG["method_cfg"])
-    return {"decode_off_ms": off, "decode_on_ms": on, "words_us_per_call": words_us}
 
 
 async def measure_cost(engine: NemotronEngine, latency_ms: int, streams: int, rounds: int) -> dict[str, Any]:
@@ -203,12 +208,7 @@ async def measure_cost(engine: NemotronEngine, latency_ms: int, streams: int, ro
         for on in (False, True):
             times[on].extend(await _timed_round(engine, audio, latency_ms, on))
     on_ms, off_ms = float(np.mean(times[True])), float(np.mean(times[False]))
-    print(
-        f"cost ({latency_ms} ms, {streams} streams, {rounds} rounds): step {off_ms:.2f} ms without, {on_ms:.2f} ms "
-        f"with word timings and confidence: ratio {on_ms / off_ms:.3f}",
-        flush=True,
-    )
-    _set_confidence(engine, TOKEN_CONFIDENCE_CFG["method_cfg"])
+    _print_on_off(engine, f"cost ({latency_ms} ms, {streams} streams, {rounds} rounds): step", off_ms, on_ms)
     decode = await _decode_cost(engine, audio, latency_ms, rounds)
     return {
         "latency_ms": latency_ms,

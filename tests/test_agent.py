@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 from openai_server import FakeOpenAIServer
 from pipecat.frames.frames import TranscriptionFrame
-from pipecat.pipeline.runner import WorkerRunner
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
 from pipecat_nemotron.agent import AgentSettings, SimulatedPlayback, build_voice_agent
@@ -19,7 +17,7 @@ from pipecat_nemotron.magpie import MagpieEngine, MagpieSynthesisOptions
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.stt import NemotronSTTService
 from pipecat_nemotron.tts import MagpieTTSService
-from pipecat_nemotron.wav_input import feed_wav, read_wav
+from pipecat_nemotron.wav_input import read_wav, run_worker_on_wav
 
 LLM_DELAY_S = 0.4
 
@@ -76,20 +74,7 @@ async def test_full_local_agent_pipeline(openai_server: FakeOpenAIServer, magpie
             turns_jsonl=turns_path,
             idle_timeout_secs=None,
         )
-        runner = WorkerRunner(handle_sigint=False)
-        await runner.add_workers(agent.worker)
-        started = asyncio.Event()
-
-        @agent.worker.event_handler("on_pipeline_started")
-        async def _started(_w, _f) -> None:
-            started.set()
-
-        async def feed() -> None:
-            await started.wait()
-            await stt.wait_until_ready()
-            await feed_wav(agent.worker, wav, realtime=True, trailing_silence_s=4.0)
-
-        await asyncio.wait_for(asyncio.gather(runner.run(), feed()), timeout=120)
+        await run_worker_on_wav(agent.worker, stt, wav, trailing_silence_s=4.0, timeout_s=120)
 
     # The LLM heard what the user said.
     assert [f.text for f in finals.frames] == [expected_text]
@@ -103,7 +88,9 @@ async def test_full_local_agent_pipeline(openai_server: FakeOpenAIServer, magpie
     assert turn.ttfs_ms is not None and turn.v2v_ms is not None
     assert 0 < turn.ttfs_ms <= turn.v2v_ms
     assert turn.asr_finalize_ms is not None and 0 < turn.asr_finalize_ms <= turn.ttfs_ms
-    assert turn.llm_ttfb_ms is not None and turn.llm_ttfb_ms >= LLM_DELAY_S * 1000  # the server delay is the floor
+    assert (
+        turn.llm_ttfb_ms is not None and turn.llm_ttfb_ms >= LLM_DELAY_S * 1000
+    )  # the server delay is the floor
     assert turn.tts_ttfb_ms is not None and turn.tts_ttfb_ms > 0
     assert turn.llm_ttfb_ms + turn.tts_ttfb_ms <= turn.v2v_ms
     assert len(turns_path.read_text().splitlines()) == 1

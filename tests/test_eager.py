@@ -8,7 +8,6 @@ turn is committed (VAD stop, then the finalized transcript) and drops it when th
 
 from __future__ import annotations
 
-import asyncio
 import time
 import wave
 from pathlib import Path
@@ -22,7 +21,6 @@ from pipecat.frames.frames import (
     TextFrame,
     TranscriptionFrame,
 )
-from pipecat.pipeline.runner import WorkerRunner
 from pipecat.processors.frame_processor import FrameDirection
 from test_agent import FrameRecorder, magpie_engine  # noqa: F401  (fixture)
 from test_metrics import STT, FakeClock, TurnTimes, feed_turn, push
@@ -37,7 +35,7 @@ from pipecat_nemotron.metrics import VoiceLatencyObserver
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.stt import NemotronSTTService
 from pipecat_nemotron.tts import MagpieTTSService
-from pipecat_nemotron.wav_input import feed_wav, read_pcm16
+from pipecat_nemotron.wav_input import read_pcm16, run_worker_on_wav
 
 LLM_DELAY_S = 0.15
 #: The VAD silence that commits a turn in these tests, s: long, so a peek on a loaded 2-core CPU always lands
@@ -119,20 +117,7 @@ async def run_agent(asr: NemotronEngine, magpie, server: NumberedServer, wav: Pa
         idle_timeout_secs=None,
     )
     agent.observer._record_text = True
-    runner = WorkerRunner(handle_sigint=False)
-    await runner.add_workers(agent.worker)
-    started = asyncio.Event()
-
-    @agent.worker.event_handler("on_pipeline_started")
-    async def _started(_w, _f) -> None:
-        started.set()
-
-    async def feed() -> None:
-        await started.wait()
-        await stt.wait_until_ready()
-        await feed_wav(agent.worker, wav, realtime=True, trailing_silence_s=3.0)
-
-    await asyncio.wait_for(asyncio.gather(runner.run(), feed()), timeout=120)
+    await run_worker_on_wav(agent.worker, stt, wav, trailing_silence_s=3.0, timeout_s=120)
     return agent, pushed, playback
 
 

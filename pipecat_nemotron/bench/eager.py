@@ -179,15 +179,13 @@ async def run_session(
     asr: Any, magpie: Any, llm_url: str, wav: Path, config: Config, latency_ms: int
 ) -> list[TurnLatency]:
     """One session through the whole agent, fed in real time; returns its turn records."""
-    from pipecat.pipeline.runner import WorkerRunner
-
     from pipecat_nemotron.agent import build_voice_agent
     from pipecat_nemotron.llm import create_nemotron_llm
     from pipecat_nemotron.magpie import MagpieSynthesisOptions
     from pipecat_nemotron.metrics import VoiceLatencyObserver
     from pipecat_nemotron.stt import NemotronSTTService
     from pipecat_nemotron.tts import MagpieTTSService
-    from pipecat_nemotron.wav_input import feed_wav
+    from pipecat_nemotron.wav_input import run_worker_on_wav
 
     stt = NemotronSTTService(
         engine=asr,
@@ -205,20 +203,7 @@ async def run_session(
         observers=[observer],
         idle_timeout_secs=None,
     )
-    runner = WorkerRunner(handle_sigint=False)
-    await runner.add_workers(agent.worker)
-    started = asyncio.Event()
-
-    @agent.worker.event_handler("on_pipeline_started")
-    async def _started(_worker: Any, _frame: Any) -> None:
-        started.set()
-
-    async def feed() -> None:
-        await started.wait()
-        await stt.wait_until_ready()
-        await feed_wav(agent.worker, wav, realtime=True, trailing_silence_s=1.0)
-
-    await asyncio.wait_for(asyncio.gather(runner.run(), feed()), timeout=600)
+    await run_worker_on_wav(agent.worker, stt, wav, trailing_silence_s=1.0, timeout_s=600)
     return observer.turns
 
 
