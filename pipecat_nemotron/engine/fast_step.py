@@ -192,11 +192,6 @@ class FastEncoderStep:
         )
         return kv, time_cache, torch.zeros(batch_size, dtype=torch.int64, device=device)
 
-    def cache_bytes_per_stream(self, dtype: torch.dtype) -> int:
-        """Bytes of one stream's K/V and time caches in ``dtype``."""
-        per_layer = self.left * 2 * self.d_model + self.conv_channels * self.time_cache
-        return len(self.layers) * per_layer * torch.empty((), dtype=dtype).element_size()
-
     def project_layer_inputs(self, cache_last_channel: torch.Tensor) -> torch.Tensor:
         """Keys and values of NeMo's layer-input cache ``[layers, batch, left, D]`` -> ``[layers, batch, left, 2 D]``.
 

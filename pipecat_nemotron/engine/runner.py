@@ -346,13 +346,17 @@ class ModelRunner:
 
     def _decode(self, encoded: torch.Tensor, encoded_len: torch.Tensor, previous: list[Any]) -> list[Any]:
         """Batched greedy RNNT decode continuing each stream's hypothesis."""
-        try:
+
+        def decode() -> list[Any]:  # looks up model.decoding anew: a fallback replaces it
             return self.model.decoding.rnnt_decoder_predictions_tensor(
                 encoder_output=encoded,
                 encoded_lengths=encoded_len,
                 return_hypotheses=True,
                 partial_hypotheses=previous,
             )
+
+        try:
+            return decode()
         except Exception as e:
             if not self._cuda_graph_decoder:
                 raise
@@ -360,12 +364,7 @@ class ModelRunner:
                 f"NeMo's CUDA-graph RNNT decoder failed ({e!r}); using the plain label-looping decoder"
             )
             self._set_cuda_graph_decoder(False)
-            return self.model.decoding.rnnt_decoder_predictions_tensor(
-                encoder_output=encoded,
-                encoded_lengths=encoded_len,
-                return_hypotheses=True,
-                partial_hypotheses=previous,
-            )
+        return decode()
 
     def _set_cuda_graph_decoder(self, on: bool) -> None:
         from omegaconf import open_dict
@@ -397,12 +396,20 @@ class ModelRunner:
 
 
 def _token_lists(hyps: list[Any]) -> list[list[int]]:
-    """New token ids of each hypothesis, with one device-to-host copy for the whole batch."""
+    """New token ids of each hypothesis."""
+    return _host_int_lists([h.y_sequence for h in hyps])
+
+
+def _frame_lists(hyps: list[Any]) -> list[list[int]]:
+    """Encoder frame of each new token of each hypothesis (NeMo's ``Hypothesis.timestamp``)."""
+    return _host_int_lists([h.timestamp for h in hyps])
+
+
+def _host_int_lists(values: list[Any]) -> list[list[int]]:
+    """Per-hypothesis tensors or lists (None: empty) as int lists, with one device-to-host copy for the batch."""
     sequences = [
-        h.y_sequence.reshape(-1)
-        if isinstance(h.y_sequence, torch.Tensor)
-        else torch.tensor(h.y_sequence or [])
-        for h in hyps
+        v.reshape(-1) if isinstance(v, torch.Tensor) else torch.tensor(v or [], dtype=torch.long)
+        for v in values
     ]
     if not sequences:
         return []
@@ -413,14 +420,6 @@ def _token_lists(hyps: list[Any]) -> list[list[int]]:
         out.append(flat[offset : offset + seq.numel()])
         offset += seq.numel()
     return out
-
-
-def _frame_lists(hyps: list[Any]) -> list[list[int]]:
-    """Encoder frame of each new token of each hypothesis (NeMo's ``Hypothesis.timestamp``, host tensors)."""
-    return [
-        h.timestamp.tolist() if isinstance(h.timestamp, torch.Tensor) else [int(t) for t in h.timestamp or []]
-        for h in hyps
-    ]
 
 
 def _confidence_list(hyp: Any, count: int) -> list[float]:
