@@ -12,7 +12,7 @@ import torch
 from pipecat_nemotron.bench.wer import normalize_text, word_errors
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
-from pipecat_nemotron.engine.fast_step import FastEncoderStep
+from pipecat_nemotron.engine.fast_step import FastEncoderStep, nemo_encoder_step
 from pipecat_nemotron.engine.loading import load_asr_model
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.wav_input import read_float32, read_pcm16
@@ -29,15 +29,7 @@ def random_model(tiny_random_model) -> Any:
 
 
 def _nemo_step(encoder: Any, signal, lengths, caches, drop: int):
-    return encoder.cache_aware_stream_step(
-        processed_signal=signal,
-        processed_signal_length=lengths,
-        cache_last_channel=caches[0],
-        cache_last_time=caches[1],
-        cache_last_channel_len=caches[2],
-        keep_all_outputs=True,
-        drop_extra_pre_encoded=drop,
-    )
+    return nemo_encoder_step(encoder, signal, lengths, *caches, drop_extra_pre_encoded=drop)
 
 
 @pytest.mark.parametrize("latency_ms", MODES)

@@ -72,6 +72,8 @@ class _Cell:
         """One step (encoder + greedy decode); returns its wall time (ms) and the encoder output."""
         import torch
 
+        from pipecat_nemotron.engine.fast_step import nemo_encoder_step
+
         device = self.signal.device
         start = time.perf_counter()
         if step == "fast":
@@ -83,14 +85,11 @@ class _Cell:
                 right_context=self.right,
             )
         else:
-            c = self.nemo_caches
-            out = self.model.encoder.cache_aware_stream_step(
-                processed_signal=self.signal,
-                processed_signal_length=self.lengths,
-                cache_last_channel=c[0],
-                cache_last_time=c[1],
-                cache_last_channel_len=c[2],
-                keep_all_outputs=True,
+            out = nemo_encoder_step(
+                self.model.encoder,
+                self.signal,
+                self.lengths,
+                *self.nemo_caches,
                 drop_extra_pre_encoded=self.drop,
             )
         self.model.decoding.rnnt_decoder_predictions_tensor(

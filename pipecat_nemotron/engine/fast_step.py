@@ -137,6 +137,32 @@ def _layer_weights(layer: Any) -> _LayerWeights:
     )
 
 
+def nemo_encoder_step(
+    encoder: Any,
+    signal: torch.Tensor,
+    lengths: torch.Tensor,
+    cache_last_channel: torch.Tensor,
+    cache_last_time: torch.Tensor,
+    cache_last_channel_len: torch.Tensor,
+    *,
+    drop_extra_pre_encoded: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """NeMo's ``cache_aware_stream_step`` in the engine's call shape, every output kept.
+
+    The encoder's current ``att_context_size`` is the mode. Returns what :meth:`FastEncoderStep.__call__`
+    returns, with NeMo's layer-input cache in place of the K/V cache.
+    """
+    return encoder.cache_aware_stream_step(
+        processed_signal=signal,
+        processed_signal_length=lengths,
+        cache_last_channel=cache_last_channel,
+        cache_last_time=cache_last_time,
+        cache_last_channel_len=cache_last_channel_len,
+        keep_all_outputs=True,
+        drop_extra_pre_encoded=drop_extra_pre_encoded,
+    )
+
+
 def _rel_shift(x: torch.Tensor) -> torch.Tensor:
     """Transformer-XL relative shift of ``[B, H, T, P]`` scores (row i moves left by ``T - 1 - i``)."""
     b, h, t, p = x.shape

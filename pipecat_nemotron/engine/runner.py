@@ -21,7 +21,7 @@ from loguru import logger
 from pipecat_nemotron.engine.audio import SAMPLES_PER_MS
 from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES, EncoderStep
 from pipecat_nemotron.engine.cuda_graphs import GraphedEncoderStep
-from pipecat_nemotron.engine.fast_step import FastEncoderStep, UnsupportedEncoderError
+from pipecat_nemotron.engine.fast_step import FastEncoderStep, UnsupportedEncoderError, nemo_encoder_step
 from pipecat_nemotron.engine.features import MelFrontend
 from pipecat_nemotron.engine.state import StreamState
 from pipecat_nemotron.engine.words import WordAligner
@@ -334,13 +334,13 @@ class ModelRunner:
                 drop_extra_pre_encoded=drop,
                 right_context=right_context,
             )
-        return self.model.encoder.cache_aware_stream_step(
-            processed_signal=signal,
-            processed_signal_length=lengths,
-            cache_last_channel=context.cache_last_channel,
-            cache_last_time=context.cache_last_time,
-            cache_last_channel_len=context.cache_last_channel_len,
-            keep_all_outputs=True,
+        return nemo_encoder_step(
+            self.model.encoder,
+            signal,
+            lengths,
+            context.cache_last_channel,
+            context.cache_last_time,
+            context.cache_last_channel_len,
             drop_extra_pre_encoded=drop,
         )
 
