@@ -29,6 +29,13 @@ from pipecat_nemotron.nemo_logs import quiet_nemo
 #: The attention contexts the real checkpoint was trained with, in 80 ms encoder frames.
 NEMOTRON_ATT_CONTEXT_SIZES: list[list[int]] = [[70, 13], [70, 6], [70, 1], [70, 0]]
 
+#: The attention contexts of the multilingual ``nvidia/nemotron-3.5-asr-streaming-0.6b`` family: the English
+#: model's four plus the 320 ms mode, which has a shorter left context ([56, 3]).
+MULTILINGUAL_ATT_CONTEXT_SIZES: list[list[int]] = [[70, 13], [70, 6], [56, 3], [70, 1], [70, 0]]
+
+#: Language prompt key of the language-agnostic ("detect it yourself") prompt of a multilingual model.
+AUTO_LANGUAGE = "auto"
+
 _TOKENIZER_TEXT = (
     "zero one two three four five six seven eight nine ten hello hi yes no please thanks stop cancel "
     "what time is it what is the weather today tomorrow monday tuesday wednesday thursday friday saturday "
@@ -203,6 +210,25 @@ def asr_model_config(
     }
 
 
+def prompt_model_defaults(languages: list[str], num_prompts: int = 128) -> dict[str, Any]:
+    """The ``model_defaults`` keys that make a config one of the prompt class (a language one-hot per stream).
+
+    Args:
+        languages: Locale codes (``"en-US"``, ``"es-ES"``), given one-hot indices 0, 1, ... in this order;
+            :data:`AUTO_LANGUAGE` gets the next index.
+        num_prompts: Width of the one-hot (the real model reserves 128).
+
+    Returns:
+        ``num_prompts``, ``prompt_dictionary`` and ``initialize_prompt_feature`` for ``cfg["model_defaults"]``.
+
+    """
+    if len(languages) + 1 > num_prompts:
+        raise ValueError(f"{len(languages)} languages and auto need num_prompts > {len(languages)}")
+    dictionary = {lang: i for i, lang in enumerate(languages)}
+    dictionary[AUTO_LANGUAGE] = len(languages)
+    return {"num_prompts": num_prompts, "prompt_dictionary": dictionary, "initialize_prompt_feature": True}
+
+
 def nemotron_600m_config(tokenizer_dir: str) -> dict[str, Any]:
     """:func:`asr_model_config` of :data:`NEMOTRON_600M` (24 layers, d_model 1024, ~614M parameters)."""
     return asr_model_config(tokenizer_dir, NEMOTRON_600M)
@@ -247,7 +273,12 @@ def train_tokenizer(out_dir: Path, vocab_size: int = 64, text: str = _TOKENIZER_
 
 
 def build_random_model(
-    out_path: str | Path, size: str = "tiny", seed: int = 0, vocab_size: int = 64, blank_bias: float = 0.0
+    out_path: str | Path,
+    size: str = "tiny",
+    seed: int = 0,
+    vocab_size: int = 64,
+    blank_bias: float = 0.0,
+    languages: list[str] | None = None,
 ) -> Path:
     """Build a randomly initialised cache-aware FastConformer-RNNT and save it as a ``.nemo`` file.
 
@@ -258,6 +289,9 @@ def build_random_model(
         vocab_size: Tokenizer size.
         blank_bias: Added to the joint's blank logit. Random joints emit many symbols per frame (a worst
             case for the decoder); a positive bias makes decoding look like a trained model's.
+        languages: Build the multilingual prompt class (``EncDecRNNTBPEModelWithPrompt``) with these locales
+            (see :func:`prompt_model_defaults`) and the five attention contexts of
+            :data:`MULTILINGUAL_ATT_CONTEXT_SIZES`; None builds the English class.
 
     Returns:
         The written path.
@@ -271,12 +305,19 @@ def build_random_model(
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp, quiet_nemo():
-        from nemo.collections.asr.models import EncDecRNNTBPEModel
+        from nemo.collections.asr.models import EncDecRNNTBPEModel, EncDecRNNTBPEModelWithPrompt
 
         tok_dir = train_tokenizer(Path(tmp) / "tokenizer", vocab_size=vocab_size)
         torch.manual_seed(seed)
-        cfg = OmegaConf.create(asr_model_config(str(tok_dir), SIZES[size]))
-        model = EncDecRNNTBPEModel(cfg=cfg)
+        if languages is None:
+            cfg = OmegaConf.create(asr_model_config(str(tok_dir), SIZES[size]))
+            model = EncDecRNNTBPEModel(cfg=cfg)
+        else:
+            config = asr_model_config(
+                str(tok_dir), SIZES[size], att_context_sizes=MULTILINGUAL_ATT_CONTEXT_SIZES
+            )
+            config["model_defaults"].update(prompt_model_defaults(languages))
+            model = EncDecRNNTBPEModelWithPrompt(cfg=OmegaConf.create(config))
         if blank_bias:
             with torch.no_grad():
                 model.joint.joint_net[-1].bias[-1] += blank_bias
