@@ -21,6 +21,7 @@ from pipecat.frames.frames import (
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
+from pipecat.transcriptions.language import Language
 
 from pipecat_nemotron.engine import (
     DEFAULT_MODEL,
@@ -70,6 +71,7 @@ class NemotronSTTService(NemotronSTTBase):
         *,
         model: str = DEFAULT_MODEL,
         latency_ms: int = 160,
+        language: Language | str | None = None,
         device: str = "auto",
         model_revision: str | None = None,
         engine: NemotronEngine | None = None,
@@ -84,7 +86,13 @@ class NemotronSTTService(NemotronSTTBase):
 
         Args:
             model: Local ``.nemo`` path or model id (ignored when ``engine`` or ``engine_config`` is given).
-            latency_ms: Initial latency mode: 80, 160, 560 or 1120 ms.
+            latency_ms: Initial latency mode, one of the model's: 80, 160, 560 or 1120 ms (the multilingual
+                model adds 320).
+            language: On a multilingual model (``nvidia/nemotron-3.5-asr-streaming-0.6b``), the language to
+                transcribe: Pipecat's ``Language`` (``Language.ES``), a locale (``"es-ES"``) or ``"auto"``;
+                None: the engine's ``default_language`` (``auto``). Change it with
+                ``STTUpdateSettingsFrame(delta=NemotronSTTSettings(language=...))``; it applies from the next
+                utterance. Frames carry the language decoded with.
             device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
             model_revision: Pinned revision of a model id.
             engine: A started (or startable) engine to use; this service never stops it.
@@ -119,6 +127,7 @@ class NemotronSTTService(NemotronSTTBase):
         super().__init__(
             latency_ms=latency_ms,
             model=config.model,
+            language=language,
             ttfs_p99_latency=ttfs_p99_latency,
             settings=settings,
             **kwargs,
@@ -135,8 +144,10 @@ class NemotronSTTService(NemotronSTTBase):
         # here, and later ones queue behind them, until ``_replay_pending`` has handed all of them to the stream.
         self._pending: list[bytes | None] = []
         self._ready = asyncio.Event()
-        # Set when the engine could not be started for this session: audio is then not kept (it was reported).
+        # Set when the engine could not be started for this session: audio is then not kept; what arrives
+        # after the failure is counted here and reported when the session ends.
         self._load_failed = False
+        self._dropped_after_failure_s = 0.0
         if engine is None or not engine.running:
             # Importing NeMo is most of a cold start: begin it now, while the pipeline is being built.
             prefetch_nemo_imports()
@@ -247,7 +258,7 @@ class NemotronSTTService(NemotronSTTBase):
 
     def _open_stream(self) -> None:
         assert self._engine is not None
-        self._stream = self._engine.open_stream(latency_ms=self.latency_ms)
+        self._stream = self._engine.open_stream(latency_ms=self.latency_ms, language=self.language)
         self._last_interim = ""  # a new stream starts its interim text afresh
         self._reader_task = self.create_task(self._read_updates(self._stream), name=f"{self}::results")
 
@@ -286,6 +297,14 @@ class NemotronSTTService(NemotronSTTBase):
         meanwhile is transcribed and its finals delivered.
         """
         await self._wait_for_load()
+        if self._dropped_after_failure_s > 0:
+            await self.push_error(
+                error_msg=(
+                    f"Nemotron ASR engine failed to start; {self._dropped_after_failure_s:.1f} s more of this "
+                    "session's audio, received after the failure, were not transcribed"
+                )
+            )
+            self._dropped_after_failure_s = 0.0
         stream = self._stream
         if stream is not None and not stream.closed and stream.has_pending_speech:
             self.request_finalize()
@@ -307,7 +326,8 @@ class NemotronSTTService(NemotronSTTBase):
     async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame | None, None]:
         """Queue audio for the engine; results are pushed by this service's own results task."""
         if self._load_failed:
-            pass  # the engine failed to start; the ErrorFrame said so and no audio of this session is kept
+            # The engine failed to start (an ErrorFrame said so); the end of the session reports this audio too.
+            self._dropped_after_failure_s += len(audio) / (2.0 * (self.sample_rate or MODEL_SAMPLE_RATE))
         elif self._stream is None or self._pending:
             self._pending.append(audio)
         else:
@@ -391,6 +411,25 @@ class NemotronSTTService(NemotronSTTBase):
             )
 
     # ---- settings -----------------------------------------------------------------------------------------
+
+    def _latency_modes(self) -> tuple[int, ...] | None:
+        """The loaded model's modes (None until the engine runs)."""
+        return self._engine.info.latency_modes if self._engine is not None and self._engine.running else None
+
+    def _language_problem(self, language: Any) -> str | None:
+        """The engine's refusal of ``language`` (None until the engine runs; it then checks at stream open)."""
+        if self._engine is None or not self._engine.running:
+            return None
+        try:
+            self._engine.resolve_language(language)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    async def _apply_language(self) -> None:
+        """Switch the open stream's language from its next utterance (a stream opened later starts in it)."""
+        if self._stream is not None and not self._stream.closed:
+            self._stream.set_language(self.language)
 
     async def _apply_latency(self) -> None:
         """Switch the open stream to the new mode (a stream opened later starts in it)."""
