@@ -47,6 +47,19 @@ def tiny_quiet_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_multilingual_random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight tiny model of the multilingual prompt class (en-US, es-ES, de-DE, auto; five modes)."""
+    from pipecat_nemotron.engine.architectures import build_random_model
+
+    return build_random_model(
+        tmp_path_factory.mktemp("models") / "tiny_multilingual_random.nemo",
+        size="tiny",
+        seed=2,
+        languages=["en-US", "es-ES", "de-DE"],
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_magpie(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(magpie .nemo, codec .nemo); the codec is moved away from the path stored in the checkpoint."""
     from pipecat_nemotron.magpie.tiny import build_tiny_magpie

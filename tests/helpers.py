@@ -14,24 +14,28 @@ from pipecat_nemotron.engine import ASRStream, NemotronEngine
 
 
 def offline_decode(
-    engine: NemotronEngine, audio: np.ndarray, latency_ms: int
+    engine: NemotronEngine, audio: np.ndarray, latency_ms: int, language: str | None = None
 ) -> tuple[list[int], torch.Tensor]:
     """Whole-clip (non-streaming) decode with the same attention context: tokens and encoder output [D, T].
 
+    On a multilingual model ``language`` (a prompt key) goes through NeMo's own ``forward(prompt_indices=...)``.
     Runs the engine's model on the calling thread, so call it while no stream is being decoded; the encoder's
     attention context is restored afterwards (the engine's worker thread sets it only when it changes).
     """
-    from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
+    from pipecat_nemotron.engine.runner import model_latency_modes
 
     model = engine.model
     previous = list(model.encoder.att_context_size)
     try:
         with torch.inference_mode():
-            model.encoder.set_default_att_context_size([LEFT_CONTEXT_FRAMES, LATENCY_MODES[latency_ms]])
-            feats, feat_len = model.preprocessor(
-                input_signal=torch.from_numpy(audio)[None], length=torch.tensor([audio.size])
-            )
-            enc, enc_len = model.encoder(audio_signal=feats, length=feat_len)
+            model.encoder.set_default_att_context_size(list(model_latency_modes(model.encoder)[latency_ms]))
+            signal, length = torch.from_numpy(audio)[None], torch.tensor([audio.size])
+            if language is None:
+                feats, feat_len = model.preprocessor(input_signal=signal, length=length)
+                enc, enc_len = model.encoder(audio_signal=feats, length=feat_len)
+            else:
+                index = torch.tensor([model.cfg.model_defaults.prompt_dictionary[language]])
+                enc, enc_len = model.forward(input_signal=signal, input_signal_length=length, prompt_indices=index)
             hyp = model.decoding.rnnt_decoder_predictions_tensor(
                 encoder_output=enc, encoded_lengths=enc_len, return_hypotheses=True
             )[0]

@@ -109,7 +109,7 @@ def test_agent_settings_from_env_and_validation() -> None:
     assert AgentSettings.from_env({}).create_llm() is None
     with pytest.raises(ValueError, match="NEMOTRON_ASR_LATENCY_MS"):
         AgentSettings.from_env({"NEMOTRON_ASR_LATENCY_MS": "fast"})
-    with pytest.raises(ValueError, match="latency_ms must be one of"):
+    with pytest.raises(ValueError, match="latency_ms must be a multiple of 80"):
         AgentSettings.from_env({"NEMOTRON_ASR_LATENCY_MS": "100"})
     with pytest.raises(ValueError, match="tts needs an llm"):
         build_voice_agent(stt=NemotronSTTService(model="/nonexistent.nemo"), tts=object())  # type: ignore[arg-type]

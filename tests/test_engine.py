@@ -303,7 +303,7 @@ async def test_model_load_errors(tmp_path) -> None:
     corrupt.write_bytes(b"not a tar archive" * 100)
     with pytest.raises(ModelLoadError, match="corrupt.nemo"):
         await NemotronEngine(EngineConfig(model=str(corrupt), device="cpu")).start()
-    with pytest.raises(ValueError, match="latency_ms must be one of"):
+    with pytest.raises(ValueError, match="latency_ms must be a multiple of 80 ms"):
         EngineConfig(default_latency_ms=100)
     with pytest.raises(ValueError, match="finalize_mode"):
         EngineConfig(finalize_mode="medium")  # type: ignore[arg-type]

@@ -2,31 +2,64 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 #: The default model: NVIDIA's cache-aware streaming English ASR (600M FastConformer-RNNT).
 DEFAULT_MODEL = "nvidia/nemotron-speech-streaming-en-0.6b"
 
-#: Latency mode (chunk length in ms) -> right attention context, in 80 ms encoder frames.
+#: NVIDIA's multilingual sibling (40 locales, language per stream or ``auto``, adds a 320 ms mode).
+MULTILINGUAL_MODEL = "nvidia/nemotron-3.5-asr-streaming-0.6b"
+
+#: Encoder frame length of the Nemotron streaming family, ms (10 ms mel hop x 8x subsampling).
+ENCODER_FRAME_MS = 80
+
+#: The English model's latency modes (chunk length in ms) -> right attention context, in 80 ms encoder frames.
+#: The engine reads a loaded model's modes from its ``att_context_size`` list (a mode of right context ``R``
+#: is ``(R + 1) * 80`` ms); this table is the default of tools that run before a model is loaded.
 LATENCY_MODES: dict[int, int] = {80: 0, 160: 1, 560: 6, 1120: 13}
 
-#: Left attention context of every mode, in encoder frames (the model's cache length).
+#: Left attention context of the English model's modes, in encoder frames (its cache length). The
+#: multilingual model's 320 ms mode has 56.
 LEFT_CONTEXT_FRAMES = 70
+
+#: Longest latency mode accepted before a model is loaded, ms (the family's longest is 1120 ms).
+MAX_LATENCY_MS = 4000
 
 FinalizeMode = Literal["soft", "hard"]
 EncoderStep = Literal["fast", "nemo"]
 
 
-def validate_latency_ms(latency_ms: int) -> int:
-    """Return ``latency_ms`` if it names a supported mode.
+def validate_latency_ms(latency_ms: int, modes: Iterable[int] | None = None) -> int:
+    """Return ``latency_ms`` if it names a latency mode.
+
+    Args:
+        latency_ms: Chunk length of the mode, ms.
+        modes: The loaded model's modes, ms. None (no model loaded yet): any multiple of 80 ms up to
+            :data:`MAX_LATENCY_MS` (the loaded model checks it again when the engine starts).
 
     Raises:
         ValueError: Naming the allowed values.
 
     """
-    if latency_ms not in LATENCY_MODES:
-        raise ValueError(f"latency_ms must be one of {sorted(LATENCY_MODES)} (ms), got {latency_ms!r}")
+    if modes is not None:
+        allowed = sorted(modes)
+        if latency_ms not in allowed:
+            raise ValueError(
+                f"latency_ms must be one of the loaded model's modes {allowed} (ms), got {latency_ms!r}"
+            )
+        return latency_ms
+    if (
+        not isinstance(latency_ms, int)
+        or isinstance(latency_ms, bool)
+        or not ENCODER_FRAME_MS <= latency_ms <= MAX_LATENCY_MS
+        or latency_ms % ENCODER_FRAME_MS
+    ):
+        raise ValueError(
+            f"latency_ms must be a multiple of {ENCODER_FRAME_MS} ms that the model offers (the English model: "
+            f"{sorted(LATENCY_MODES)}; the multilingual one adds 320), got {latency_ms!r}"
+        )
     return latency_ms
 
 
@@ -43,7 +76,11 @@ class EngineConfig:
         max_streams: Concurrent streams (preallocated cache slots). One more ``open_stream`` raises
             :class:`~pipecat_nemotron.engine.errors.CapacityError`.
         max_batch_size: Most stream chunks in one batched model step.
-        default_latency_ms: Latency mode of streams opened without one (80, 160, 560 or 1120).
+        default_latency_ms: Latency mode of streams opened without one, ms: one of the loaded model's modes (the
+            English model: 80, 160, 560, 1120; the multilingual one adds 320), checked when the model loads.
+        default_language: Language of streams opened without one, on a multilingual model: a locale of the
+            model's prompt dictionary (``"es-ES"``), a bare language (``"es"``) or ``"auto"``. None: ``"auto"``
+            if the model has it. An English-only model accepts only English (or None).
         finalize_mode: ``"soft"`` keeps encoder caches and decoder state across utterances of a stream
             (context carries over, cheaper); ``"hard"`` resets them after each final (each utterance is
             decoded exactly as if it were a clip of its own).
@@ -76,6 +113,7 @@ class EngineConfig:
     max_streams: int = 64
     max_batch_size: int = 32
     default_latency_ms: int = 160
+    default_language: str | None = None
     finalize_mode: FinalizeMode = "soft"
     warmup: bool = True
     encoder_step: EncoderStep = "fast"
@@ -102,6 +140,13 @@ class EngineConfig:
         if self.encoder_step not in ("fast", "nemo"):
             raise ValueError(f"encoder_step must be 'fast' or 'nemo', got {self.encoder_step!r}")
         validate_latency_ms(self.default_latency_ms)
+        if self.default_language is not None and (
+            not isinstance(self.default_language, str) or not self.default_language.strip()
+        ):
+            raise ValueError(
+                f"default_language must be a locale such as 'es-ES', a language such as 'es', 'auto' or None, "
+                f"got {self.default_language!r}"
+            )
         offsets = self.word_timing_offsets_ms
         if offsets is not None and (
             len(offsets) != 2 or not all(isinstance(v, (int, float)) and abs(v) < 10_000 for v in offsets)

@@ -70,7 +70,7 @@ class GraphedEncoderStep:
     def __init__(self, step: FastEncoderStep, max_batch: int) -> None:
         self.step = step
         self.buckets = batch_buckets(max_batch)
-        self._graphs: dict[tuple[int, int, int, int], _Graph | None] = {}
+        self._graphs: dict[tuple[int, ...], _Graph | None] = {}
         self._pool = torch.cuda.graph_pool_handle()
         #: Bytes of CUDA memory reserved by captures so far.
         self.captured_bytes = 0
@@ -82,7 +82,7 @@ class GraphedEncoderStep:
         """
         batch, frames = inputs[0].size(0), inputs[0].size(-1)
         bucket = next((b for b in self.buckets if b >= batch), None)
-        key = (right_context, drop_extra_pre_encoded, frames, bucket or 0)
+        key = (right_context, drop_extra_pre_encoded, frames, bucket or 0, inputs[2].size(2))
         graph = self._graphs.get(key) if bucket is not None else None
         if bucket is not None and key not in self._graphs:
             graph = self._capture(key, pad_batch(inputs, _INPUT_BATCH_DIMS, bucket))
@@ -99,7 +99,7 @@ class GraphedEncoderStep:
             out.narrow(dim, 0, batch) for out, dim in zip(graph.outputs, _OUTPUT_BATCH_DIMS, strict=True)
         )
 
-    def _capture(self, key: tuple[int, int, int, int], inputs: tuple[torch.Tensor, ...]) -> _Graph | None:
+    def _capture(self, key: tuple[int, ...], inputs: tuple[torch.Tensor, ...]) -> _Graph | None:
         right, drop, frames, bucket = key
         static = tuple(t.clone() for t in inputs)
 

@@ -16,8 +16,14 @@ import numpy as np
 from loguru import logger
 
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
-from pipecat_nemotron.engine.config import EngineConfig, validate_latency_ms
-from pipecat_nemotron.engine.errors import CapacityError, EngineNotRunningError, StreamFailedError
+from pipecat_nemotron.engine.config import MULTILINGUAL_MODEL, EngineConfig, validate_latency_ms
+from pipecat_nemotron.engine.errors import (
+    CapacityError,
+    EngineNotRunningError,
+    ModelLoadError,
+    StreamFailedError,
+)
+from pipecat_nemotron.engine.languages import LanguagePrompts, is_english
 from pipecat_nemotron.engine.scheduler import Scheduler, StepStats
 from pipecat_nemotron.engine.state import StreamState
 from pipecat_nemotron.engine.stream import ASRStream
@@ -44,7 +50,9 @@ class EngineInfo:
         model: Model path or id.
         device: Device the model runs on (e.g. ``"cuda:0"``, ``"cpu"``).
         dtype: Encoder dtype name.
-        latency_modes: Supported latency modes, ms.
+        latency_modes: The loaded model's latency modes, ms (from its ``att_context_size`` list).
+        languages: The model's language prompts (locales, in index order, plus ``"auto"`` if it has it); empty
+            for a model without them (the English model, which transcribes English only).
         cache_bytes_per_stream: Encoder cache memory per stream slot, bytes (the fast step's projected K/V
             cache is twice NeMo's layer-input cache: 14.55 MB fp32 / 7.28 MB bf16 for the 600M model, against
             7.67 / 3.84 MB with ``encoder_step="nemo"``).
@@ -65,6 +73,7 @@ class EngineInfo:
     max_streams: int
     load_seconds: float
     encoder_step: str = "fast"
+    languages: tuple[str, ...] = ()
     gpu_path: dict[str, Any] | None = None
 
 
@@ -161,6 +170,7 @@ class NemotronEngine:
                 device=str(runner.device),
                 dtype=str(runner.dtype).replace("torch.", ""),
                 latency_modes=tuple(sorted(runner.modes)),
+                languages=_language_keys(runner.prompts),
                 cache_bytes_per_stream=runner.slot_bytes,
                 max_streams=self.config.max_streams,
                 load_seconds=load_s,
@@ -209,6 +219,7 @@ class NemotronEngine:
             cuda_graphs=self.config.cuda_graphs,
             cuda_graph_decoder=self.config.cuda_graph_decoder,
         )
+        _check_defaults(self.config, runner)
         runner.aligner.enabled = self.config.word_timings
         runner.aligner.calibration = calibration_for(self.config.model, self.config.word_timing_offsets_ms)
         return runner
@@ -329,36 +340,45 @@ class NemotronEngine:
             raise EngineNotRunningError(f"the engine's scheduler crashed: {self._scheduler.error!r}")
         return self._scheduler
 
-    def open_stream(self, latency_ms: int | None = None) -> ASRStream:
+    def open_stream(self, latency_ms: int | None = None, language: Any = None) -> ASRStream:
         """Open a stream.
 
         Args:
-            latency_ms: 80, 160, 560 or 1120 (default: the config's ``default_latency_ms``).
+            latency_ms: One of the model's modes (``info.latency_modes``; the English model: 80, 160, 560 or
+                1120; default: the config's ``default_latency_ms``).
+            language: On a multilingual model, the language to transcribe: a locale of ``info.languages``
+                (``"es-ES"``), a bare language (``"es"``, or Pipecat's ``Language.ES``) or ``"auto"``; default:
+                the config's ``default_language``. Streams of different languages share batched steps.
 
         Raises:
             CapacityError: ``max_streams`` streams are already open (existing streams are unaffected).
             EngineNotRunningError: ``start()`` has not completed.
-            ValueError: Unsupported latency (names the allowed values).
+            ValueError: Unsupported latency or language (names the allowed values).
 
         """
         scheduler = self._require()
-        latency = validate_latency_ms(self.config.default_latency_ms if latency_ms is None else latency_ms)
-        if latency not in scheduler.runner.modes:
-            raise ValueError(
-                f"this model supports latency_ms in {sorted(scheduler.runner.modes)}, got {latency}"
-            )
+        latency = validate_latency_ms(
+            self.config.default_latency_ms if latency_ms is None else latency_ms, scheduler.runner.modes
+        )
+        prompt = self._resolve_language(language)
         if len(scheduler.streams) >= self.config.max_streams:
             raise CapacityError(
                 f"all {self.config.max_streams} ASR stream slots are in use; close a stream or raise "
                 "EngineConfig.max_streams"
             )
-        state = StreamState(stream_id=next(self._ids), latency_ms=latency)
+        state = StreamState(
+            stream_id=next(self._ids), latency_ms=latency, language=prompt[0], prompt_index=prompt[1]
+        )
         stream = ASRStream(self, state)
         scheduler.add(state, stream.updates_queue.put, stream.updates_queue.close)
         return stream
 
     async def transcribe(
-        self, audio: bytes | np.ndarray, latency_ms: int | None = None, sample_rate: int = MODEL_SAMPLE_RATE
+        self,
+        audio: bytes | np.ndarray,
+        latency_ms: int | None = None,
+        sample_rate: int = MODEL_SAMPLE_RATE,
+        language: Any = None,
     ) -> FinalTranscript:
         """Transcribe a whole clip by streaming it through the engine (batched with live streams).
 
@@ -366,9 +386,10 @@ class NemotronEngine:
             audio: int16 PCM bytes or a numpy array (see :meth:`ASRStream.push`).
             latency_ms: Latency mode to decode with.
             sample_rate: Rate of ``audio``, Hz.
+            language: Language of a multilingual model (see :meth:`open_stream`).
 
         """
-        stream = self.open_stream(latency_ms)
+        stream = self.open_stream(latency_ms, language=language)
         try:
             await stream.push(audio, sample_rate=sample_rate)
             return await stream.finalize()
@@ -383,11 +404,44 @@ class NemotronEngine:
 
     def _request_latency(self, state: StreamState, latency_ms: int) -> None:
         scheduler = self._require()
-        if latency_ms not in scheduler.runner.modes:
-            raise ValueError(
-                f"this model supports latency_ms in {sorted(scheduler.runner.modes)}, got {latency_ms}"
-            )
-        scheduler.request_latency(state, latency_ms)
+        scheduler.request_latency(state, validate_latency_ms(latency_ms, scheduler.runner.modes))
+
+    def _request_language(self, state: StreamState, language: Any) -> None:
+        self._require().request_language(state, *self._resolve_language(language))
+
+    def resolve_language(self, language: Any) -> str | None:
+        """The language prompt a stream asking for ``language`` would decode with (see :meth:`open_stream`).
+
+        Returns:
+            A key of the model's prompt dictionary (``"es-ES"``, ``"auto"``), or None on an English-only model.
+
+        Raises:
+            ValueError: The model has no such language (the message lists the model's).
+            EngineNotRunningError: The engine is not running.
+
+        """
+        return self._resolve_language(language)[0]
+
+    def _resolve_language(self, language: Any) -> tuple[str | None, int | None]:
+        """``(prompt key, one-hot index)`` of a requested language (None: the config's default).
+
+        Raises:
+            ValueError: The model has no such language (the message lists the model's), or an English-only
+                model is asked for another language.
+
+        """
+        prompts = self._require().runner.prompts
+        requested = self.config.default_language if language is None else language
+        if prompts is None:
+            if requested is not None and not is_english(requested):
+                raise ValueError(
+                    f"the loaded model ({self.config.model}) transcribes English only, got language "
+                    f"{getattr(requested, 'value', requested)!r}; load a multilingual model such as "
+                    f"{MULTILINGUAL_MODEL!r} for other languages"
+                )
+            return None, None
+        key = prompts.default() if requested is None else prompts.resolve(requested)
+        return key, prompts.index(key)
 
     async def _close_stream(self, state: StreamState, error: BaseException | None = None) -> None:
         if self._scheduler is None or state.stream_id not in self._scheduler.streams:
@@ -398,3 +452,37 @@ class NemotronEngine:
     async def _fail_stream(self, state: StreamState, error: BaseException) -> None:
         logger.error(f"ASR stream {state.stream_id} failed: {error}")
         await self._close_stream(state, StreamFailedError(str(error)))
+
+
+def _language_keys(prompts: LanguagePrompts | None) -> tuple[str, ...]:
+    """The prompt keys a stream can ask for: the locales in index order, then ``"auto"`` if the model has it."""
+    if prompts is None:
+        return ()
+    return prompts.languages + (("auto",) if prompts.has_auto else ())
+
+
+def _check_defaults(config: EngineConfig, runner: ModelRunner) -> None:
+    """Fail the load if the config's default mode or language is not one the loaded model has.
+
+    Raises:
+        ModelLoadError: Naming what the model offers.
+
+    """
+    if config.default_latency_ms not in runner.modes:
+        raise ModelLoadError(
+            f"default_latency_ms={config.default_latency_ms} is not a mode of {config.model}; it offers "
+            f"{sorted(runner.modes)} ms"
+        )
+    if config.default_language is None:
+        return
+    if runner.prompts is None:
+        if not is_english(config.default_language):
+            raise ModelLoadError(
+                f"default_language={config.default_language!r}, but {config.model} transcribes English only; "
+                f"load a multilingual model such as {MULTILINGUAL_MODEL!r}"
+            )
+        return
+    try:
+        runner.prompts.resolve(config.default_language)
+    except ValueError as e:
+        raise ModelLoadError(f"default_language: {e}") from None

@@ -191,14 +191,19 @@ class FastEncoderStep:
         first = encoder.layers[0].self_attn
         self.n_heads: int = first.h
         self.d_k: int = first.d_k
-        self.left: int = int(encoder.streaming_cfg.last_channel_cache_size)
+        #: Longest left context of the encoder's modes, encoder frames: the slot pool's cache length. A mode
+        #: with a shorter one (the multilingual model's 320 ms mode, [56, 3]) is given the last frames of it.
+        self.left: int = max(
+            [int(c[0]) for c in getattr(encoder, "att_context_size_all", None) or []]
+            + [int(encoder.streaming_cfg.last_channel_cache_size)]
+        )
         self.time_cache: int = int(encoder.layers[0].conv.depthwise_conv._left_padding)
         self.conv_channels: int = int(encoder.layers[0].conv.depthwise_conv.in_channels)
         with torch.no_grad():
             self.layers = [_layer_weights(layer) for layer in encoder.layers]
             self.w_pos_all = torch.stack([w.w_pos for w in self.layers])  # [L, D, D]
-        self._positions: dict[int, torch.Tensor] = {}
-        self._chunk_masks: dict[tuple[int, int], torch.Tensor] = {}
+        self._positions: dict[tuple[int, int], torch.Tensor] = {}
+        self._chunk_masks: dict[tuple[int, int, int], torch.Tensor] = {}
 
     def get_initial_cache_state(
         self, batch_size: int = 1, dtype: torch.dtype = torch.float32, device: torch.device | None = None
@@ -229,29 +234,33 @@ class FastEncoderStep:
             out.append(F.linear(cached, w.w_qkv[self.d_model :], b))
         return torch.stack(out)
 
-    def _projected_positions(self, new_frames: int) -> torch.Tensor:
+    def _projected_positions(self, left: int, new_frames: int) -> torch.Tensor:
         """Per-layer projected relative positions ``[layers, heads, 2 K - 1, d_k]`` for ``K = left + new``."""
-        cached = self._positions.get(new_frames)
+        cached = self._positions.get((left, new_frames))
         if cached is None:
-            total = self.left + new_frames
+            total = left + new_frames
             pos_enc = self.encoder.pos_enc
             pos_enc.extend_pe(total, self.w_pos_all.device, self.w_pos_all.dtype)
             center = pos_enc.pe.size(1) // 2 + 1
             pos_emb = pos_enc.pe[0, center - total : center + total - 1].to(self.w_pos_all.dtype)  # [2K-1, D]
             projected = torch.matmul(pos_emb, self.w_pos_all.transpose(1, 2))  # [L, 2K-1, D]
             cached = projected.view(len(self.layers), 2 * total - 1, self.n_heads, self.d_k).transpose(1, 2)
-            self._positions[new_frames] = cached.contiguous()
+            self._positions[(left, new_frames)] = cached.contiguous()
         return cached
 
-    def _chunk_mask(self, right_context: int, new_frames: int) -> torch.Tensor:
-        """NeMo's chunked-limited visibility of new frames (rows) over cached + new frames (cols): ``[T, K]``."""
-        key = (right_context, new_frames)
+    def _chunk_mask(self, left: int, right_context: int, new_frames: int) -> torch.Tensor:
+        """NeMo's chunked-limited visibility of new frames (rows) over cached + new frames (cols): ``[T, K]``.
+
+        As in NeMo's streaming step, chunks are counted from the first cached frame (the mode's left context
+        is a whole number of chunks) and a chunk sees ``left // (right + 1)`` chunks back.
+        """
+        key = (left, right_context, new_frames)
         mask = self._chunk_masks.get(key)
         if mask is None:
             chunk = right_context + 1
-            left_chunks = self.left // chunk
-            index = torch.arange(self.left + new_frames, device=self.w_pos_all.device) // chunk
-            diff = index[self.left :, None] - index[None, :]
+            left_chunks = left // chunk
+            index = torch.arange(left + new_frames, device=self.w_pos_all.device) // chunk
+            diff = index[left:, None] - index[None, :]
             mask = (diff >= 0) & (diff <= left_chunks)
             self._chunk_masks[key] = mask
         return mask
@@ -272,7 +281,7 @@ class FastEncoderStep:
         Args:
             signal: Mel features ``[B, features, frames]`` (pre-encode cache prepended by the caller).
             lengths: Valid mel frames per stream ``[B]``.
-            kv_cache: ``[layers, B, left, 2 D]``.
+            kv_cache: ``[layers, B, left, 2 D]``, ``left`` the mode's left context (see :attr:`left`).
             time_cache: ``[layers, B, channels, kernel - 1]``.
             cached_frames: Valid cached frames per stream ``[B]`` (0 for a new stream).
             drop_extra_pre_encoded: Encoder frames to drop from the subsampling output (0 on a first chunk).
@@ -291,14 +300,17 @@ class FastEncoderStep:
         new_frames = x.size(1)
         if self.encoder.xscale:
             x = x * self.encoder.xscale
-        positions = self._projected_positions(new_frames)
-        cols = torch.arange(self.left + new_frames, device=x.device)
-        valid_cols = (cols[None, :] >= (self.left - cached_frames)[:, None]) & (
-            cols[None, :] < (self.left + length)[:, None]
+        left = kv_cache.size(2)
+        positions = self._projected_positions(left, new_frames)
+        cols = torch.arange(left + new_frames, device=x.device)
+        valid_cols = (cols[None, :] >= (left - cached_frames)[:, None]) & (
+            cols[None, :] < (left + length)[:, None]
         )
-        valid_rows = valid_cols[:, self.left :]
+        valid_rows = valid_cols[:, left:]
         visible = (
-            valid_rows[:, :, None] & valid_cols[:, None, :] & self._chunk_mask(right_context, new_frames)
+            valid_rows[:, :, None]
+            & valid_cols[:, None, :]
+            & self._chunk_mask(left, right_context, new_frames)
         )
         att_mask = ~visible[:, None]  # [B, 1, T, K]
         pad_mask = ~valid_rows[:, :, None]  # [B, T, 1]
@@ -310,7 +322,7 @@ class FastEncoderStep:
             )
         if self.encoder.out_proj is not None:
             x = self.encoder.out_proj(x)
-        next_cached = torch.clamp(cached_frames + new_frames, max=self.left)
+        next_cached = torch.clamp(cached_frames + new_frames, max=left)
         return x.transpose(1, 2), length, kv_next, time_next, next_cached
 
     def _layer(
@@ -356,7 +368,7 @@ class FastEncoderStep:
         scores = scores.masked_fill(att_mask, _MASKED_SCORE)
         attn = torch.softmax(scores, dim=-1).masked_fill(att_mask, 0.0)
         out = torch.matmul(attn, v).transpose(1, 2).reshape(batch, new_frames, d)
-        return F.linear(out, w.w_out, w.b_out), kv_all[:, -self.left :]
+        return F.linear(out, w.w_out, w.b_out), kv_all[:, -kv_cache.size(1) :]
 
     def _convolution(
         self, w: _LayerWeights, x: torch.Tensor, pad_mask: torch.Tensor, time_cache: torch.Tensor

@@ -19,10 +19,11 @@ import torch
 from loguru import logger
 
 from pipecat_nemotron.engine.audio import SAMPLES_PER_MS
-from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES, EncoderStep
+from pipecat_nemotron.engine.config import ENCODER_FRAME_MS, LATENCY_MODES, LEFT_CONTEXT_FRAMES, EncoderStep
 from pipecat_nemotron.engine.cuda_graphs import GraphedEncoderStep
 from pipecat_nemotron.engine.fast_step import FastEncoderStep, UnsupportedEncoderError, nemo_encoder_step
 from pipecat_nemotron.engine.features import MelFrontend
+from pipecat_nemotron.engine.languages import LanguagePrompts
 from pipecat_nemotron.engine.state import StreamState
 from pipecat_nemotron.engine.words import WordAligner
 
@@ -33,6 +34,7 @@ class ModeShape:
 
     Attributes:
         latency_ms: The mode.
+        left_context: Left attention context, encoder frames (the length of the cache the step is given).
         right_context: Right attention context, encoder frames.
         first_chunk_frames: Mel frames of a stream's first chunk (no pre-encode cache).
         chunk_frames: Mel frames of every later chunk.
@@ -42,6 +44,7 @@ class ModeShape:
     """
 
     latency_ms: int
+    left_context: int
     right_context: int
     first_chunk_frames: int
     chunk_frames: int
@@ -126,15 +129,15 @@ class ModelRunner:
         self.subsampling = int(getattr(model.encoder, "subsampling_factor", 8))
         #: Groups an utterance's tokens into timed words.
         self.aligner = WordAligner(model.tokenizer, self.frontend.hop / SAMPLES_PER_MS, self.subsampling)
+        #: The model's language prompts (None: a model without them, such as the English one).
+        self.prompts = LanguagePrompts.from_model(model)
         self.modes: dict[int, ModeShape] = {}
-        supported = [list(c) for c in getattr(model.encoder, "att_context_size_all", [])]
-        for latency_ms, right in LATENCY_MODES.items():
-            if supported and [LEFT_CONTEXT_FRAMES, right] not in supported:
-                continue
-            model.encoder.set_default_att_context_size([LEFT_CONTEXT_FRAMES, right])
+        for latency_ms, (left, right) in model_latency_modes(model.encoder).items():
+            model.encoder.set_default_att_context_size([left, right])
             cfg = model.encoder.streaming_cfg
             self.modes[latency_ms] = ModeShape(
                 latency_ms=latency_ms,
+                left_context=left,
                 right_context=right,
                 # A first chunk shorter than the pre-encode cache (1 frame in the 80 ms mode) would leave
                 # zero padding in the next chunk's cache and shift its encoder output away from the offline
@@ -144,7 +147,11 @@ class ModelRunner:
                 pre_encode_cache_frames=int(cfg.pre_encode_cache_size[1]),
                 drop_extra_pre_encoded=int(cfg.drop_extra_pre_encoded),
             )
-        self._active_mode: int | None = None
+        # The slot pool and the fast step are sized by the longest left context; the others use its tail.
+        self.max_left = max(m.left_context for m in self.modes.values())
+        widest = max(self.modes.values(), key=lambda m: (m.left_context, -m.latency_ms))
+        model.encoder.set_default_att_context_size([widest.left_context, widest.right_context])
+        self._active_mode: int | None = widest.latency_ms
         #: Called with ``(stream_ids, encoded [B, D, T], encoded_len [B])`` after every encoder step.
         self.encoder_output_hook: Callable[[list[int], torch.Tensor, torch.Tensor], None] | None = None
         self.fast_step: FastEncoderStep | None = None
@@ -188,9 +195,8 @@ class ModelRunner:
     def _set_mode(self, latency_ms: int) -> None:
         # The attention context is global to the encoder object; only this thread changes it.
         if self._active_mode != latency_ms:
-            self.model.encoder.set_default_att_context_size(
-                [LEFT_CONTEXT_FRAMES, self.modes[latency_ms].right_context]
-            )
+            mode = self.modes[latency_ms]
+            self.model.encoder.set_default_att_context_size([mode.left_context, mode.right_context])
             self._active_mode = latency_ms
 
     def release(self, stream_ids: list[int]) -> None:
@@ -261,12 +267,18 @@ class ModelRunner:
         # The encoder half of NeMo's ``conformer_stream_step`` and the decoder half are called separately so
         # the encoder output can be observed (``encoder_output_hook``, used by the equivalence tests).
         encoded, encoded_len, cache_channel, cache_time, cache_channel_len = self._encode(
-            signal.to(self.dtype), lengths, context, drop, mode.right_context
+            signal.to(self.dtype),
+            lengths,
+            _tail_context(context, mode.left_context),
+            drop,
+            mode.right_context,
         )
+        if self.prompts is not None:
+            encoded = self._apply_prompts(encoded, [it.state.prompt_index for it in items])
         if self.encoder_output_hook is not None:
             self.encoder_output_hook(stream_ids, encoded, encoded_len)
         hyps = self._decode(encoded, encoded_len, previous)
-        context = CacheAwareContext(cache_channel, cache_time, cache_channel_len)
+        context = CacheAwareContext(_left_pad(cache_channel, self.max_left), cache_time, cache_channel_len)
         self._keep_caches(items, context, mapping, slot_index, cache, feats[:, :, : num_frames[0]])
         # Encoder frame j of the chunk covers the mel frames up to (chunk start - pre-encode cache) + S*(j + drop)
         # (causal 8x subsampling, S = 8): the offset of this chunk's frame grid from its first mel frame.
@@ -344,6 +356,29 @@ class ModelRunner:
             drop_extra_pre_encoded=drop,
         )
 
+    def _apply_prompts(self, encoded: torch.Tensor, indices: list[int | None]) -> torch.Tensor:
+        """Join each stream's language one-hot to its encoder frames and project back (``prompt_kernel``).
+
+        As the prompt class's ``forward`` does offline, with a language per row.
+
+        Args:
+            encoded: Encoder output ``[B, D, T]``.
+            indices: One-hot index of each row's language.
+
+        Returns:
+            The conditioned output ``[B, D, T]``.
+
+        """
+        assert self.prompts is not None
+        if any(i is None for i in indices):
+            raise ValueError("a stream of a multilingual model has no language prompt")
+        rows = torch.tensor(indices, device=encoded.device, dtype=torch.long)
+        one_hot = torch.nn.functional.one_hot(rows, self.prompts.num_prompts).to(encoded.dtype)
+        frames = encoded.transpose(1, 2)  # [B, T, D]
+        prompt = one_hot[:, None, :].expand(-1, frames.size(1), -1)
+        joined = torch.cat((frames, prompt), dim=-1)
+        return self.model.prompt_kernel(joined).to(encoded.dtype).transpose(1, 2)
+
     def _decode(self, encoded: torch.Tensor, encoded_len: torch.Tensor, previous: list[Any]) -> list[Any]:
         """Batched greedy RNNT decode continuing each stream's hypothesis."""
 
@@ -393,6 +428,50 @@ class ModelRunner:
         if not tokens:
             return ""
         return self.model.tokenizer.ids_to_text(tokens)
+
+
+def model_latency_modes(encoder: Any) -> dict[int, tuple[int, int]]:
+    """The latency modes an encoder was trained for: ``{chunk ms: (left, right context in encoder frames)}``.
+
+    Read from its ``att_context_size`` list (a mode of right context ``R`` is ``(R + 1) * 80`` ms; the first
+    context listed for a chunk length wins). An encoder without that list (not multi-lookahead) gets the
+    English model's table.
+    """
+    contexts = [tuple(int(v) for v in c) for c in getattr(encoder, "att_context_size_all", None) or []]
+    if not contexts:
+        return {ms: (LEFT_CONTEXT_FRAMES, right) for ms, right in LATENCY_MODES.items()}
+    modes: dict[int, tuple[int, int]] = {}
+    for left, right in contexts:
+        if left < 0 or right < 0:
+            continue  # unlimited context: not streamable with a fixed cache
+        modes.setdefault((right + 1) * ENCODER_FRAME_MS, (left, right))
+    return dict(sorted(modes.items()))
+
+
+def _tail_context(context: Any, left: int) -> Any:
+    """The slot caches as a mode of left context ``left`` sees them: the last ``left`` cached frames."""
+    from nemo.collections.asr.inference.utils.context_manager import CacheAwareContext
+
+    channel = context.cache_last_channel
+    if channel is None or channel.size(2) == left:
+        return context
+    return CacheAwareContext(
+        channel[:, :, channel.size(2) - left :],
+        context.cache_last_time,
+        torch.clamp(context.cache_last_channel_len, max=left),
+    )
+
+
+def _left_pad(channel: torch.Tensor, size: int) -> torch.Tensor:
+    """A mode's next attention cache ``[layers, B, left, ...]`` back at the slot pool's length.
+
+    The zeros go first: the valid-frame count never reaches them.
+    """
+    missing = size - channel.size(2)
+    if missing <= 0:
+        return channel
+    pad = channel.new_zeros(channel.size(0), channel.size(1), missing, *channel.shape[3:])
+    return torch.cat((pad, channel), dim=2)
 
 
 def _token_lists(hyps: list[Any]) -> list[list[int]]:

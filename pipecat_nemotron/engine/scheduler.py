@@ -206,6 +206,14 @@ class Scheduler:
         self._wake.set()
         return fut
 
+    def request_language(self, state: StreamState, language: str | None, prompt_index: int | None) -> None:
+        """Change a stream's language now if its utterance has not started decoding, else at the next boundary."""
+        if state.cursor.next_frame == 0 and not state.finals and not state.in_flight:
+            state.language, state.prompt_index = language, prompt_index
+            state.pending_language = None
+        else:
+            state.pending_language = (language, prompt_index)
+
     def request_latency(self, state: StreamState, latency_ms: int) -> None:
         """Change a stream's mode now if its utterance has not started decoding, else at the next boundary."""
         if state.cursor.next_frame == 0 and not state.finals and not state.in_flight:
@@ -335,6 +343,7 @@ class Scheduler:
                 utterance=pending.utterance,
                 audio_ms=(pending.boundary - state.segment_origin) / SAMPLES_PER_MS,
                 latency_ms=state.latency_ms,
+                language=state.language,
                 peek_ms=(now - pending.requested_at) * 1000.0,
                 tokens=tuple(tokens),
             )
@@ -410,6 +419,7 @@ class Scheduler:
                     is_final=False,
                     utterance=state.utterance_index,
                     latency_ms=state.latency_ms,
+                    language=state.language,
                     queue_ms=queue_ms,
                     step_ms=step_ms,
                     lag_ms=(now - it.ready_at) * 1000.0,
@@ -438,6 +448,7 @@ class Scheduler:
             audio_ms=boundary_rel / SAMPLES_PER_MS,
             utterance=utterance,
             latency_ms=state.latency_ms,
+            language=state.language,
             tokens=tuple(state.tokens),
             words=words,
             confidence=confidence,
@@ -449,6 +460,7 @@ class Scheduler:
                 is_final=True,
                 utterance=utterance,
                 latency_ms=state.latency_ms,
+                language=state.language,
                 step_ms=step_ms,
                 ttf_ms=ttf_ms,
                 words=words,
@@ -472,6 +484,9 @@ class Scheduler:
         if state.pending_latency_ms is not None:
             state.latency_ms = state.pending_latency_ms
             state.pending_latency_ms = None
+        if state.pending_language is not None:
+            state.language, state.prompt_index = state.pending_language
+            state.pending_language = None
         if not pending.future.done():
             pending.future.set_result(final)
         if state.cursor.end:

@@ -56,6 +56,9 @@ class StreamState:
         stream_id: Engine-unique id (also the key of the stream's cache slot).
         latency_ms: Current latency mode.
         pending_latency_ms: Mode to switch to at the next utterance boundary.
+        language: Language prompt key of a multilingual model (``"es-ES"``, ``"auto"``); None otherwise.
+        prompt_index: One-hot index of ``language`` (None without prompts).
+        pending_language: ``(language, prompt_index)`` to switch to at the next utterance boundary.
         received: Samples received since the stream opened (16 kHz).
         segment_origin: Absolute sample where the current feature segment starts.
         cursor: Audio and frame position inside the current segment.
@@ -80,6 +83,9 @@ class StreamState:
     stream_id: int
     latency_ms: int
     pending_latency_ms: int | None = None
+    language: str | None = None
+    prompt_index: int | None = None
+    pending_language: tuple[str | None, int | None] | None = None
     input: AudioInput = field(default_factory=AudioInput)
     received: int = 0
     segment_origin: int = 0

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -219,7 +219,7 @@ class ASRStream:
         return pending.future
 
     def set_latency(self, latency_ms: int) -> None:
-        """Switch the latency mode (80, 160, 560 or 1120 ms).
+        """Switch the latency mode (one of the model's: 80, 160, 560 or 1120 ms for the English model).
 
         Applies at once if the current utterance has not started being decoded, else at the next utterance
         boundary (after the next ``finalize()``). The weights are shared; nothing is reloaded.
@@ -230,6 +230,30 @@ class ASRStream:
         """
         self._check_open()
         self._engine._request_latency(self._state, validate_latency_ms(latency_ms))
+
+    @property
+    def language(self) -> str | None:
+        """The language prompt the stream decodes with now (``"es-ES"``, ``"auto"``; None: English-only model).
+
+        A requested change shows here once it applies.
+        """
+        return self._state.language
+
+    def set_language(self, language: Any) -> None:
+        """Switch the language of a multilingual model.
+
+        ``language``: a locale, a bare language, Pipecat's ``Language`` or ``"auto"``; None: the engine's
+        default.
+
+        Applies at once if the current utterance has not started being decoded, else at the next utterance
+        boundary (after the next ``finalize()``): an utterance is decoded in one language.
+
+        Raises:
+            ValueError: The model has no such language (names the model's).
+
+        """
+        self._check_open()
+        self._engine._request_language(self._state, language)
 
     async def close(self) -> None:
         """Close the stream and free its cache slot (idempotent). Pending finalizes fail."""

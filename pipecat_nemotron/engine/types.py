@@ -43,6 +43,8 @@ class TranscriptUpdate:
         is_final: True for the final text of an utterance (after ``finalize()``).
         utterance: 0-based index of the utterance within the stream.
         latency_ms: Latency mode that produced it.
+        language: Language prompt the model decoded with (a locale such as ``"es-ES"``, or ``"auto"``); None
+            on a model without language prompts (the English model).
         queue_ms: Time the chunk's audio waited for a model step, ms.
         step_ms: Duration of the batched model step that produced it, ms.
         lag_ms: Time from the chunk's last audio sample arriving to this update, ms.
@@ -58,6 +60,7 @@ class TranscriptUpdate:
     is_final: bool
     utterance: int
     latency_ms: int
+    language: str | None = None
     queue_ms: float = 0.0
     step_ms: float = 0.0
     lag_ms: float = 0.0
@@ -77,6 +80,8 @@ class FinalTranscript:
         audio_ms: Audio in the utterance, ms.
         utterance: 0-based index of the utterance within the stream.
         latency_ms: Latency mode that produced it.
+        language: Language prompt the model decoded with (a locale such as ``"es-ES"``, or ``"auto"``); None
+            on a model without language prompts (the English model).
         tokens: Token ids of the utterance.
         words: The words of ``text`` with their timings and confidence.
         confidence: Confidence of the utterance, in [0, 1] (mean of its words'); None when ``text`` is empty.
@@ -90,6 +95,7 @@ class FinalTranscript:
     audio_ms: float
     utterance: int
     latency_ms: int
+    language: str | None = None
     tokens: tuple[int, ...] = ()
     words: tuple[WordTiming, ...] = ()
     confidence: float | None = None
@@ -107,6 +113,8 @@ class PeekTranscript:
         latency_ms: Latency mode that produced it.
         peek_ms: From the ``peek()`` call to the text being available, ms.
         tokens: Token ids of ``text``.
+        language: Language prompt the model decoded with (a locale such as ``"es-ES"``, or ``"auto"``); None
+            on a model without language prompts (the English model).
 
     """
 
@@ -116,3 +124,4 @@ class PeekTranscript:
     latency_ms: int
     peek_ms: float
     tokens: tuple[int, ...] = ()
+    language: str | None = None

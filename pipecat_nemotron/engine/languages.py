@@ -1,0 +1,114 @@
+"""Language prompts of multilingual models: what a stream asks for, and the one-hot index the model gets.
+
+A model of NeMo's prompt class (``EncDecRNNTBPEModelWithPrompt`` and its hybrid variant, the class of
+``nvidia/nemotron-3.5-asr-streaming-0.6b``) joins a language one-hot to every encoder frame and projects it
+back (``prompt_kernel``) before decoding. Its config maps locales to one-hot indices
+(``model_defaults.prompt_dictionary``, e.g. ``{"en-US": 0, ..., "auto": 101}``); ``"auto"`` is the
+language-agnostic prompt. Nothing here imports torch or NeMo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: Prompt key of the language-agnostic prompt ("work out the language yourself").
+AUTO = "auto"
+
+
+def language_code(language: Any) -> str:
+    """A language given as a string or a ``str`` enum (Pipecat's ``Language``) as its normalised code.
+
+    ``"es_ES"``, ``"ES-es"`` and ``Language.ES_ES`` all become ``"es-es"`` (compare case-insensitively).
+    """
+    value = getattr(language, "value", language)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"a language must be a code such as 'es-ES', 'es' or 'auto', got {language!r}")
+    return value.strip().replace("_", "-").lower()
+
+
+def is_english(language: Any) -> bool:
+    """True for ``"en"`` and every English locale (``"en-US"``, ``Language.EN_GB``)."""
+    return language_code(language).split("-")[0] == "en"
+
+
+@dataclass(frozen=True)
+class LanguagePrompts:
+    """The prompt dictionary of a loaded multilingual model.
+
+    Attributes:
+        dictionary: Prompt key (a locale such as ``"es-ES"``, or ``"auto"``) -> one-hot index.
+        num_prompts: Width of the one-hot.
+
+    """
+
+    dictionary: Mapping[str, int]
+    num_prompts: int
+
+    def __post_init__(self) -> None:
+        bad = {k: v for k, v in self.dictionary.items() if not 0 <= int(v) < self.num_prompts}
+        if bad:
+            raise ValueError(f"prompt indices outside [0, {self.num_prompts}): {bad}")
+
+    @classmethod
+    def from_model(cls, model: Any) -> LanguagePrompts | None:
+        """The model's prompts, or None for a model without language prompts (the English model).
+
+        Raises:
+            ValueError: A prompt model whose config has no usable ``prompt_dictionary``.
+
+        """
+        if not getattr(model, "concat", False) or getattr(model, "prompt_kernel", None) is None:
+            return None
+        defaults = model.cfg.model_defaults
+        dictionary = dict(defaults.get("prompt_dictionary") or {})
+        num_prompts = int(getattr(model, "num_prompts", None) or defaults.get("num_prompts", 0))
+        if not dictionary or num_prompts <= 0:
+            raise ValueError(
+                "the model joins a language prompt to its encoder output but its config has no "
+                "model_defaults.prompt_dictionary / num_prompts; re-export it with them"
+            )
+        return cls({str(k): int(v) for k, v in dictionary.items()}, num_prompts)
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        """The model's locales (without ``"auto"``), in index order."""
+        return tuple(k for k, _ in sorted(self.dictionary.items(), key=lambda kv: kv[1]) if k != AUTO)
+
+    @property
+    def has_auto(self) -> bool:
+        """The model has the language-agnostic prompt."""
+        return AUTO in self.dictionary
+
+    def resolve(self, language: Any) -> str:
+        """The prompt key for a requested language.
+
+        An exact locale wins (case and ``_``/``-`` ignored); a bare language (``"es"``, ``Language.ES``) takes
+        the locale of the same name (``es-ES``, and ``en-US`` for English) or else the first of that language.
+
+        Raises:
+            ValueError: The model has no such language (the message lists the model's).
+
+        """
+        code = language_code(language)
+        by_code = {k.lower(): k for k in self.dictionary}
+        if code in by_code:
+            return by_code[code]
+        base = code.split("-")[0]
+        same = [k for k in self.languages if k.lower().split("-")[0] == base]
+        if same:
+            preferred = {f"{base}-{base}", "en-us"}
+            return next((k for k in same if k.lower() in preferred), same[0])
+        raise ValueError(
+            f"language {getattr(language, 'value', language)!r} is not one of this model's languages: "
+            f"{list(self.languages)}{' or auto' if self.has_auto else ''}"
+        )
+
+    def default(self) -> str:
+        """The key used when a stream asks for none: ``"auto"`` if the model has it, else its first locale."""
+        return AUTO if self.has_auto else self.languages[0]
+
+    def index(self, key: str) -> int:
+        """One-hot index of a resolved prompt key."""
+        return self.dictionary[key]

@@ -1,0 +1,170 @@
+"""The multilingual prompt class: modes from the model, a language per stream, mixed languages in one batch.
+
+A random-weight tiny model of NeMo's ``EncDecRNNTBPEModelWithPrompt`` (built by the project, three locales and
+``auto``, the five attention contexts of the ``nemotron-3.5-asr-streaming`` family) stands in for the real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+from helpers import noise_clip, offline_decode, push_realtime_chunks, to_pcm16
+
+from pipecat_nemotron.engine import EngineConfig, ModelLoadError, NemotronEngine
+
+MODES = (80, 160, 320, 560, 1120)
+LANGUAGES = ("en-US", "es-ES", "de-DE", "auto")
+
+
+def _engine(model, **kwargs) -> NemotronEngine:
+    config = {"device": "cpu", "max_streams": 8, "max_batch_size": 8, "finalize_mode": "hard", "warmup": False}
+    return NemotronEngine(EngineConfig(model=str(model), **{**config, **kwargs}))
+
+
+@pytest.fixture
+async def engine(tiny_multilingual_random_model):
+    eng = _engine(tiny_multilingual_random_model)
+    await eng.start()
+    yield eng
+    await eng.stop()
+
+
+async def _stream(engine: NemotronEngine, audio, latency_ms: int, language: str):
+    """Stream ``audio``; the final and the encoder output (after the language prompt) the decoder saw."""
+    captured: list[torch.Tensor] = []
+    stream = engine.open_stream(latency_ms=latency_ms, language=language)
+
+    def hook(ids: list[int], enc: torch.Tensor, enc_len: torch.Tensor) -> None:
+        for row, sid in enumerate(ids):
+            if sid == stream.stream_id:
+                captured.append(enc[row, :, : int(enc_len[row])].clone())
+
+    try:
+        with engine.observe_encoder_output(hook):
+            await push_realtime_chunks(stream, to_pcm16(audio), chunk_bytes=3200)
+            final = await stream.finalize()
+    finally:
+        await stream.close()
+    return final, torch.cat(captured, dim=-1)
+
+
+async def test_modes_and_languages_come_from_the_model(engine: NemotronEngine, tiny_random_model) -> None:
+    assert engine.info.latency_modes == MODES
+    assert engine.info.languages == LANGUAGES
+    with pytest.raises(ValueError, match=r"\[80, 160, 320, 560, 1120\]"):
+        engine.open_stream(latency_ms=240)
+    with pytest.raises(ValueError, match="en-US.*es-ES.*de-DE"):
+        engine.open_stream(language="fr-FR")
+    assert engine.open_stream(language="es").language == "es-ES"  # a bare language takes its locale
+    assert engine.open_stream(language="DE_de").language == "de-DE"
+    assert engine.open_stream().language == "auto"  # the default of a model that has auto
+
+    english = _engine(tiny_random_model)
+    await english.start()
+    try:
+        assert english.info.latency_modes == (80, 160, 560, 1120)
+        assert english.info.languages == ()
+        with pytest.raises(ValueError, match=r"\[80, 160, 560, 1120\]"):
+            english.open_stream(latency_ms=320)
+        with pytest.raises(ValueError, match="English only.*nemotron-3.5"):
+            english.open_stream(language="es-ES")
+        assert english.open_stream(language="en-GB").language is None
+    finally:
+        await english.stop()
+
+
+async def test_default_mode_or_language_the_model_lacks_fails_at_start(tiny_random_model) -> None:
+    with pytest.raises(ModelLoadError, match=r"offers \[80, 160, 560, 1120\]"):
+        await _engine(tiny_random_model, default_latency_ms=320).start()
+    with pytest.raises(ModelLoadError, match="English only"):
+        await _engine(tiny_random_model, default_language="es").start()
+
+
+@pytest.mark.parametrize("encoder_step", ["fast", "nemo"])
+@pytest.mark.parametrize("latency_ms", MODES)
+async def test_streaming_equals_offline_with_the_prompt(
+    tiny_multilingual_random_model, latency_ms: int, encoder_step: str
+) -> None:
+    engine = _engine(tiny_multilingual_random_model, encoder_step=encoder_step)
+    await engine.start()
+    try:
+        audio = noise_clip(2.13, seed=latency_ms)
+        audio16 = np.frombuffer(to_pcm16(audio), dtype="<i2").astype(np.float32) / 32768.0
+        for language in ("es-ES", "auto"):
+            final, streamed = await _stream(engine, audio, latency_ms, language)
+            tokens, offline = offline_decode(engine, audio16, latency_ms, language=language)
+            assert final.language == language
+            assert streamed.shape == offline.shape
+            assert (streamed - offline).abs().max().item() < 1e-4
+            assert list(final.tokens) == tokens
+            assert len(tokens) > 10
+    finally:
+        await engine.stop()
+
+
+async def test_streams_of_different_languages_batched_equal_each_alone(engine: NemotronEngine) -> None:
+    clips = [noise_clip(1.2 + 0.3 * i, seed=40 + i) for i in range(6)]
+    languages = ["en-US", "es-ES", "de-DE", "auto", "es-ES", "en-US"]
+    modes = [160, 160, 160, 160, 320, 320]
+    alone = []
+    for clip, language, mode in zip(clips, languages, modes, strict=True):
+        final = await engine.transcribe(to_pcm16(clip), latency_ms=mode, language=language)
+        alone.append((list(final.tokens), final.language))
+    batch_sizes: list[int] = []
+    engine.add_step_listener(lambda stats: batch_sizes.append(stats.batch_size))
+
+    async def run(i: int) -> tuple[list[int], str | None]:
+        stream = engine.open_stream(latency_ms=modes[i], language=languages[i])
+        await push_realtime_chunks(stream, to_pcm16(clips[i]), chunk_bytes=1280, pause=0.002)
+        final = await stream.finalize()
+        await stream.close()
+        return list(final.tokens), final.language
+
+    together = await asyncio.gather(*(run(i) for i in range(6)))
+    assert together == alone
+    assert max(batch_sizes) >= 3, "the streams were never batched together"
+    # The prompt is not decoration: one clip decoded under each language gives different encoder outputs.
+    outputs = []
+    for language in ("en-US", "es-ES"):
+        _, enc = await _stream(engine, clips[0], 160, language)
+        outputs.append(enc)
+    assert (outputs[0] - outputs[1]).abs().max().item() > 1e-3
+
+
+async def test_language_changes_at_the_utterance_boundary(engine: NemotronEngine) -> None:
+    stream = engine.open_stream(latency_ms=160, language="en-US")
+    try:
+        await stream.push(to_pcm16(noise_clip(0.8, seed=5)))
+        await asyncio.sleep(0.3)  # let decoding start: the change waits for the boundary
+        stream.set_language("es")
+        first = await stream.finalize()
+        await stream.push(to_pcm16(noise_clip(0.8, seed=6)))
+        second = await stream.finalize()
+        with pytest.raises(ValueError, match="not one of this model's languages"):
+            stream.set_language("xx")
+    finally:
+        await stream.close()
+    assert (first.language, second.language) == ("en-US", "es-ES")
+    assert stream.language == "es-ES"
+
+
+async def test_switching_between_modes_of_different_left_context(engine: NemotronEngine) -> None:
+    # 320 ms has a 56-frame left context, 160 ms 70: the slot's cache serves both across utterances.
+    soft = _engine(engine.config.model, finalize_mode="soft")
+    await soft.start()
+    try:
+        stream = soft.open_stream(latency_ms=320, language="de-DE")
+        texts = []
+        for i, mode in enumerate((320, 160, 320, 1120)):
+            stream.set_latency(mode)
+            await push_realtime_chunks(stream, to_pcm16(noise_clip(0.9, seed=60 + i)), chunk_bytes=3200)
+            final = await stream.finalize()
+            assert final.latency_ms == mode
+            texts.append(final.tokens)
+        await stream.close()
+        assert all(len(t) > 3 for t in texts)
+    finally:
+        await soft.stop()
