@@ -50,7 +50,8 @@ from pipecat_nemotron.eager import (
     TurnCommit,
     ends_mid_sentence,
 )
-from pipecat_nemotron.engine.config import LATENCY_MODES, validate_latency_ms
+from pipecat_nemotron.engine.config import validate_latency_ms
+from pipecat_nemotron.engine.languages import AUTO, language_code
 from pipecat_nemotron.metrics import asr_finalize_metrics_frame
 from pipecat_nemotron.transcript_result import TranscriptResult
 
@@ -60,6 +61,7 @@ __all__ = [
     "VAD_STOP_SECS",
     "NemotronSTTBase",
     "NemotronSTTSettings",
+    "frame_language",
     "ttfs_p99_from_finalize_ms",
 ]
 
@@ -75,6 +77,21 @@ TTFS_MARGIN = 1.5
 
 #: Smallest finalize share of the derived TTFS p99, ms.
 _TTFS_FLOOR_MS = 20.0
+
+
+def frame_language(language: str | None) -> Language | None:
+    """Pipecat's ``Language`` for a transcript decoded with the prompt ``language``.
+
+    None (an English-only model) is English; ``"auto"`` and a locale Pipecat does not know are None.
+    """
+    if language is None:
+        return Language.EN
+    if language == AUTO:
+        return None
+    try:
+        return Language(language)
+    except ValueError:
+        return None
 
 
 def ttfs_p99_from_finalize_ms(finalize_p99_ms: float | None) -> float:
@@ -99,8 +116,12 @@ class NemotronSTTSettings(STTSettings):
 
     Parameters
     ----------
-        latency_ms: Latency mode (80, 160, 560 or 1120 ms). A change applies at once if the user is not
-            mid-utterance, else at the next utterance boundary. The weights are shared; nothing reloads.
+        latency_ms: Latency mode, one of the model's (the English model: 80, 160, 560 or 1120 ms; the
+            multilingual one adds 320). A change applies at once if the user is not mid-utterance, else at the
+            next utterance boundary. The weights are shared; nothing reloads.
+        language: (Pipecat's own field) the language of a multilingual model: Pipecat's ``Language``, a locale
+            string (``"es-ES"``), a bare language (``"es"``) or ``"auto"``; None: the model's default. Changes
+            apply at the next utterance boundary, like ``latency_ms``. An English-only model accepts English.
 
     """
 
@@ -139,6 +160,7 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         *,
         latency_ms: int,
         model: str | None,
+        language: Language | str | None = None,
         ttfs_p99_latency: float | None = None,
         settings: NemotronSTTSettings | None = None,
         enable_eager_end_of_turn: bool = False,
@@ -155,6 +177,9 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         Args:
             latency_ms: Initial latency mode: 80, 160, 560 or 1120 ms.
             model: Model name reported in the settings (None until a server announces it).
+            language: Language of a multilingual model (Pipecat's ``Language``, ``"es-ES"``, ``"es"`` or
+                ``"auto"``); None: the model's default (``auto`` on the multilingual model, English on the
+                English one). Checked against the model when it is loaded.
             ttfs_p99_latency: P99 speech-end-to-final time, seconds; None derives it from the measured
                 finalize times (:func:`ttfs_p99_from_finalize_ms`).
             settings: Runtime settings (``latency_ms``); override ``latency_ms`` above.
@@ -181,7 +206,9 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
 
         """
         validate_latency_ms(latency_ms)
-        default_settings = NemotronSTTSettings(model=model, language=Language.EN, latency_ms=latency_ms)
+        if language is not None:
+            language_code(language)
+        default_settings = NemotronSTTSettings(model=model, language=language, latency_ms=latency_ms)
         if settings is not None:
             default_settings.apply_update(settings)
         validate_latency_ms(default_settings.latency_ms)  # type: ignore[arg-type]
@@ -197,6 +224,8 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         )
         self._explicit_ttfs = ttfs_p99_latency is not None
         self._last_interim = ""
+        #: Language prompt of the latest transcript (None: an English-only model).
+        self._decoded_language: str | None = None
         #: Decides when the user pauses (None with the eager end of turn off).
         self._pauses: PauseDetector | None = pauses if enable_eager_end_of_turn else None
         self._peek_task: asyncio.Task[None] | None = None
@@ -213,6 +242,18 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         """Switch the engine side of this session to :attr:`latency_ms` (called after the settings changed)."""
         raise NotImplementedError
 
+    def _latency_modes(self) -> tuple[int, ...] | None:
+        """The loaded model's latency modes, ms (None while unknown: any multiple of 80 ms passes for now)."""
+        return None
+
+    def _language_problem(self, language: Any) -> str | None:
+        """Why the model cannot decode ``language`` (None: it can, or the model is not known yet)."""
+        return None
+
+    async def _apply_language(self) -> None:
+        """Switch the engine side of this session to :attr:`language` (called after the settings changed)."""
+        raise NotImplementedError
+
     def _model_change_refusal(self) -> str:
         """The error pushed when a settings delta asks for another model."""
         return f"the model cannot change at run time (loaded: {self._settings.model})"
@@ -227,6 +268,22 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
     def latency_ms(self) -> int:
         """Latency mode requested in the settings, ms."""
         return int(self._settings.latency_ms)  # type: ignore[arg-type]
+
+    @property
+    def language(self) -> str | None:
+        """Language requested in the settings (``"es-ES"``, ``"es"``, ``"auto"``), None: the model's default."""
+        value = self._settings.language
+        if value is None or not is_given(value):
+            return None
+        return str(getattr(value, "value", value))
+
+    def language_to_service_language(self, language: Language) -> str | None:
+        """Pipecat's ``Language`` as the code the engine resolves against the model's languages."""
+        return str(language.value)
+
+    def _frame_language(self) -> Language | None:
+        """The ``language`` of the frames pushed now: what the model decoded with (None for ``auto``)."""
+        return frame_language(self._decoded_language)
 
     def can_generate_metrics(self) -> bool:
         """Report TTFS and processing metrics."""
@@ -255,8 +312,10 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         """Push ``text`` as an ``InterimTranscriptionFrame`` (``result``: its words so far) if it is new."""
         if text and text != self._last_interim:
             self._last_interim = text
+            if result is not None:
+                self._decoded_language = result.language
             frame = InterimTranscriptionFrame(
-                text, self._user_id, time_now_iso8601(), Language.EN, result=result
+                text, self._user_id, time_now_iso8601(), self._frame_language(), result=result
             )
             await self.push_frame(frame)
 
@@ -303,6 +362,8 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
 
         """
         text = result.text
+        self._decoded_language = result.language
+        language = self._frame_language()
         # Every final answers one finalize request (a VAD stop or the end of the session). Pipecat keeps one
         # request flag, not a count: when finalize requests queued up (audio kept while the model loaded),
         # later finals would lose ``finalized=True``, so each final re-asserts its own request.
@@ -310,9 +371,9 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         self.confirm_finalize()
         await self.emit_stt_usage_metrics()
         await self.push_frame(
-            TranscriptionFrame(text, self._user_id, time_now_iso8601(), Language.EN, result=result)
+            TranscriptionFrame(text, self._user_id, time_now_iso8601(), language, result=result)
         )
-        await self._handle_transcription(text, True, Language.EN)
+        await self._handle_transcription(text, True, language)
         if self.metrics_enabled:
             await self.push_frame(asr_finalize_metrics_frame(self.name, model, ttf_ms))
         logger.debug(f"{self}: final transcript: {text!r}")
@@ -380,7 +441,7 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
             logger.debug(f"{self}: a pause after {text.split()[-1]!r} is mid-sentence; no eager end of turn")
         elif text and self._user_speaking and self._pauses is not None and self._pauses.paused:
             logger.debug(f"{self}: eager end of turn: {text!r}")
-            await self._push_eager_end_of_turn(text, user_id=self._user_id, language=Language.EN)
+            await self._push_eager_end_of_turn(text, user_id=self._user_id, language=self._frame_language())
 
     async def _cancel_peek(self) -> None:
         task, self._peek_task = self._peek_task, None
@@ -410,23 +471,37 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
     # ---- settings -----------------------------------------------------------------------------------------
 
     async def _update_settings(self, delta: STTSettings) -> dict[str, Any]:
-        """Apply a settings delta: ``latency_ms`` switches this session's mode; other models are refused."""
+        """Apply a settings delta: ``latency_ms`` and ``language`` switch this session; other models are refused."""
         await self._check_settings_delta(delta)
         changed = await super()._update_settings(delta)
         if "latency_ms" in changed:
             await self._apply_latency()
             logger.info(f"{self}: latency mode -> {self.latency_ms} ms")
-        self._warn_unhandled_updated_settings(set(changed) - {"latency_ms", "model"})
+        if "language" in changed:
+            await self._apply_language()
+            logger.info(
+                f"{self}: language -> {self.language or 'the model default'} (from the next utterance)"
+            )
+        self._warn_unhandled_updated_settings(set(changed) - {"latency_ms", "model", "language"})
         return changed
 
     async def _check_settings_delta(self, delta: STTSettings) -> None:
-        """Drop (and report) an unsupported ``latency_ms`` or a model change from ``delta`` before applying it."""
+        """Drop (and report) an unsupported ``latency_ms`` or ``language``, or a model change, from ``delta``."""
         latency_ms = getattr(delta, "latency_ms", NOT_GIVEN)
-        if is_given(latency_ms) and latency_ms not in LATENCY_MODES:
-            await self.push_error(
-                error_msg=f"latency_ms must be one of {sorted(LATENCY_MODES)} (ms), got {latency_ms!r}"
-            )
-            delta.latency_ms = NOT_GIVEN  # type: ignore[attr-defined]
+        if is_given(latency_ms):
+            try:
+                validate_latency_ms(latency_ms, self._latency_modes())
+            except ValueError as e:
+                await self.push_error(error_msg=str(e))
+                delta.latency_ms = NOT_GIVEN  # type: ignore[attr-defined]
+        if is_given(delta.language) and delta.language is not None:
+            try:
+                problem = self._language_problem(delta.language)
+            except ValueError as e:
+                problem = str(e)
+            if problem is not None:
+                await self.push_error(error_msg=problem)
+                delta.language = NOT_GIVEN
         if is_given(delta.model) and delta.model != self._settings.model:
             await self.push_error(error_msg=self._model_change_refusal())
             delta.model = NOT_GIVEN

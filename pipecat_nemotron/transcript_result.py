@@ -32,6 +32,8 @@ class TranscriptResult:
         is_final: True for a final transcript.
         utterance_start_ms: Where the utterance starts, ms from the stream's start. For the server STT
             service the stream is the server session: after a reconnect, times count from the new session.
+        language: The language prompt the model decoded with (``"es-ES"``, ``"auto"``) on a multilingual
+            model; None on the English one. The frame's own ``language`` is Pipecat's ``Language`` of it.
 
     Example (in a processor after the STT service)::
 
@@ -48,6 +50,7 @@ class TranscriptResult:
     latency_ms: int = 0
     is_final: bool = True
     utterance_start_ms: float = 0.0
+    language: str | None = None
 
     @classmethod
     def from_update(cls, update: TranscriptUpdate) -> TranscriptResult:
@@ -60,6 +63,7 @@ class TranscriptResult:
             latency_ms=update.latency_ms,
             is_final=update.is_final,
             utterance_start_ms=update.start_ms,
+            language=update.language,
         )
 
     @classmethod
