@@ -192,13 +192,12 @@ class NemotronSTTService(NemotronSTTBase):
         except Exception as e:
             self._load_failed = True
             dropped_s = self._drop_pending()
-            logger.error(
-                f"{self}: could not start the Nemotron ASR engine ({dropped_s:.1f} s of audio not transcribed): {e}"
-            )
+            # A started engine that refuses the stream (a language the model lacks) is this session's setting.
+            what = "engine failed to start" if self._engine is None else "session could not open its stream"
+            logger.error(f"{self}: Nemotron ASR {what} ({dropped_s:.1f} s of audio not transcribed): {e}")
             await self.push_error(
                 error_msg=(
-                    f"Nemotron ASR engine failed to start: {e}; {dropped_s:.1f} s of this session's audio "
-                    "were not transcribed"
+                    f"Nemotron ASR {what}: {e}; {dropped_s:.1f} s of this session's audio were not transcribed"
                 ),
                 exception=e,
                 force_treat_as_permanent=True,
@@ -300,7 +299,7 @@ class NemotronSTTService(NemotronSTTBase):
         if self._dropped_after_failure_s > 0:
             await self.push_error(
                 error_msg=(
-                    f"Nemotron ASR engine failed to start; {self._dropped_after_failure_s:.1f} s more of this "
+                    f"Nemotron ASR was not available; {self._dropped_after_failure_s:.1f} s more of this "
                     "session's audio, received after the failure, were not transcribed"
                 )
             )

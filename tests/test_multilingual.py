@@ -11,7 +11,7 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-from helpers import noise_clip, offline_decode, push_realtime_chunks, to_pcm16
+from helpers import noise_clip, offline_decode, push_realtime_chunks, to_pcm16, turn
 
 from pipecat_nemotron.engine import EngineConfig, ModelLoadError, NemotronEngine
 
@@ -168,3 +168,56 @@ async def test_switching_between_modes_of_different_left_context(engine: Nemotro
         assert all(len(t) > 3 for t in texts)
     finally:
         await soft.stop()
+
+
+async def test_stt_service_language_and_settings_update(engine: NemotronEngine) -> None:
+    from pipecat.frames.frames import ErrorFrame, STTUpdateSettingsFrame, TranscriptionFrame
+    from pipecat.tests.utils import SleepFrame, run_test
+    from pipecat.transcriptions.language import Language
+
+    from pipecat_nemotron.stt import NemotronSTTService, NemotronSTTSettings
+
+    a, b, c = (to_pcm16(noise_clip(1.3, seed=80 + i)) for i in range(3))
+    expected = [
+        await engine.transcribe(a, language="es-ES"),
+        await engine.transcribe(b, language="es-ES"),  # the bad update is refused: still Spanish
+        await engine.transcribe(c, language="de-DE"),
+    ]
+    stt = NemotronSTTService(engine=engine, language=Language.ES)
+    down, up = await run_test(
+        stt,
+        frames_to_send=[
+            SleepFrame(sleep=0.2),
+            *turn(a),
+            STTUpdateSettingsFrame(delta=NemotronSTTSettings(language="fr")),
+            SleepFrame(sleep=0.1),
+            *turn(b),
+            STTUpdateSettingsFrame(delta=NemotronSTTSettings(language="de")),
+            SleepFrame(sleep=0.1),
+            *turn(c),
+        ],
+        start_timeout=5.0,
+    )
+    finals = [f for f in down if isinstance(f, TranscriptionFrame)]
+    assert [f.text for f in finals] == [e.text for e in expected]
+    assert [f.language for f in finals] == [Language.ES_ES, Language.ES_ES, Language.DE_DE]
+    assert [f.result.language for f in finals] == ["es-ES", "es-ES", "de-DE"]
+    errors = [f.error for f in up if isinstance(f, ErrorFrame)]
+    assert len(errors) == 1 and "'fr'" in errors[0] and "es-ES" in errors[0], errors
+
+
+async def test_stt_service_rejects_a_language_the_model_lacks(tiny_random_model) -> None:
+    from pipecat.frames.frames import ErrorFrame
+    from pipecat.tests.utils import SleepFrame, run_test
+
+    from pipecat_nemotron.stt import NemotronSTTService
+
+    english = _engine(tiny_random_model)
+    await english.start()
+    try:
+        stt = NemotronSTTService(engine=english, language="es")
+        _, up = await run_test(stt, frames_to_send=[SleepFrame(sleep=0.3)], start_timeout=5.0)
+    finally:
+        await english.stop()
+    errors = [f.error for f in up if isinstance(f, ErrorFrame)]
+    assert errors and "English only" in errors[0], errors
