@@ -184,7 +184,9 @@ class NemotronEngine:
                 await self._warmup()
             logger.info(
                 f"Nemotron ASR engine ready: {self.config.model} on {self._info.device} ({self._info.dtype}), "
-                f"modes {list(self._info.latency_modes)} ms, {self.config.max_streams} slots of "
+                f"modes {list(self._info.latency_modes)} ms, "
+                f"{'languages ' + ', '.join(self._info.languages) if self._info.languages else 'English'}, "
+                f"{self.config.max_streams} slots of "
                 f"{runner.slot_bytes / 1e6:.2f} MB, {runner.encoder_step} encoder step, loaded in {load_s:.1f} s"
             )
             if runner.device.type == "cuda":

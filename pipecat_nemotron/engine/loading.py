@@ -161,8 +161,10 @@ def load_asr_model(config: EngineConfig, device: torch.device, dtype: torch.dtyp
     _configure_decoding(model, confidence=config.word_timings)
     model.eval()
     model.preprocessor.float()
-    for name in ("encoder", "decoder", "joint"):
-        getattr(model, name).to(dtype=dtype)
+    # ``prompt_kernel``: the language projection of a multilingual (prompt-class) model, fed the encoder output.
+    for name in ("encoder", "decoder", "joint", "prompt_kernel"):
+        if getattr(model, name, None) is not None:
+            getattr(model, name).to(dtype=dtype)
     model.to(device)
     return model
 
