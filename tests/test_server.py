@@ -57,10 +57,12 @@ from pipecat_nemotron.server.protocol import (
     ConfigMessage,
     ErrorMessage,
     FinalMessage,
+    LanguageMessage,
     LatencyMessage,
     PartialMessage,
     ProtocolError,
     ReadyMessage,
+    SetLanguageMessage,
     SetLatencyMessage,
     dump_server_message,
     is_permanent,
@@ -223,7 +225,9 @@ def test_protocol_messages_round_trip_and_errors_name_the_fix() -> None:
         ('{"type": "nope"}', "config, finalize"),
         ('{"type": "config", "sample_rate": 12345}', "sample_rate must be one of"),
         ('{"type": "config", "encoding": "opus"}', "pcm_s16le"),
-        ('{"type": "config", "latency_ms": 100}', "[80, 160, 560, 1120]"),
+        ('{"type": "config", "latency_ms": 100}', "multiple of 80"),
+        ('{"type": "config", "language": 7}', "language must be a code"),
+        ('{"type": "set_language"}', "set_language needs language"),
         ('{"type": "config", "protocol": "nemotron-asr.v9"}', PROTOCOL_VERSION),
         ('{"type": "set_latency"}', "latency_ms"),
     ]:
@@ -237,6 +241,27 @@ def test_protocol_messages_round_trip_and_errors_name_the_fix() -> None:
     err = parse_server_message(dump_server_message(ErrorMessage(code=CloseCode.CAPACITY, reason="capacity")))
     assert isinstance(err, ErrorMessage) and err.code == 4013
     assert is_permanent(4001) and is_permanent(4400) and not is_permanent(4013) and not is_permanent(None)
+
+
+@SYNC
+def test_protocol_language_fields_are_optional_within_v1() -> None:
+    assert "language" not in json.loads(ConfigMessage().to_json())
+    cfg = parse_client_message(ConfigMessage(latency_ms=320, language="es").to_json())
+    assert isinstance(cfg, ConfigMessage) and (cfg.latency_ms, cfg.language) == (320, "es")
+    assert parse_client_message('{"type": "set_language", "language": null}') == SetLanguageMessage(None)
+    assert parse_client_message(SetLanguageMessage("de").to_json()) == SetLanguageMessage("de")
+    # Fields added within v1 are absent while unknown (an old client sees the old message) ...
+    for msg in (FinalMessage(text="hi"), PartialMessage(text="hi")):
+        assert "language" not in json.loads(dump_server_message(msg))
+    # ... and round-trip when set.
+    final = FinalMessage(text="hola", language="es-ES")
+    assert parse_server_message(dump_server_message(final)) == final
+    ready = ReadyMessage(latency_modes=(80, 320), languages=("en-US", "es-ES", "auto"), language="auto")
+    assert parse_server_message(dump_server_message(ready)) == ready
+    ack = LanguageMessage(language="de-DE", applied="next_utterance")
+    assert parse_server_message(dump_server_message(ack)) == ack
+    old_ready = parse_server_message('{"type": "ready", "latency_ms": 160}')  # from an older server
+    assert isinstance(old_ready, ReadyMessage) and (old_ready.languages, old_ready.language) == ((), None)
 
 
 @SYNC
@@ -288,6 +313,50 @@ async def test_round_trip_partials_and_final_equal_in_process(
     latency = [m for m in messages if isinstance(m, LatencyMessage)]
     # Sent while the finalize was pending: the mode switches at that utterance boundary.
     assert latency == [LatencyMessage(latency_ms=560, applied="next_utterance")]
+    await wait_for(free_slots_restored(server, engine), what="the slot to be freed")
+
+
+async def raw_messages(ws, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """Read until the server closes; the JSON messages as sent."""
+    messages = []
+    with contextlib.suppress(ConnectionClosed):
+        async with asyncio.timeout(timeout):
+            async for raw in ws:
+                if isinstance(raw, str):
+                    messages.append(json.loads(raw))
+    return messages
+
+
+async def test_english_model_messages_carry_no_language_and_refuse_other_languages_and_modes(
+    server: ASRServer, engine: NemotronEngine
+) -> None:
+    ws, ready = await open_session(server.url, ConfigMessage(latency_ms=320))
+    assert isinstance(ready, ErrorMessage) and ready.code == CloseCode.PROTOCOL_ERROR
+    assert "[80, 160, 560, 1120]" in ready.message and "320" in ready.message
+    await expect_close(ws, CloseCode.PROTOCOL_ERROR)
+    ws, ready = await open_session(server.url, ConfigMessage(language="es"))
+    assert isinstance(ready, ErrorMessage) and "English only" in ready.message
+    await expect_close(ws, CloseCode.PROTOCOL_ERROR)
+    ws, ready = await open_session(server.url, ConfigMessage(language="en-US", word_timings=True))
+    assert isinstance(ready, ReadyMessage) and ready.languages == () and ready.language is None
+    assert ready.latency_modes == (80, 160, 560, 1120) and "language" in ready.features
+    await ws.send(SetLatencyMessage(320).to_json())  # a multiple of 80 the model lacks: non-fatal
+    await ws.send(SetLanguageMessage("de").to_json())  # non-fatal too
+    await ws.send(SetLanguageMessage("en").to_json())
+    await stream(ws, clip(), speed=8.0)
+    await ws.send('{"type": "finalize"}')
+    await ws.send('{"type": "close"}')
+    messages = await raw_messages(ws)
+    assert ws.close_code == CloseCode.NORMAL
+    errors = [m for m in messages if m["type"] == "error"]
+    assert len(errors) == 2 and not any(e["fatal"] for e in errors)
+    assert "[80, 160, 560, 1120]" in errors[0]["message"] and "English only" in errors[1]["message"]
+    assert [m for m in messages if m["type"] == "language"] == [
+        {"type": "language", "language": None, "applied": "now"}
+    ]
+    results = [m for m in messages if m["type"] in ("partial", "final")]
+    assert [m["type"] for m in results].count("final") == 1
+    assert all("language" not in m for m in results)  # identical to what an old client always got
     await wait_for(free_slots_restored(server, engine), what="the slot to be freed")
 
 

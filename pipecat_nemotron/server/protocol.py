@@ -6,7 +6,7 @@ first, then binary PCM frames and JSON control messages; the server answers ``re
 specification. Every message is a JSON object with a ``"type"`` field; unknown fields are ignored (so fields
 can be added within a version), unknown types are a protocol error. Optional messages added within v1 are used
 only when the server lists them in ``ready.features`` (:data:`SERVER_FEATURES`): ``peek`` / ``peek_result``,
-and the ``words`` of ``final`` messages (``word_timings``).
+the ``words`` of ``final`` messages (``word_timings``) and ``set_language`` / ``language`` (``language``).
 
 This module is shared by the server (:mod:`pipecat_nemotron.server.app`), the Pipecat client
 (:mod:`pipecat_nemotron.server_stt`) and the load generator (:mod:`pipecat_nemotron.bench.load`). It imports
@@ -38,8 +38,20 @@ ENCODING_PCM_S16LE = "pcm_s16le"
 #: Input sample rates a session may declare, Hz (audio is resampled to 16 kHz on the server).
 SUPPORTED_SAMPLE_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
 
-#: Latency modes of the protocol (the served model may support a subset; ``ready`` lists them), ms.
+#: Latency modes of the English streaming model, ms: what ``ready.latency_modes`` defaults to when a server
+#: does not send it. The protocol accepts any positive multiple of :data:`LATENCY_STEP_MS` up to
+#: :data:`MAX_LATENCY_MS`; the server checks it against the loaded model's modes (``ready.latency_modes``; the
+#: multilingual model adds 320).
 PROTOCOL_LATENCY_MODES = (80, 160, 560, 1120)
+
+#: Latency modes are multiples of the encoder frame, ms.
+LATENCY_STEP_MS = 80
+
+#: Longest latency mode the protocol accepts, ms (the model family's longest is 1120).
+MAX_LATENCY_MS = 4000
+
+#: Longest language code accepted, characters (locales are 5; the rest is room for future codes).
+MAX_LANGUAGE_CHARS = 32
 
 #: Optional feature: the client may send ``peek`` (answered by ``peek_result``). Added within v1.
 PEEK_FEATURE = "peek"
@@ -48,9 +60,13 @@ PEEK_FEATURE = "peek"
 #: Added within v1.
 WORD_TIMINGS_FEATURE = "word_timings"
 
+#: Optional feature: ``config.language``, the ``set_language`` message (answered by ``language``), and
+#: ``ready.languages`` / ``ready.language``. Added within v1.
+LANGUAGE_FEATURE = "language"
+
 #: The optional features this server supports, announced in ``ready.features`` (a client uses a feature only
 #: when it is listed there, so old clients and old servers keep working with new ones).
-SERVER_FEATURES: tuple[str, ...] = (PEEK_FEATURE, WORD_TIMINGS_FEATURE)
+SERVER_FEATURES: tuple[str, ...] = (PEEK_FEATURE, WORD_TIMINGS_FEATURE, LANGUAGE_FEATURE)
 
 
 class ProtocolError(ValueError):
@@ -65,7 +81,8 @@ class ConfigMessage:
     """First message of a session (client to server).
 
     Attributes:
-        latency_ms: Latency mode: 80, 160, 560 or 1120 ms.
+        latency_ms: Latency mode: one of the served model's (80, 160, 560 or 1120 ms; the multilingual model
+            adds 320). The protocol accepts any positive multiple of 80 ms; the server checks the model's modes.
         sample_rate: Rate of the PCM the client will send, Hz.
         encoding: Audio encoding; only ``"pcm_s16le"`` in v1.
         num_channels: Interleaved channels (1 to 8, downmixed to mono on the server).
@@ -75,6 +92,9 @@ class ConfigMessage:
         client: Free-form client name and version, for logs.
         word_timings: Ask for each ``final``'s ``words`` (with timings and confidence) and ``confidence``; a
             server with the ``word_timings`` feature sends them, others ignore this field.
+        language: Language of a multilingual model: a locale (``"es-ES"``), a bare language (``"es"``) or
+            ``"auto"``; None: the server's default. Added within v1 (feature ``language``; older servers ignore
+            it). A language the model lacks is a protocol error naming the model's languages.
 
     """
 
@@ -88,6 +108,7 @@ class ConfigMessage:
     token: str | None = field(default=None, repr=False)  # a credential: never in a repr (logs, tracebacks)
     client: str | None = None
     word_timings: bool = False
+    language: str | None = None
 
     def validate(self) -> ConfigMessage:
         """Return self if every field is supported.
@@ -112,6 +133,7 @@ class ConfigMessage:
                 raise ProtocolError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.token is not None and not isinstance(self.token, str):
             raise ProtocolError("token must be a string")
+        _check_language(self.language)
         return self
 
     @property
@@ -120,7 +142,7 @@ class ConfigMessage:
         return 2 * self.num_channels * self.sample_rate / 1000.0
 
     def to_json(self) -> str:
-        """Serialize (``token`` and ``client`` are omitted when unset, ``word_timings`` when false)."""
+        """Serialize (``token``, ``client`` and ``language`` are omitted when unset, ``word_timings`` when false)."""
         data = {"type": self.type, **asdict(self)}
         return json.dumps({k: v for k, v in data.items() if v is not None and (k != "word_timings" or v)})
 
@@ -150,8 +172,8 @@ class SetLatencyMessage:
     """Switch the latency mode (client to server); acknowledged by a ``latency`` message.
 
     Attributes:
-        latency_ms: 80, 160, 560 or 1120 ms. Applies at once if the current utterance has not started
-            decoding, else after the next ``final``.
+        latency_ms: One of the served model's modes (``ready.latency_modes``). Applies at once if the current
+            utterance has not started decoding, else after the next ``final``.
 
     """
 
@@ -161,6 +183,27 @@ class SetLatencyMessage:
     def to_json(self) -> str:
         """Serialize."""
         return json.dumps({"type": self.type, "latency_ms": self.latency_ms})
+
+
+@dataclass(frozen=True)
+class SetLanguageMessage:
+    """Switch the language of a multilingual model (client to server); acknowledged by a ``language`` message.
+
+    Only when ``ready.features`` lists ``"language"`` (added within v1; older servers close with 4400).
+
+    Attributes:
+        language: A locale (``"es-ES"``), a bare language (``"es"``) or ``"auto"``; None: the server's
+            default. Applies at once if the current utterance has not started decoding, else after the next
+            ``final`` (an utterance is decoded in one language). One the model lacks gets a non-fatal ``error``.
+
+    """
+
+    type: ClassVar[str] = "set_language"
+    language: str | None = None
+
+    def to_json(self) -> str:
+        """Serialize."""
+        return json.dumps({"type": self.type, "language": self.language})
 
 
 @dataclass(frozen=True)
@@ -189,7 +232,13 @@ class PeekMessage(_BareMessage):
 
 
 ClientMessage = (
-    ConfigMessage | FinalizeMessage | SetLatencyMessage | KeepaliveMessage | CloseMessage | PeekMessage
+    ConfigMessage
+    | FinalizeMessage
+    | SetLatencyMessage
+    | SetLanguageMessage
+    | KeepaliveMessage
+    | CloseMessage
+    | PeekMessage
 )
 
 
@@ -219,11 +268,18 @@ def parse_client_message(text: str | bytes) -> ClientMessage:
         if "latency_ms" not in data:
             raise ProtocolError("set_latency needs latency_ms")
         return SetLatencyMessage(latency_ms=_check_latency(data["latency_ms"]))
+    if kind == "set_language":
+        if "language" not in data:
+            raise ProtocolError(
+                "set_language needs language (a code such as 'es-ES', 'es' or 'auto', or null)"
+            )
+        return SetLanguageMessage(language=_check_language(data["language"]))
     bare = {cls.type: cls for cls in (FinalizeMessage, KeepaliveMessage, CloseMessage, PeekMessage)}
     if isinstance(kind, str) and kind in bare:
         return bare[kind]()
     raise ProtocolError(
-        f"unknown message type {kind!r}; expected one of config, finalize, set_latency, keepalive, close, peek"
+        f"unknown message type {kind!r}; expected one of config, finalize, set_latency, set_language, keepalive, "
+        "close, peek"
     )
 
 
@@ -239,12 +295,16 @@ class ReadyMessage:
         protocol: Protocol version the server speaks.
         model: Model the server runs.
         latency_ms: Latency mode in force.
-        latency_modes: Modes the served model supports, ms.
+        latency_modes: Modes the served model supports, ms (the multilingual model adds 320).
         chunk_ms: Audio per model step in this mode, ms.
         limits: Server limits the client should respect: ``max_message_bytes``, ``idle_timeout_s``,
             ``burst_ms`` (audio the client may send ahead of real time), ``max_backlog_ms``.
         server_id: Which server process (or Ray Serve replica) holds the session, for logs and debugging.
         features: Optional messages the server supports (:data:`SERVER_FEATURES`; empty from older servers).
+        languages: The served model's language prompts (locales, then ``"auto"`` if it has it); empty for an
+            English-only model and from older servers. Added within v1.
+        language: The language prompt in force (``"es-ES"``, ``"auto"``); None on an English-only model (and
+            from older servers). Added within v1.
 
     """
 
@@ -258,6 +318,8 @@ class ReadyMessage:
     chunk_ms: float = 0.0
     limits: dict[str, float] = field(default_factory=dict)
     features: tuple[str, ...] = ()
+    languages: tuple[str, ...] = ()
+    language: str | None = None
 
 
 @dataclass(frozen=True)
@@ -272,6 +334,8 @@ class PartialMessage:
         queue_ms: Time the chunk waited for a model step, ms (server side).
         step_ms: Duration of the batched model step, ms.
         lag_ms: From the chunk's last needed sample arriving at the server to this result, ms.
+        language: The language prompt the text was decoded with, on a multilingual model; None (and absent
+            from the JSON) on an English-only one. Added within v1.
 
     """
 
@@ -283,6 +347,7 @@ class PartialMessage:
     queue_ms: float = 0.0
     step_ms: float = 0.0
     lag_ms: float = 0.0
+    language: str | None = None
 
 
 @dataclass(frozen=True)
@@ -300,6 +365,8 @@ class FinalMessage:
         words: Only when the ``config`` asked for ``word_timings``: each word as ``{"text", "start_ms",
             "end_ms", "confidence"}``, times in ms from the session's start, confidence 0 to 1.
         confidence: Only with ``words`` (and absent when there are none): the utterance's confidence, 0 to 1.
+        language: The language prompt the utterance was decoded with, on a multilingual model; None (and
+            absent from the JSON) on an English-only one. Added within v1.
 
     """
 
@@ -313,6 +380,7 @@ class FinalMessage:
     step_ms: float = 0.0
     words: list[dict[str, Any]] | None = None
     confidence: float | None = None
+    language: str | None = None
 
 
 @dataclass(frozen=True)
@@ -327,6 +395,22 @@ class LatencyMessage:
 
     type: ClassVar[str] = "latency"
     latency_ms: int = 160
+    applied: str = "now"
+
+
+@dataclass(frozen=True)
+class LanguageMessage:
+    """Acknowledges ``set_language`` (server to client). Added within v1 (feature ``language``).
+
+    Attributes:
+        language: The language prompt the request resolved to (``"es-ES"`` for ``"es"``); None on an
+            English-only model.
+        applied: ``"now"``, or ``"next_utterance"`` when the current utterance had started decoding.
+
+    """
+
+    type: ClassVar[str] = "language"
+    language: str | None = None
     applied: str = "now"
 
 
@@ -369,12 +453,32 @@ class PeekResultMessage:
 
 
 ServerMessage = (
-    ReadyMessage | PartialMessage | FinalMessage | LatencyMessage | ErrorMessage | PeekResultMessage
+    ReadyMessage
+    | PartialMessage
+    | FinalMessage
+    | LatencyMessage
+    | LanguageMessage
+    | ErrorMessage
+    | PeekResultMessage
 )
 
 _SERVER_TYPES: dict[str, type[Any]] = {
     cls.type: cls
-    for cls in (ReadyMessage, PartialMessage, FinalMessage, LatencyMessage, ErrorMessage, PeekResultMessage)
+    for cls in (
+        ReadyMessage,
+        PartialMessage,
+        FinalMessage,
+        LatencyMessage,
+        LanguageMessage,
+        ErrorMessage,
+        PeekResultMessage,
+    )
+}
+
+#: Fields left out of a message's JSON while None: added within v1, so old clients see identical messages.
+_OMITTED_WHEN_NONE: dict[type[Any], tuple[str, ...]] = {
+    FinalMessage: ("words", "confidence", "language"),
+    PartialMessage: ("language",),
 }
 
 
@@ -384,6 +488,7 @@ def dump_server_message(msg: ServerMessage) -> str:
     if isinstance(msg, ReadyMessage):
         data["latency_modes"] = list(msg.latency_modes)
         data["features"] = list(msg.features)
+        data["languages"] = list(msg.languages)
     for key in (
         "audio_ms",
         "utterance_audio_ms",
@@ -398,8 +503,8 @@ def dump_server_message(msg: ServerMessage) -> str:
             data[key] = round(float(data[key]), 2)
     if isinstance(msg, ErrorMessage):
         data["code"] = int(msg.code)
-    if isinstance(msg, FinalMessage):  # the word timings' fields only when asked for (and known)
-        data = {k: v for k, v in data.items() if k not in ("words", "confidence") or v is not None}
+    omitted = _OMITTED_WHEN_NONE.get(type(msg), ())  # word timings only when asked for, language when known
+    data = {k: v for k, v in data.items() if k not in omitted or v is not None}
     return json.dumps({"type": msg.type, **data})
 
 
@@ -417,7 +522,7 @@ def parse_server_message(text: str | bytes) -> ServerMessage:
     names = {f.name for f in fields(cls)}
     known = {k: v for k, v in data.items() if k in names}
     if cls is ReadyMessage:
-        for key in ("latency_modes", "features"):
+        for key in ("latency_modes", "features", "languages"):
             if key in known:
                 known[key] = tuple(known[key])
     try:
@@ -434,9 +539,26 @@ def _is_int(value: object) -> bool:
 
 
 def _check_latency(value: object) -> int:
-    if not _is_int(value) or value not in PROTOCOL_LATENCY_MODES:
-        raise ProtocolError(f"latency_ms must be one of {list(PROTOCOL_LATENCY_MODES)} (ms), got {value!r}")
+    """A latency the protocol accepts: a positive multiple of 80 ms (the server checks the model's modes)."""
+    if not _is_int(value) or not LATENCY_STEP_MS <= value <= MAX_LATENCY_MS or value % LATENCY_STEP_MS:  # type: ignore[operator]
+        raise ProtocolError(
+            f"latency_ms must be a multiple of {LATENCY_STEP_MS} from {LATENCY_STEP_MS} to {MAX_LATENCY_MS} ms, "
+            f"one of the served model's modes (ready.latency_modes; the English model: "
+            f"{list(PROTOCOL_LATENCY_MODES)}), got {value!r}"
+        )
     return int(value)  # type: ignore[call-overload]
+
+
+def _check_language(value: object) -> str | None:
+    """A language the protocol accepts: None or a short non-empty code (the server checks the model's)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_LANGUAGE_CHARS:
+        raise ProtocolError(
+            f"language must be a code such as 'es-ES', 'es' or 'auto' (at most {MAX_LANGUAGE_CHARS} characters), "
+            f"or null, got {value!r:.60}"
+        )
+    return value
 
 
 def _load_object(text: str | bytes) -> dict[str, Any]:

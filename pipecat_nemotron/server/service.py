@@ -432,6 +432,10 @@ class ASRService:
         if self.engine.running:
             info = self.engine.info
             data.update(
-                model=info.model, device=info.device, dtype=info.dtype, latency_modes=list(info.latency_modes)
+                model=info.model,
+                device=info.device,
+                dtype=info.dtype,
+                latency_modes=list(info.latency_modes),
+                languages=list(info.languages),
             )
         return data

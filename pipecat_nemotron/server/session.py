@@ -9,7 +9,8 @@ even while its reads are paused, and its undecoded audio is dropped.
 
 Its parts: :mod:`~pipecat_nemotron.server.transport` (the connection it runs on),
 :mod:`~pipecat_nemotron.server.pacing` (read pacing and the backlog guard),
-:mod:`~pipecat_nemotron.server.positions` (exact audio positions of results) and
+:mod:`~pipecat_nemotron.server.positions` (exact audio positions of results),
+:mod:`~pipecat_nemotron.server.stream_settings` (latency mode and language against the loaded model) and
 :mod:`~pipecat_nemotron.server.errors` (the exceptions that end a session).
 """
 
@@ -42,18 +43,24 @@ from pipecat_nemotron.server.protocol import (
     ErrorMessage,
     FinalizeMessage,
     KeepaliveMessage,
-    LatencyMessage,
-    PartialMessage,
     PeekMessage,
     ProtocolError,
     ReadyMessage,
     ServerMessage,
+    SetLanguageMessage,
     SetLatencyMessage,
     close_reason,
     dump_server_message,
     parse_client_message,
 )
 from pipecat_nemotron.server.security import log_safe
+from pipecat_nemotron.server.stream_settings import (
+    check_config,
+    language_reply,
+    latency_reply,
+    partial_message,
+    with_language,
+)
 from pipecat_nemotron.server.transport import Incoming, Transport, remote_of
 
 if TYPE_CHECKING:
@@ -138,11 +145,14 @@ class Session:
                     chunk_ms=self.stream.chunk_ms,
                     limits=cfg.announced_limits(),
                     features=SERVER_FEATURES,
+                    languages=engine.info.languages,
+                    language=self.stream.language,
                 )
             )
             logger.info(
                 f"ASR session {self.session_id} opened from {self.remote}: {self.config.latency_ms} ms mode, "
-                f"{self.config.sample_rate} Hz x{self.config.num_channels}"
+                + (f"language {self.stream.language}, " if self.stream.language else "")
+                + f"{self.config.sample_rate} Hz x{self.config.num_channels}"
                 + (f", client {log_safe(self.config.client)}" if self.config.client else "")
             )
             self._writer = asyncio.get_running_loop().create_task(
@@ -249,20 +259,16 @@ class Session:
 
     async def _open_stream(self, config: ConfigMessage) -> ASRStream:
         engine = self.service.engine
-        if config.latency_ms not in engine.info.latency_modes:
-            raise SessionError(
-                CloseCode.PROTOCOL_ERROR,
-                f"this model supports latency_ms in {list(engine.info.latency_modes)}, got {config.latency_ms}",
-            )
+        check_config(engine, config)
         try:
             try:
-                return engine.open_stream(latency_ms=config.latency_ms)
+                return engine.open_stream(latency_ms=config.latency_ms, language=config.language)
             except CapacityError:
                 # Admitted because a session whose client just left no longer counts: its stream closes
                 # within a poll interval (pacing.GONE_POLL_S) of that. Wait for it, briefly, rather than refuse.
                 if not await self.service.engine_slot_freed(timeout_s=1.0):
                     raise
-                return engine.open_stream(latency_ms=config.latency_ms)
+                return engine.open_stream(latency_ms=config.latency_ms, language=config.language)
         except CapacityError as e:
             self.service.metrics.refused.labels("capacity").inc()
             self.end_how = "refused"
@@ -312,7 +318,9 @@ class Session:
         if isinstance(msg, FinalizeMessage):
             self._on_finalize()
         elif isinstance(msg, SetLatencyMessage):
-            await self._on_set_latency(msg.latency_ms)
+            await self._send(latency_reply(self.stream, msg.latency_ms))  # type: ignore[arg-type]
+        elif isinstance(msg, SetLanguageMessage):
+            await self._send(language_reply(self.service.engine, self.stream, msg.language))  # type: ignore[arg-type]
         elif isinstance(msg, PeekMessage):
             self._peeks.request(self.stream)  # type: ignore[arg-type]
         elif isinstance(msg, CloseMessage):
@@ -354,19 +362,6 @@ class Session:
         # The final is delivered through the updates iterator; only observe the future's error here.
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
-    async def _on_set_latency(self, latency_ms: int) -> None:
-        assert self.stream is not None
-        try:
-            self.stream.set_latency(latency_ms)
-        except ValueError as e:
-            reason = close_reason(CloseCode.PROTOCOL_ERROR)
-            await self._send(
-                ErrorMessage(code=CloseCode.PROTOCOL_ERROR, reason=reason, message=str(e), fatal=False)
-            )
-            return
-        applied = "now" if self.stream.latency_ms == latency_ms else "next_utterance"
-        await self._send(LatencyMessage(latency_ms=latency_ms, applied=applied))
-
     async def _close_gracefully(self) -> None:
         """After a client ``close``: send the finals still owed (bounded wait), then close with 1000."""
         timeout = self.service.config.close_timeout_s
@@ -398,7 +393,8 @@ class Session:
         try:
             async for update in stream.updates():
                 if update.is_final:
-                    await self._send(self._positions.final_message(update, stream, self.config.word_timings))
+                    final = self._positions.final_message(update, stream, self.config.word_timings)
+                    await self._send(with_language(final, update))
                     self.finals_sent += 1
                     self._finals_event.set()
                     metrics.finalize_seconds.observe((update.ttf_ms or 0.0) / 1000.0)
@@ -409,17 +405,7 @@ class Session:
                 else:
                     metrics.partial_lag_seconds.observe(update.lag_ms / 1000.0)
                     if interim:
-                        await self._send(
-                            PartialMessage(
-                                utterance=update.utterance,
-                                text=update.text,
-                                latency_ms=update.latency_ms,
-                                audio_ms=self._positions.position_ms(stream),
-                                queue_ms=update.queue_ms,
-                                step_ms=update.step_ms,
-                                lag_ms=update.lag_ms,
-                            )
-                        )
+                        await self._send(partial_message(update, self._positions.position_ms(stream)))
         except ClientGone:
             pass  # the client went away; the reader (or its pacing) sees it too
         except SessionError as e:  # from _send: the client stopped reading
