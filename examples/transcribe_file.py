@@ -30,9 +30,15 @@ from pipecat_nemotron.wav_input import feed_wav
 
 
 async def transcribe(
-    path: str, model: str, latency_ms: int, device: str, realtime: bool, words: bool = False
+    path: str,
+    model: str,
+    latency_ms: int,
+    device: str,
+    realtime: bool,
+    words: bool = False,
+    language: str | None = None,
 ) -> dict:
-    stt = NemotronSTTService(model=model, latency_ms=latency_ms, device=device)
+    stt = NemotronSTTService(model=model, latency_ms=latency_ms, device=device, language=language)
     collector = TranscriptCollector(stt.name, out=sys.stdout, show_words=words)
     vad = VADProcessor(vad_analyzer=SileroVADAnalyzer(params=VADParams(stop_secs=0.2)))
     worker = PipelineWorker(
@@ -60,6 +66,7 @@ async def transcribe(
     summary = print_latency_summary(collector.utterances)
     utterances = [
         {"text": u.text, "ttfs_ms": u.ttfs_ms, "finalize_ms": u.finalize_ms}
+        | ({"language": u.result.language} if u.result and u.result.language else {})
         | ({"words": u.result.to_dict()["words"], "confidence": u.result.confidence} if u.result else {})
         for u in collector.utterances
     ]
@@ -74,7 +81,15 @@ def main() -> None:
     parser.add_argument(
         "--model", default=None, help="model id or .nemo path (default: GPU model, else tiny CPU model)"
     )
-    parser.add_argument("--latency-ms", type=int, default=160, choices=(80, 160, 560, 1120))
+    parser.add_argument(
+        "--latency-ms",
+        type=int,
+        default=160,
+        help="latency mode: 80, 160, 560, 1120 (multilingual: also 320)",
+    )
+    parser.add_argument(
+        "--language", default=None, help="multilingual model: es-ES, es, auto ... (default: the model's auto)"
+    )
     parser.add_argument("--device", default="auto")
     parser.add_argument(
         "--fast", action="store_true", help="feed audio as fast as possible instead of real time"
@@ -96,6 +111,7 @@ def main() -> None:
             args.device,
             not args.fast,
             args.words,
+            args.language,
         )
     )
     if args.json:

@@ -65,7 +65,9 @@ class AgentSettings:
     Attributes:
         asr_model: ASR model id or ``.nemo`` path (None: the GPU model, or the tiny model without a GPU).
         asr_device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (also used for Magpie in process).
-        asr_latency_ms: 80, 160, 560 or 1120.
+        asr_latency_ms: One of the model's modes: 80, 160, 560 or 1120 (the multilingual model adds 320).
+        asr_language: The multilingual model's language (``es-ES``, ``es``, ``auto``); None: its default
+            (``auto``). The English model accepts English only.
         asr_eager_end_of_turn: Start answering when the user pauses for ``asr_eager_silence_ms``, before the VAD
             commits the turn (``NemotronSTTService(enable_eager_end_of_turn=True)``); each withdrawn prediction
             costs an LLM request. Off by default.
@@ -82,6 +84,7 @@ class AgentSettings:
     asr_model: str | None = None
     asr_device: str = "auto"
     asr_latency_ms: int = 160
+    asr_language: str | None = None
     asr_eager_end_of_turn: bool = False
     asr_eager_silence_ms: float = DEFAULT_EAGER_SILENCE_MS
     llm_configured: bool = False
@@ -100,7 +103,7 @@ class AgentSettings:
     def from_env(cls, environ: Mapping[str, str]) -> AgentSettings:
         """Read the agent's settings from ``environ`` (pass ``os.environ`` after ``load_dotenv()``).
 
-        Keys: ``NEMOTRON_ASR_MODEL``/``_DEVICE``/``_LATENCY_MS``, ``NEMOTRON_ASR_EAGER_END_OF_TURN`` (``1``/``true``
+        Keys: ``NEMOTRON_ASR_MODEL``/``_DEVICE``/``_LATENCY_MS``/``_LANGUAGE``, ``NEMOTRON_ASR_EAGER_END_OF_TURN`` (``1``/``true``
         to turn it on) and ``NEMOTRON_ASR_EAGER_SILENCE_MS``, ``NEMOTRON_LLM_*`` (see ``docs/LLM.md``),
         ``MAGPIE_TTS_MODEL``/``_VOICE``, ``MAGPIE_NIM_SERVER``/``_VOICE``. Empty values count as unset.
 
@@ -115,7 +118,9 @@ class AgentSettings:
 
         latency = get("NEMOTRON_ASR_LATENCY_MS") or "160"
         if not latency.isdigit():
-            raise ValueError(f"NEMOTRON_ASR_LATENCY_MS must be 80, 160, 560 or 1120, got {latency!r}")
+            raise ValueError(
+                f"NEMOTRON_ASR_LATENCY_MS must be a mode in ms (80, 160, 320, 560, 1120), got {latency!r}"
+            )
         llm_keys = {k: v for k, v in environ.items() if k.startswith(ENV_PREFIX) or k == ENV_NVIDIA_API_KEY}
         eager = (get("NEMOTRON_ASR_EAGER_END_OF_TURN") or "0").lower()
         if eager not in _BOOLEANS:
@@ -131,6 +136,7 @@ class AgentSettings:
             asr_model=get("NEMOTRON_ASR_MODEL"),
             asr_device=get("NEMOTRON_ASR_DEVICE") or "auto",
             asr_latency_ms=int(latency),
+            asr_language=get("NEMOTRON_ASR_LANGUAGE"),
             asr_eager_end_of_turn=_BOOLEANS[eager],
             asr_eager_silence_ms=silence_ms,
             llm_configured=bool(get(ENV_BASE_URL) or get(ENV_BACKEND)),
@@ -155,6 +161,7 @@ class AgentSettings:
 
         kwargs.setdefault("enable_eager_end_of_turn", self.asr_eager_end_of_turn)
         kwargs.setdefault("eager_silence_ms", self.asr_eager_silence_ms)
+        kwargs.setdefault("language", self.asr_language)
         return NemotronSTTService(
             engine_config=self.asr_engine_config(), latency_ms=self.asr_latency_ms, **kwargs
         )
@@ -215,7 +222,8 @@ class AgentSettings:
             else ""
         )
         lines = [
-            f"ASR: {self.asr_model or 'default'} ({self.asr_latency_ms} ms mode, device {self.asr_device}{eager})"
+            f"ASR: {self.asr_model or 'default'} ({self.asr_latency_ms} ms mode, device {self.asr_device}"
+            f"{', language ' + self.asr_language if self.asr_language else ''}{eager})"
         ]
         if self.llm_configured:
             lines.append(

@@ -46,7 +46,7 @@ def _config_flags(group: argparse._ArgumentGroup, flags: dict[str, str | None]) 
 
 def _model_options(group: argparse._ArgumentGroup) -> None:
     """The engine: model, device, dtype, capacity, latency and finalize defaults, CPU threads."""
-    from pipecat_nemotron.engine.config import DEFAULT_MODEL, LATENCY_MODES
+    from pipecat_nemotron.engine.config import DEFAULT_MODEL
 
     group.add_argument(
         "--model", default=os.environ.get("NEMOTRON_ASR_MODEL", DEFAULT_MODEL), help="model id or .nemo path"
@@ -63,7 +63,18 @@ def _model_options(group: argparse._ArgumentGroup) -> None:
         default=None,
         help="stream chunks per model step (default: max sessions)",
     )
-    group.add_argument("--default-latency-ms", type=int, default=160, choices=sorted(LATENCY_MODES))
+    group.add_argument(
+        "--default-latency-ms",
+        type=int,
+        default=160,
+        help="latency mode of sessions that ask for none, one of the model's (80, 160, 560, 1120; the "
+        "multilingual model adds 320)",
+    )
+    group.add_argument(
+        "--default-language",
+        default=None,
+        help="multilingual model: language of sessions that ask for none (es-ES, es or auto; default auto)",
+    )
     group.add_argument("--finalize-mode", choices=("soft", "hard"), default="soft")
     group.add_argument(
         "--cpu-threads",
@@ -208,6 +219,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_streams=args.max_sessions,
             max_batch_size=args.max_batch_size or args.max_sessions,
             default_latency_ms=args.default_latency_ms,
+            default_language=args.default_language,
             finalize_mode=args.finalize_mode,
         )
     except ValueError as e:

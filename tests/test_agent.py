@@ -106,6 +106,9 @@ def test_agent_settings_from_env_and_validation() -> None:
     )
     assert settings.asr_latency_ms == 560 and settings.llm_configured and settings.tts_nim_server is None
     assert any("TTS: not configured" in line for line in settings.describe())
+    spanish = AgentSettings.from_env({"NEMOTRON_ASR_LATENCY_MS": "320", "NEMOTRON_ASR_LANGUAGE": "es-ES"})
+    assert spanish.asr_latency_ms == 320 and spanish.create_stt().language == "es-ES"
+    assert "language es-ES" in spanish.describe()[0]
     assert AgentSettings.from_env({}).create_llm() is None
     with pytest.raises(ValueError, match="NEMOTRON_ASR_LATENCY_MS"):
         AgentSettings.from_env({"NEMOTRON_ASR_LATENCY_MS": "fast"})
