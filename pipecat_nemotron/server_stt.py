@@ -5,8 +5,8 @@ audio over WebSockets (protocol ``nemotron-asr.v1``, ``docs/PROTOCOL.md``) to on
 every session into one model step. It pushes the same frames as the in-process
 :class:`~pipecat_nemotron.stt.NemotronSTTService`: ``InterimTranscriptionFrame`` as the text grows, one
 finalized ``TranscriptionFrame`` per user turn (finalized on ``VADUserStoppedSpeakingFrame``), the
-``asr_finalize`` metric, and ``STTUpdateSettingsFrame(delta=NemotronSTTSettings(latency_ms=...))`` switches
-the latency mode.
+``asr_finalize`` metric, and ``STTUpdateSettingsFrame(delta=NemotronSTTSettings(latency_ms=..., language=...))``
+switches the latency mode or the language of a multilingual model (from the next utterance).
 
 Reconnection never loses a finalized turn: the audio of every utterance whose final has not arrived yet is
 kept client-side (bounded) and replayed, with its ``finalize``, on the new session.
@@ -32,6 +32,7 @@ from pipecat.frames.frames import (
 )
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.stt_service import WebsocketSTTService
+from pipecat.transcriptions.language import Language
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
@@ -47,20 +48,30 @@ from pipecat_nemotron.server.protocol import (
     FinalizeMessage,
     FinalMessage,
     KeepaliveMessage,
+    LanguageMessage,
     LatencyMessage,
     PartialMessage,
     PeekMessage,
     PeekResultMessage,
     ProtocolError,
     ReadyMessage,
-    SetLatencyMessage,
     close_reason,
     is_permanent,
     parse_server_message,
 )
 from pipecat_nemotron.server.security import MaskedHeaders, Secret
+from pipecat_nemotron.server_stt_handshake import ServerRefusedError, receive_ready
+from pipecat_nemotron.server_stt_settings import ServerSettingsMixin
 from pipecat_nemotron.stt_base import NemotronSTTBase, NemotronSTTSettings, TranscriptResult
 from pipecat_nemotron.stt_replay import ReplayBuffer, pieces
+
+__all__ = [
+    "DEFAULT_URL",
+    "MAX_AUDIO_MESSAGE_BYTES",
+    "TOKEN_ENV",
+    "NemotronServerSTTService",
+    "ServerRefusedError",
+]
 
 #: Default server URL (a server on this machine).
 DEFAULT_URL = f"ws://127.0.0.1:8765{DEFAULT_PATH}"
@@ -72,20 +83,7 @@ TOKEN_ENV = "NEMOTRON_ASR_TOKEN"
 MAX_AUDIO_MESSAGE_BYTES = 65536
 
 
-class ServerRefusedError(ConnectionError):
-    """The server refused or closed the session with a close code.
-
-    Attributes:
-        code: The WebSocket close code (see :class:`~pipecat_nemotron.server.protocol.CloseCode`).
-
-    """
-
-    def __init__(self, code: int | None, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
+class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketSTTService):
     """Remote NVIDIA Nemotron Speech streaming ASR: a Pipecat STT client of a ``pipecat-nemotron serve`` server.
 
     Use it instead of the in-process :class:`~pipecat_nemotron.stt.NemotronSTTService` when bots run on
@@ -106,6 +104,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
         url: str = DEFAULT_URL,
         token: str | None = None,
         latency_ms: int = 160,
+        language: Language | str | None = None,
         extra_headers: dict[str, str] | None = None,
         connect_timeout_s: float = 10.0,
         replay_max_s: float = 60.0,
@@ -126,7 +125,11 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
             url: Session WebSocket URL of the server (``ws://`` or ``wss://``, path ``/v1/asr``).
             token: Bearer token (default: the ``NEMOTRON_ASR_TOKEN`` environment variable; None for a server
                 run with ``--insecure``).
-            latency_ms: Initial latency mode: 80, 160, 560 or 1120 ms.
+            latency_ms: Initial latency mode: one of the server model's (80, 160, 560 or 1120 ms; a multilingual
+                model adds 320).
+            language: Language of a multilingual server model (Pipecat's ``Language``, ``"es-ES"``, ``"es"`` or
+                ``"auto"``); None: the server's default. Sent in every session's ``config``; one the model lacks
+                is a permanent error.
             extra_headers: More headers for the WebSocket handshake.
             connect_timeout_s: Time allowed to connect and get ``ready``, s.
             replay_max_s: Most audio kept for replay after a reconnect, s (older audio is dropped, with a
@@ -142,7 +145,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
             keepalive_interval: How often to check for keepalive, s.
             ttfs_p99_latency: P99 speech-end-to-final time, s. Default: 0.2 s (VAD stop) plus 1.5x the
                 measured finalize round trip once measured, or ``NEMOTRON_TTFS_P99`` before that.
-            settings: Runtime settings (``latency_ms``); overrides ``latency_ms`` above.
+            settings: Runtime settings (``latency_ms``, ``language``); override the arguments above.
             **kwargs: Passed to :class:`~pipecat.services.stt_service.WebsocketSTTService`.
 
         Raises:
@@ -154,6 +157,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
         super().__init__(
             latency_ms=latency_ms,
             model=None,
+            language=language,
             ttfs_p99_latency=ttfs_p99_latency,
             settings=settings,
             keepalive_timeout=keepalive_timeout,
@@ -269,19 +273,10 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
             sample_rate=self.sample_rate,
             word_timings=True,
             client="pipecat-nemotron/NemotronServerSTTService",
+            language=self.language,  # the current one: a reconnect keeps the language of the session it replaces
         )
         try:
-            await ws.send(config.to_json())
-            first = await asyncio.wait_for(ws.recv(), self._connect_timeout_s)
-            msg = parse_server_message(first)
-            if isinstance(msg, ErrorMessage):
-                try:
-                    await asyncio.wait_for(ws.wait_closed(), 2.0)
-                except (asyncio.TimeoutError, TimeoutError):
-                    pass
-                raise ServerRefusedError(msg.code, f"{msg.reason}: {msg.message}")
-            if not isinstance(msg, ReadyMessage):
-                raise ServerRefusedError(None, f"expected 'ready', got {msg.type!r}")
+            msg = await receive_ready(ws, config, self._connect_timeout_s)
         except ConnectionClosed as e:
             code = e.rcvd.code if e.rcvd is not None else None
             reason = e.rcvd.reason if e.rcvd is not None else ""
@@ -383,6 +378,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
 
     async def _handle_message(self, msg: Any) -> None:
         if isinstance(msg, PartialMessage):
+            self._decoded_language = msg.language
             await self._push_interim(msg.text)
         elif isinstance(msg, FinalMessage):
             await self._on_final(msg)
@@ -390,6 +386,8 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
             self._peeks.answer(msg.text)
         elif isinstance(msg, LatencyMessage):
             logger.debug(f"{self}: latency mode {msg.latency_ms} ms applies {msg.applied}")
+        elif isinstance(msg, LanguageMessage):
+            logger.debug(f"{self}: language {msg.language} applies {msg.applied}")
         elif isinstance(msg, ErrorMessage):
             if msg.fatal:
                 self._fatal_error = msg
@@ -484,17 +482,3 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
                 f"{self}: final for utterance {msg.utterance} in {msg.ttf_ms:.1f} ms on the server{rtt} "
                 f"({msg.latency_ms} ms mode)"
             )
-
-    # ---- settings -----------------------------------------------------------------------------------------
-
-    def _model_change_refusal(self) -> str:
-        return "the model is chosen by the ASR server and cannot change here"
-
-    async def _apply_latency(self) -> None:
-        """Tell the server the new mode (a reconnect's ``config`` carries it anyway)."""
-        async with self._send_lock:
-            if self._ready is not None and self._websocket is not None:
-                try:
-                    await self._websocket.send(SetLatencyMessage(latency_ms=self.latency_ms).to_json())
-                except Exception as e:  # the reconnect's config carries the new mode
-                    logger.debug(f"{self}: set_latency send failed: {e!r}")

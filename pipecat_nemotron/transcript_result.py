@@ -33,7 +33,9 @@ class TranscriptResult:
         utterance_start_ms: Where the utterance starts, ms from the stream's start. For the server STT
             service the stream is the server session: after a reconnect, times count from the new session.
         language: The language prompt the model decoded with (``"es-ES"``, ``"auto"``) on a multilingual
-            model; None on the English one. The frame's own ``language`` is Pipecat's ``Language`` of it.
+            model; None on the English one.
+        detected_language: On finals decoded with ``"auto"``: the locale the model found the words to be in.
+            The frame's own ``language`` is Pipecat's ``Language`` of this, else of ``language``.
 
     Example (in a processor after the STT service)::
 
@@ -51,6 +53,7 @@ class TranscriptResult:
     is_final: bool = True
     utterance_start_ms: float = 0.0
     language: str | None = None
+    detected_language: str | None = None
 
     @classmethod
     def from_update(cls, update: TranscriptUpdate) -> TranscriptResult:
@@ -64,6 +67,7 @@ class TranscriptResult:
             is_final=update.is_final,
             utterance_start_ms=update.start_ms,
             language=update.language,
+            detected_language=update.detected_language,
         )
 
     @classmethod
@@ -82,7 +86,7 @@ class TranscriptResult:
             for w in msg.words or ()
             if isinstance(w, dict)
         )
-        return cls(msg.text, words, msg.confidence, msg.utterance, msg.latency_ms, True, start)
+        return cls(msg.text, words, msg.confidence, msg.utterance, msg.latency_ms, True, start, msg.language)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (times rounded to 0.1 ms, confidences to 4 digits)."""

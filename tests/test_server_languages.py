@@ -1,0 +1,184 @@
+"""The ASR server and its Pipecat client on a multilingual model: languages and the model's own latency modes.
+
+A random-weight tiny model of the multilingual prompt class (en-US, es-ES, de-DE and auto; the five modes of
+the family, 320 ms included) is served on loopback, as in ``test_server.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import websockets
+from helpers import FRAME_BYTES, noise_clip, one_torch_thread, to_pcm16, turn
+from pipecat.frames.frames import (
+    ErrorFrame,
+    InterimTranscriptionFrame,
+    STTUpdateSettingsFrame,
+    TranscriptionFrame,
+)
+from pipecat.tests.utils import SleepFrame, run_test
+from pipecat.transcriptions.language import Language
+from websockets.exceptions import ConnectionClosed
+
+from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+from pipecat_nemotron.server.app import ASRServer, ServerConfig
+from pipecat_nemotron.server.protocol import (
+    PROTOCOL_VERSION,
+    CloseCode,
+    ConfigMessage,
+    ErrorMessage,
+    ReadyMessage,
+    SetLanguageMessage,
+    SetLatencyMessage,
+    parse_server_message,
+)
+from pipecat_nemotron.server_stt import NemotronServerSTTService
+from pipecat_nemotron.stt_base import NemotronSTTSettings
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+MODES = (80, 160, 320, 560, 1120)
+LANGUAGES = ("en-US", "es-ES", "de-DE", "auto")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine(tiny_multilingual_random_model):
+    with one_torch_thread():
+        eng = NemotronEngine(
+            EngineConfig(
+                model=str(tiny_multilingual_random_model),
+                device="cpu",
+                max_streams=4,
+                max_batch_size=4,
+                finalize_mode="hard",
+                warmup=False,
+            )
+        )
+        await eng.start()
+        yield eng
+        await eng.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def server(engine: NemotronEngine):
+    srv = ASRServer(engine, ServerConfig(port=0, insecure=True, idle_timeout_s=10.0))
+    await srv.start()
+    yield srv
+    await srv.stop(drain_timeout_s=0)
+
+
+def clip(seed: int, seconds: float = 1.2) -> bytes:
+    return to_pcm16(noise_clip(seconds, seed=seed))
+
+
+async def open_session(url: str, config: ConfigMessage) -> tuple[Any, Any]:
+    ws = await websockets.connect(url, subprotocols=[PROTOCOL_VERSION])
+    await ws.send(config.to_json())
+    return ws, parse_server_message(await asyncio.wait_for(ws.recv(), 10))
+
+
+async def send_audio(ws, pcm: bytes) -> None:
+    for i in range(0, len(pcm), FRAME_BYTES):
+        await ws.send(pcm[i : i + FRAME_BYTES])
+        await asyncio.sleep(0.005)
+
+
+async def raw_messages(ws, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Read until the server closes; the JSON messages as sent."""
+    messages = []
+    with contextlib.suppress(ConnectionClosed):
+        async with asyncio.timeout(timeout):
+            async for raw in ws:
+                if isinstance(raw, str):
+                    messages.append(json.loads(raw))
+    return messages
+
+
+async def test_session_in_spanish_then_german_from_the_next_utterance(
+    server: ASRServer, engine: NemotronEngine
+) -> None:
+    a, b, c = clip(90), clip(91), clip(92)
+    expected = [
+        await engine.transcribe(a, latency_ms=320, language="es-ES"),
+        await engine.transcribe(b, latency_ms=320, language="es-ES"),
+        await engine.transcribe(c, latency_ms=320, language="de-DE"),
+    ]
+    ws, ready = await open_session(server.url, ConfigMessage(latency_ms=320, language="es"))
+    assert isinstance(ready, ReadyMessage), ready
+    assert ready.latency_modes == MODES and ready.languages == LANGUAGES
+    assert (ready.latency_ms, ready.language) == (320, "es-ES") and "language" in ready.features
+    for pcm in (a, b):
+        await send_audio(ws, pcm)
+        await ws.send('{"type": "finalize"}')
+    await ws.send(SetLanguageMessage("de").to_json())  # a final is pending: from the next utterance
+    await ws.send(SetLanguageMessage("fr").to_json())  # refused, the session goes on
+    await ws.send(SetLatencyMessage(240).to_json())  # a multiple of 80 the model lacks: refused too
+    await send_audio(ws, c)
+    await ws.send('{"type": "finalize"}')
+    await ws.send('{"type": "close"}')
+    messages = await raw_messages(ws)
+    assert ws.close_code == CloseCode.NORMAL, messages[-3:]
+    finals = [m for m in messages if m["type"] == "final"]
+    assert [f["text"] for f in finals] == [e.text for e in expected]
+    assert [f["language"] for f in finals] == ["es-ES", "es-ES", "de-DE"]
+    partials = [m for m in messages if m["type"] == "partial"]
+    assert partials and all(p["language"] in ("es-ES", "de-DE") for p in partials)
+    assert [m for m in messages if m["type"] == "language"] == [
+        {"type": "language", "language": "de-DE", "applied": "next_utterance"}
+    ]
+    errors = [m for m in messages if m["type"] == "error"]
+    assert len(errors) == 2 and not any(e["fatal"] for e in errors), errors
+    assert "'fr'" in errors[0]["message"] and "['en-US', 'es-ES', 'de-DE']" in errors[0]["message"]
+    assert "[80, 160, 320, 560, 1120]" in errors[1]["message"]
+
+
+async def test_language_the_model_lacks_is_refused_with_the_models_list(server: ASRServer) -> None:
+    ws, answer = await open_session(server.url, ConfigMessage(language="fr-FR"))
+    assert isinstance(answer, ErrorMessage) and answer.code == CloseCode.PROTOCOL_ERROR and answer.fatal
+    assert "'fr-FR'" in answer.message and "['en-US', 'es-ES', 'de-DE'] or auto" in answer.message
+    with contextlib.suppress(ConnectionClosed):
+        await asyncio.wait_for(ws.recv(), 5)
+    assert ws.close_code == CloseCode.PROTOCOL_ERROR
+    ws, answer = await open_session(server.url, ConfigMessage(latency_ms=240))
+    assert isinstance(answer, ErrorMessage) and "[80, 160, 320, 560, 1120]" in answer.message
+    ws, ready = await open_session(server.url, ConfigMessage())  # no language: the server's default
+    assert isinstance(ready, ReadyMessage) and ready.language == "auto"
+    await ws.close()
+
+
+async def test_pipecat_client_language_and_settings_update(server: ASRServer, engine: NemotronEngine) -> None:
+    a, b, c = clip(80, 1.3), clip(81, 1.3), clip(82, 1.3)
+    expected = [
+        await engine.transcribe(a, language="es-ES"),
+        await engine.transcribe(b, language="es-ES"),  # the refused update leaves it in Spanish
+        await engine.transcribe(c, language="de-DE"),
+    ]
+    stt = NemotronServerSTTService(url=server.url, language=Language.ES)
+    down, up = await run_test(
+        stt,
+        frames_to_send=[
+            SleepFrame(sleep=0.3),
+            *turn(a),
+            STTUpdateSettingsFrame(delta=NemotronSTTSettings(language="fr")),
+            SleepFrame(sleep=0.1),
+            *turn(b),
+            STTUpdateSettingsFrame(delta=NemotronSTTSettings(language="de")),
+            SleepFrame(sleep=0.1),
+            *turn(c, wait=2.0),
+        ],
+        start_timeout=5.0,
+    )
+    finals = [f for f in down if isinstance(f, TranscriptionFrame)]
+    assert [f.text for f in finals] == [e.text for e in expected]
+    assert [f.language for f in finals] == [Language.ES_ES, Language.ES_ES, Language.DE_DE]
+    assert [f.result.language for f in finals] == ["es-ES", "es-ES", "de-DE"]
+    interims = [f for f in down if isinstance(f, InterimTranscriptionFrame)]
+    assert interims and interims[0].language == Language.ES_ES
+    errors = [f.error for f in up if isinstance(f, ErrorFrame)]
+    assert len(errors) == 1 and "'fr'" in errors[0] and "es-ES" in errors[0], errors
+    assert stt.language == "de"
