@@ -362,7 +362,7 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
 
         """
         text = result.text
-        self._decoded_language = result.language
+        self._decoded_language = result.detected_language or result.language
         language = self._frame_language()
         # Every final answers one finalize request (a VAD stop or the end of the session). Pipecat keeps one
         # request flag, not a count: when finalize requests queued up (audio kept while the model loaded),

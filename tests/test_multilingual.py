@@ -20,7 +20,13 @@ LANGUAGES = ("en-US", "es-ES", "de-DE", "auto")
 
 
 def _engine(model, **kwargs) -> NemotronEngine:
-    config = {"device": "cpu", "max_streams": 8, "max_batch_size": 8, "finalize_mode": "hard", "warmup": False}
+    config = {
+        "device": "cpu",
+        "max_streams": 8,
+        "max_batch_size": 8,
+        "finalize_mode": "hard",
+        "warmup": False,
+    }
     return NemotronEngine(EngineConfig(model=str(model), **{**config, **kwargs}))
 
 
@@ -112,20 +118,23 @@ async def test_streams_of_different_languages_batched_equal_each_alone(engine: N
     alone = []
     for clip, language, mode in zip(clips, languages, modes, strict=True):
         final = await engine.transcribe(to_pcm16(clip), latency_ms=mode, language=language)
-        alone.append((list(final.tokens), final.language))
+        alone.append((list(final.tokens), final.language, final.detected_language))
     batch_sizes: list[int] = []
     engine.add_step_listener(lambda stats: batch_sizes.append(stats.batch_size))
 
-    async def run(i: int) -> tuple[list[int], str | None]:
+    async def run(i: int) -> tuple[list[int], str | None, str | None]:
         stream = engine.open_stream(latency_ms=modes[i], language=languages[i])
         await push_realtime_chunks(stream, to_pcm16(clips[i]), chunk_bytes=1280, pause=0.002)
         final = await stream.finalize()
         await stream.close()
-        return list(final.tokens), final.language
+        return list(final.tokens), final.language, final.detected_language
 
     together = await asyncio.gather(*(run(i) for i in range(6)))
     assert together == alone
     assert max(batch_sizes) >= 3, "the streams were never batched together"
+    # Only the auto stream says which language it heard; the others decoded the one they were given.
+    assert [d is not None for _, _, d in alone] == [language == "auto" for language in languages]
+    assert alone[3][2] in ("en-US", "es-ES", "de-DE")
     # The prompt is not decoration: one clip decoded under each language gives different encoder outputs.
     outputs = []
     for language in ("en-US", "es-ES"):
@@ -221,3 +230,47 @@ async def test_stt_service_rejects_a_language_the_model_lacks(tiny_random_model)
         await english.stop()
     errors = [f.error for f in up if isinstance(f, ErrorFrame)]
     assert errors and "English only" in errors[0], errors
+
+
+def test_language_detection_scores_the_greedy_alignment(tiny_multilingual_random_model) -> None:
+    """The detector's per-language score is the log-probability NeMo's own joint gives the greedy path."""
+    from nemo.collections.asr.models import ASRModel
+
+    from pipecat_nemotron.engine.language_id import UtteranceEvidence, alignment_scores
+
+    model = ASRModel.restore_from(str(tiny_multilingual_random_model), map_location="cpu").eval()
+    audio = torch.from_numpy(noise_clip(1.7, seed=90))[None]
+    length = torch.tensor([audio.size(1)])
+    prompts = model.cfg.model_defaults.prompt_dictionary
+    with torch.inference_mode():
+        enc, enc_len = model.forward(
+            input_signal=audio, input_signal_length=length, prompt_indices=torch.tensor([prompts["auto"]])
+        )
+        hyp = model.decoding.rnnt_decoder_predictions_tensor(enc, enc_len, return_hypotheses=True)[0]
+        tokens, frames = hyp.y_sequence.tolist(), hyp.timestamp.tolist()
+        feats, feat_len = model.preprocessor(input_signal=audio, length=length)
+        unprompted, _ = model.encoder(audio_signal=feats, length=feat_len)
+        evidence = UtteranceEvidence()
+        evidence.add(unprompted[0], tokens, frames)
+        languages = ["en-US", "es-ES", "de-DE"]
+        scores = alignment_scores(model, evidence, [prompts[k] for k in languages], model.num_prompts)
+        y = torch.tensor([tokens])
+        decoded, _, _ = model.decoder(targets=y, target_length=torch.tensor([len(tokens)]))
+        blank = model.joint.num_classes_with_blank - 1
+        expected = []
+        for language in languages:
+            enc_l, _ = model.forward(
+                input_signal=audio,
+                input_signal_length=length,
+                prompt_indices=torch.tensor([prompts[language]]),
+            )
+            lattice = model.joint(encoder_outputs=enc_l, decoder_outputs=decoded)[0]  # [T, U + 1, V + 1]
+            total, u = 0.0, 0
+            for t in range(lattice.size(0)):
+                while u < len(tokens) and frames[u] <= t:
+                    total += float(lattice[t, u, tokens[u]])
+                    u += 1
+                total += float(lattice[t, u, blank])
+            expected.append(total)
+    assert len(tokens) > 5
+    assert torch.allclose(scores, torch.tensor(expected), atol=1e-3), (scores, expected)

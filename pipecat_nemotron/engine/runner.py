@@ -23,7 +23,8 @@ from pipecat_nemotron.engine.config import ENCODER_FRAME_MS, LATENCY_MODES, LEFT
 from pipecat_nemotron.engine.cuda_graphs import GraphedEncoderStep
 from pipecat_nemotron.engine.fast_step import FastEncoderStep, UnsupportedEncoderError, nemo_encoder_step
 from pipecat_nemotron.engine.features import MelFrontend
-from pipecat_nemotron.engine.languages import LanguagePrompts
+from pipecat_nemotron.engine.language_id import UtteranceEvidence, alignment_scores
+from pipecat_nemotron.engine.languages import AUTO, LanguagePrompts
 from pipecat_nemotron.engine.state import StreamState
 from pipecat_nemotron.engine.words import WordAligner
 
@@ -273,6 +274,7 @@ class ModelRunner:
             drop,
             mode.right_context,
         )
+        unprompted = encoded
         if self.prompts is not None:
             encoded = self._apply_prompts(encoded, [it.state.prompt_index for it in items])
         if self.encoder_output_hook is not None:
@@ -284,8 +286,8 @@ class ModelRunner:
         # (causal 8x subsampling, S = 8): the offset of this chunk's frame grid from its first mel frame.
         grid = (0 if first else -mode.pre_encode_cache_frames) + self.subsampling * drop
         lengths = encoded_len.tolist()
-        for it, hyp, tokens, frames, length in zip(
-            items, hyps, _token_lists(hyps), _frame_lists(hyps), lengths, strict=True
+        for row, (it, hyp, tokens, frames, length) in enumerate(
+            zip(items, hyps, _token_lists(hyps), _frame_lists(hyps), lengths, strict=True)
         ):
             # NeMo counts a token's frame from the first frame decoded with this decoder state.
             base = it.state.decoded_frames if it.state.dec_state is not None else 0
@@ -297,6 +299,35 @@ class ModelRunner:
             it.state.decoded_frames = base + int(length)
             it.state.dec_state = hyp.dec_state
             it.state.encoder_started = True
+            if it.state.language == AUTO and self.prompts is not None and len(self.prompts.languages) > 1:
+                self._detect_language(
+                    it, unprompted[row, :, : int(length)], tokens, [t - base for t in frames]
+                )
+
+    def _detect_language(
+        self, it: StepItem, encoded: torch.Tensor, tokens: list[int], frames: list[int]
+    ) -> None:
+        """Keep an ``auto`` stream's step output; at its utterance's final, say which language it was.
+
+        Args:
+            it: The stream's item (not a peek).
+            encoded: Its encoder output before the prompt ``[D, t]``.
+            tokens: Its new tokens.
+            frames: Each new token's frame within ``encoded``.
+
+        """
+        assert self.prompts is not None
+        state = it.state
+        if state.evidence is None:
+            state.evidence = UtteranceEvidence()
+        state.evidence.add(encoded, tokens, frames)
+        if not it.final:
+            return
+        languages = self.prompts.languages
+        scores = alignment_scores(
+            self.model, state.evidence, [self.prompts.index(k) for k in languages], self.prompts.num_prompts
+        )
+        state.detected_language = None if scores is None else languages[int(scores.argmax())]
 
     def _keep_caches(
         self,

@@ -449,6 +449,7 @@ class Scheduler:
             utterance=utterance,
             latency_ms=state.latency_ms,
             language=state.language,
+            detected_language=state.detected_language,
             tokens=tuple(state.tokens),
             words=words,
             confidence=confidence,
@@ -461,6 +462,7 @@ class Scheduler:
                 utterance=utterance,
                 latency_ms=state.latency_ms,
                 language=state.language,
+                detected_language=state.detected_language,
                 step_ms=step_ms,
                 ttf_ms=ttf_ms,
                 words=words,
@@ -477,6 +479,8 @@ class Scheduler:
         state.words = ()
         state.utterance_frames = 0
         state.utterance_index = utterance + 1
+        state.evidence = None
+        state.detected_language = None
         if self.hard_reset:
             state.encoder_started = False
             state.dec_state = None

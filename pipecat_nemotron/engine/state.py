@@ -17,6 +17,7 @@ import numpy as np
 
 from pipecat_nemotron.engine.audio import AudioInput
 from pipecat_nemotron.engine.features import FeatureCursor
+from pipecat_nemotron.engine.language_id import UtteranceEvidence
 from pipecat_nemotron.engine.types import WordTiming
 from pipecat_nemotron.engine.words import TokenTrace
 
@@ -59,6 +60,8 @@ class StreamState:
         language: Language prompt key of a multilingual model (``"es-ES"``, ``"auto"``); None otherwise.
         prompt_index: One-hot index of ``language`` (None without prompts).
         pending_language: ``(language, prompt_index)`` to switch to at the next utterance boundary.
+        evidence: An ``auto`` stream's current utterance as kept for language detection.
+        detected_language: The language detected at the current utterance's final (``auto`` streams).
         received: Samples received since the stream opened (16 kHz).
         segment_origin: Absolute sample where the current feature segment starts.
         cursor: Audio and frame position inside the current segment.
@@ -86,6 +89,8 @@ class StreamState:
     language: str | None = None
     prompt_index: int | None = None
     pending_language: tuple[str | None, int | None] | None = None
+    evidence: UtteranceEvidence | None = None
+    detected_language: str | None = None
     input: AudioInput = field(default_factory=AudioInput)
     received: int = 0
     segment_origin: int = 0

@@ -45,6 +45,8 @@ class TranscriptUpdate:
         latency_ms: Latency mode that produced it.
         language: Language prompt the model decoded with (a locale such as ``"es-ES"``, or ``"auto"``); None
             on a model without language prompts (the English model).
+        detected_language: On the final of an utterance decoded with ``"auto"``: the model's locale whose prompt
+            explains the words best (see :mod:`~pipecat_nemotron.engine.language_id`); None otherwise.
         queue_ms: Time the chunk's audio waited for a model step, ms.
         step_ms: Duration of the batched model step that produced it, ms.
         lag_ms: Time from the chunk's last audio sample arriving to this update, ms.
@@ -61,6 +63,7 @@ class TranscriptUpdate:
     utterance: int
     latency_ms: int
     language: str | None = None
+    detected_language: str | None = None
     queue_ms: float = 0.0
     step_ms: float = 0.0
     lag_ms: float = 0.0
@@ -82,6 +85,8 @@ class FinalTranscript:
         latency_ms: Latency mode that produced it.
         language: Language prompt the model decoded with (a locale such as ``"es-ES"``, or ``"auto"``); None
             on a model without language prompts (the English model).
+        detected_language: On the final of an utterance decoded with ``"auto"``: the model's locale whose prompt
+            explains the words best (see :mod:`~pipecat_nemotron.engine.language_id`); None otherwise.
         tokens: Token ids of the utterance.
         words: The words of ``text`` with their timings and confidence.
         confidence: Confidence of the utterance, in [0, 1] (mean of its words'); None when ``text`` is empty.
@@ -96,6 +101,7 @@ class FinalTranscript:
     utterance: int
     latency_ms: int
     language: str | None = None
+    detected_language: str | None = None
     tokens: tuple[int, ...] = ()
     words: tuple[WordTiming, ...] = ()
     confidence: float | None = None
