@@ -86,7 +86,17 @@ class TranscriptResult:
             for w in msg.words or ()
             if isinstance(w, dict)
         )
-        return cls(msg.text, words, msg.confidence, msg.utterance, msg.latency_ms, True, start, msg.language)
+        return cls(
+            msg.text,
+            words,
+            msg.confidence,
+            msg.utterance,
+            msg.latency_ms,
+            True,
+            start,
+            msg.language,
+            msg.detected_language,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (times rounded to 0.1 ms, confidences to 4 digits)."""

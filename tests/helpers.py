@@ -35,7 +35,9 @@ def offline_decode(
                 enc, enc_len = model.encoder(audio_signal=feats, length=feat_len)
             else:
                 index = torch.tensor([model.cfg.model_defaults.prompt_dictionary[language]])
-                enc, enc_len = model.forward(input_signal=signal, input_signal_length=length, prompt_indices=index)
+                enc, enc_len = model.forward(
+                    input_signal=signal, input_signal_length=length, prompt_indices=index
+                )
             hyp = model.decoding.rnnt_decoder_predictions_tensor(
                 encoder_output=enc, encoded_lengths=enc_len, return_hypotheses=True
             )[0]

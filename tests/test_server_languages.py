@@ -148,7 +148,13 @@ async def test_language_the_model_lacks_is_refused_with_the_models_list(server: 
     assert isinstance(answer, ErrorMessage) and "[80, 160, 320, 560, 1120]" in answer.message
     ws, ready = await open_session(server.url, ConfigMessage())  # no language: the server's default
     assert isinstance(ready, ReadyMessage) and ready.language == "auto"
-    await ws.close()
+    await send_audio(ws, clip(83, 1.2))
+    await ws.send('{"type": "finalize"}')
+    await ws.send('{"type": "close"}')
+    finals = [m for m in await raw_messages(ws) if m["type"] == "final"]
+    # An auto utterance says which of the model's locales it was in.
+    assert len(finals) == 1 and finals[0]["language"] == "auto"
+    assert finals[0]["detected_language"] in ("en-US", "es-ES", "de-DE"), finals
 
 
 async def test_pipecat_client_language_and_settings_update(server: ASRServer, engine: NemotronEngine) -> None:

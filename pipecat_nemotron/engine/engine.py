@@ -222,6 +222,7 @@ class NemotronEngine:
             cuda_graph_decoder=self.config.cuda_graph_decoder,
         )
         _check_defaults(self.config, runner)
+        runner.detect_language = runner.detect_language and self.config.detect_language
         runner.aligner.enabled = self.config.word_timings
         runner.aligner.calibration = calibration_for(self.config.model, self.config.word_timing_offsets_ms)
         return runner

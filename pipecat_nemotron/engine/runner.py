@@ -132,6 +132,8 @@ class ModelRunner:
         self.aligner = WordAligner(model.tokenizer, self.frontend.hop / SAMPLES_PER_MS, self.subsampling)
         #: The model's language prompts (None: a model without them, such as the English one).
         self.prompts = LanguagePrompts.from_model(model)
+        #: Detect the language of ``auto`` utterances (a model with prompts for more than one locale).
+        self.detect_language = self.prompts is not None and len(self.prompts.languages) > 1
         self.modes: dict[int, ModeShape] = {}
         for latency_ms, (left, right) in model_latency_modes(model.encoder).items():
             model.encoder.set_default_att_context_size([left, right])
@@ -299,7 +301,7 @@ class ModelRunner:
             it.state.decoded_frames = base + int(length)
             it.state.dec_state = hyp.dec_state
             it.state.encoder_started = True
-            if it.state.language == AUTO and self.prompts is not None and len(self.prompts.languages) > 1:
+            if it.state.language == AUTO and self.detect_language:
                 self._detect_language(
                     it, unprompted[row, :, : int(length)], tokens, [t - base for t in frames]
                 )

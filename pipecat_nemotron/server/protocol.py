@@ -367,6 +367,8 @@ class FinalMessage:
         confidence: Only with ``words`` (and absent when there are none): the utterance's confidence, 0 to 1.
         language: The language prompt the utterance was decoded with, on a multilingual model; None (and
             absent from the JSON) on an English-only one. Added within v1.
+        detected_language: For an utterance decoded with ``"auto"``: the locale the model found it to be in;
+            absent otherwise. Added within v1.
 
     """
 
@@ -381,6 +383,7 @@ class FinalMessage:
     words: list[dict[str, Any]] | None = None
     confidence: float | None = None
     language: str | None = None
+    detected_language: str | None = None
 
 
 @dataclass(frozen=True)
@@ -477,7 +480,7 @@ _SERVER_TYPES: dict[str, type[Any]] = {
 
 #: Fields left out of a message's JSON while None: added within v1, so old clients see identical messages.
 _OMITTED_WHEN_NONE: dict[type[Any], tuple[str, ...]] = {
-    FinalMessage: ("words", "confidence", "language"),
+    FinalMessage: ("words", "confidence", "language", "detected_language"),
     PartialMessage: ("language",),
 }
 

@@ -79,8 +79,13 @@ def partial_message(update: TranscriptUpdate, audio_ms: float) -> PartialMessage
 
 
 def with_language(final: FinalMessage, update: TranscriptUpdate) -> FinalMessage:
-    """``final`` carrying the language its utterance was decoded with (None on an English-only model)."""
-    return replace(final, language=update.language) if update.language is not None else final
+    """``final`` carrying the language its utterance was decoded with, and the one detected under ``auto``.
+
+    Both stay None (absent from the JSON) on an English-only model.
+    """
+    if update.language is None:
+        return final
+    return replace(final, language=update.language, detected_language=update.detected_language)
 
 
 def _refusal(message: str) -> ErrorMessage:
