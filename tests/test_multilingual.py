@@ -274,3 +274,29 @@ def test_language_detection_scores_the_greedy_alignment(tiny_multilingual_random
             expected.append(total)
     assert len(tokens) > 5
     assert torch.allclose(scores, torch.tensor(expected), atol=1e-3), (scores, expected)
+
+
+@pytest.mark.gpu
+async def test_gpu_bf16_graphs_mixed_languages_equal_each_alone(tiny_multilingual_random_model) -> None:
+    """On CUDA (bf16, CUDA graphs per mode incl. 320 ms): the prompt path runs and batching changes nothing."""
+    engine = _engine(tiny_multilingual_random_model, device="cuda", dtype="bfloat16", warmup=True)
+    await engine.start()
+    try:
+        clips = [to_pcm16(noise_clip(1.5, seed=100 + i)) for i in range(4)]
+        setup = [("es-ES", 320), ("auto", 320), ("de-DE", 160), ("en-US", 320)]
+        alone = [
+            await engine.transcribe(c, latency_ms=m, language=lang)
+            for c, (lang, m) in zip(clips, setup, strict=True)
+        ]
+        together = await asyncio.gather(
+            *(
+                engine.transcribe(c, latency_ms=m, language=lang)
+                for c, (lang, m) in zip(clips, setup, strict=True)
+            )
+        )
+        assert [f.tokens for f in together] == [f.tokens for f in alone]
+        assert [f.language for f in together] == [lang for lang, _ in setup]
+        assert together[1].detected_language in ("en-US", "es-ES", "de-DE")
+        assert engine.info.gpu_path["cuda_graphs"]["graphs"] > 0
+    finally:
+        await engine.stop()

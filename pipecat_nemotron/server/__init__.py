@@ -9,7 +9,8 @@
 * :mod:`pipecat_nemotron.server.run` - ``run_server``, the process runner (``pipecat-nemotron serve``).
 * :mod:`pipecat_nemotron.server.session` - one session, independent of the web framework; its parts
   :mod:`~pipecat_nemotron.server.transport`, :mod:`~pipecat_nemotron.server.pacing`,
-  :mod:`~pipecat_nemotron.server.positions` and :mod:`~pipecat_nemotron.server.errors`.
+  :mod:`~pipecat_nemotron.server.positions`, :mod:`~pipecat_nemotron.server.stream_settings` (latency mode and
+  language checked against the loaded model) and :mod:`~pipecat_nemotron.server.errors`.
 * :mod:`pipecat_nemotron.server.metrics` - Prometheus metrics.
 * :mod:`pipecat_nemotron.server.ray_serve` - the Ray Serve deployment (one replica per GPU).
 
