@@ -22,7 +22,7 @@ def offline_decode(
     Runs the engine's model on the calling thread, so call it while no stream is being decoded; the encoder's
     attention context is restored afterwards (the engine's worker thread sets it only when it changes).
     """
-    from pipecat_nemotron.engine.runner import model_latency_modes
+    from pipecat_nemotron.engine.modes import model_latency_modes
 
     model = engine.model
     previous = list(model.encoder.att_context_size)

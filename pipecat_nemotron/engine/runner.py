@@ -19,38 +19,15 @@ import torch
 from loguru import logger
 
 from pipecat_nemotron.engine.audio import SAMPLES_PER_MS
-from pipecat_nemotron.engine.config import ENCODER_FRAME_MS, LATENCY_MODES, LEFT_CONTEXT_FRAMES, EncoderStep
+from pipecat_nemotron.engine.config import EncoderStep
 from pipecat_nemotron.engine.cuda_graphs import GraphedEncoderStep
 from pipecat_nemotron.engine.fast_step import FastEncoderStep, UnsupportedEncoderError, nemo_encoder_step
 from pipecat_nemotron.engine.features import MelFrontend
 from pipecat_nemotron.engine.language_id import UtteranceEvidence, alignment_scores
 from pipecat_nemotron.engine.languages import AUTO, LanguagePrompts
+from pipecat_nemotron.engine.modes import ModeShape, left_pad, mode_shapes, tail_context
 from pipecat_nemotron.engine.state import StreamState
 from pipecat_nemotron.engine.words import WordAligner
-
-
-@dataclass(frozen=True)
-class ModeShape:
-    """Chunk geometry of one latency mode, read from NeMo's ``encoder.streaming_cfg``.
-
-    Attributes:
-        latency_ms: The mode.
-        left_context: Left attention context, encoder frames (the length of the cache the step is given).
-        right_context: Right attention context, encoder frames.
-        first_chunk_frames: Mel frames of a stream's first chunk (no pre-encode cache).
-        chunk_frames: Mel frames of every later chunk.
-        pre_encode_cache_frames: Mel frames of the previous chunk prepended to later chunks.
-        drop_extra_pre_encoded: Encoder frames dropped from later chunks' subsampling output.
-
-    """
-
-    latency_ms: int
-    left_context: int
-    right_context: int
-    first_chunk_frames: int
-    chunk_frames: int
-    pre_encode_cache_frames: int
-    drop_extra_pre_encoded: int
 
 
 @dataclass
@@ -134,22 +111,7 @@ class ModelRunner:
         self.prompts = LanguagePrompts.from_model(model)
         #: Detect the language of ``auto`` utterances (a model with prompts for more than one locale).
         self.detect_language = self.prompts is not None and len(self.prompts.languages) > 1
-        self.modes: dict[int, ModeShape] = {}
-        for latency_ms, (left, right) in model_latency_modes(model.encoder).items():
-            model.encoder.set_default_att_context_size([left, right])
-            cfg = model.encoder.streaming_cfg
-            self.modes[latency_ms] = ModeShape(
-                latency_ms=latency_ms,
-                left_context=left,
-                right_context=right,
-                # A first chunk shorter than the pre-encode cache (1 frame in the 80 ms mode) would leave
-                # zero padding in the next chunk's cache and shift its encoder output away from the offline
-                # model's; starting with a chunk that fills the cache keeps streaming equal to offline.
-                first_chunk_frames=max(int(cfg.chunk_size[0]), int(cfg.pre_encode_cache_size[1])),
-                chunk_frames=int(cfg.chunk_size[1]),
-                pre_encode_cache_frames=int(cfg.pre_encode_cache_size[1]),
-                drop_extra_pre_encoded=int(cfg.drop_extra_pre_encoded),
-            )
+        self.modes: dict[int, ModeShape] = mode_shapes(model.encoder)
         # The slot pool and the fast step are sized by the longest left context; the others use its tail.
         self.max_left = max(m.left_context for m in self.modes.values())
         widest = max(self.modes.values(), key=lambda m: (m.left_context, -m.latency_ms))
@@ -272,7 +234,7 @@ class ModelRunner:
         encoded, encoded_len, cache_channel, cache_time, cache_channel_len = self._encode(
             signal.to(self.dtype),
             lengths,
-            _tail_context(context, mode.left_context),
+            tail_context(context, mode.left_context),
             drop,
             mode.right_context,
         )
@@ -282,7 +244,7 @@ class ModelRunner:
         if self.encoder_output_hook is not None:
             self.encoder_output_hook(stream_ids, encoded, encoded_len)
         hyps = self._decode(encoded, encoded_len, previous)
-        context = CacheAwareContext(_left_pad(cache_channel, self.max_left), cache_time, cache_channel_len)
+        context = CacheAwareContext(left_pad(cache_channel, self.max_left), cache_time, cache_channel_len)
         self._keep_caches(items, context, mapping, slot_index, cache, feats[:, :, : num_frames[0]])
         # Encoder frame j of the chunk covers the mel frames up to (chunk start - pre-encode cache) + S*(j + drop)
         # (causal 8x subsampling, S = 8): the offset of this chunk's frame grid from its first mel frame.
@@ -461,50 +423,6 @@ class ModelRunner:
         if not tokens:
             return ""
         return self.model.tokenizer.ids_to_text(tokens)
-
-
-def model_latency_modes(encoder: Any) -> dict[int, tuple[int, int]]:
-    """The latency modes an encoder was trained for: ``{chunk ms: (left, right context in encoder frames)}``.
-
-    Read from its ``att_context_size`` list (a mode of right context ``R`` is ``(R + 1) * 80`` ms; the first
-    context listed for a chunk length wins). An encoder without that list (not multi-lookahead) gets the
-    English model's table.
-    """
-    contexts = [tuple(int(v) for v in c) for c in getattr(encoder, "att_context_size_all", None) or []]
-    if not contexts:
-        return {ms: (LEFT_CONTEXT_FRAMES, right) for ms, right in LATENCY_MODES.items()}
-    modes: dict[int, tuple[int, int]] = {}
-    for left, right in contexts:
-        if left < 0 or right < 0:
-            continue  # unlimited context: not streamable with a fixed cache
-        modes.setdefault((right + 1) * ENCODER_FRAME_MS, (left, right))
-    return dict(sorted(modes.items()))
-
-
-def _tail_context(context: Any, left: int) -> Any:
-    """The slot caches as a mode of left context ``left`` sees them: the last ``left`` cached frames."""
-    from nemo.collections.asr.inference.utils.context_manager import CacheAwareContext
-
-    channel = context.cache_last_channel
-    if channel is None or channel.size(2) == left:
-        return context
-    return CacheAwareContext(
-        channel[:, :, channel.size(2) - left :],
-        context.cache_last_time,
-        torch.clamp(context.cache_last_channel_len, max=left),
-    )
-
-
-def _left_pad(channel: torch.Tensor, size: int) -> torch.Tensor:
-    """A mode's next attention cache ``[layers, B, left, ...]`` back at the slot pool's length.
-
-    The zeros go first: the valid-frame count never reaches them.
-    """
-    missing = size - channel.size(2)
-    if missing <= 0:
-        return channel
-    pad = channel.new_zeros(channel.size(0), channel.size(1), missing, *channel.shape[3:])
-    return torch.cat((pad, channel), dim=2)
 
 
 def _token_lists(hyps: list[Any]) -> list[list[int]]:
