@@ -107,3 +107,70 @@ def turn(pcm: bytes, wait: float = 1.5) -> list:
         VADUserStoppedSpeakingFrame(stop_secs=0.2),
         SleepFrame(sleep=wait),
     ]
+
+
+async def run_language_switches(stt, engine: NemotronEngine, start_sleep: float = 0.2) -> tuple[list, list]:
+    """What both STT services must do on the multilingual random model (three 1.3 s turns).
+
+    The service starts in Spanish (``Language.ES``), refuses an update to ``"fr"`` with one ``ErrorFrame`` naming
+    the model's languages (still Spanish), then applies ``"de"`` from the next turn. Asserts the finals equal the
+    engine's own transcripts in those languages and carry them; returns ``(down, up)`` frames for more checks.
+    """
+    from pipecat.frames.frames import ErrorFrame, STTUpdateSettingsFrame, TranscriptionFrame
+    from pipecat.tests.utils import SleepFrame, run_test
+    from pipecat.transcriptions.language import Language
+
+    from pipecat_nemotron.stt_base import NemotronSTTSettings
+
+    a, b, c = (to_pcm16(noise_clip(1.3, seed=80 + i)) for i in range(3))
+    expected = [
+        await engine.transcribe(a, language="es-ES"),
+        await engine.transcribe(b, language="es-ES"),  # the refused update leaves it in Spanish
+        await engine.transcribe(c, language="de-DE"),
+    ]
+    down, up = await run_test(
+        stt,
+        frames_to_send=[
+            SleepFrame(sleep=start_sleep),
+            *turn(a),
+            STTUpdateSettingsFrame(delta=NemotronSTTSettings(language="fr")),
+            SleepFrame(sleep=0.1),
+            *turn(b),
+            STTUpdateSettingsFrame(delta=NemotronSTTSettings(language="de")),
+            SleepFrame(sleep=0.1),
+            *turn(c, wait=2.0),
+        ],
+        start_timeout=5.0,
+    )
+    finals = [f for f in down if isinstance(f, TranscriptionFrame)]
+    assert [f.text for f in finals] == [e.text for e in expected]
+    assert [f.language for f in finals] == [Language.ES_ES, Language.ES_ES, Language.DE_DE]
+    assert [f.result.language for f in finals] == ["es-ES", "es-ES", "de-DE"]
+    errors = [f.error for f in up if isinstance(f, ErrorFrame)]
+    assert len(errors) == 1 and "'fr'" in errors[0] and "es-ES" in errors[0], errors
+    assert stt.language == "de"
+    return down, up
+
+
+async def stream_capturing_encoder_output(
+    engine: NemotronEngine, audio: np.ndarray, latency_ms: int, language: str | None = None
+) -> tuple[object, torch.Tensor]:
+    """Stream ``audio`` (160 ms pieces) and finalize: the final and the encoder output its decoder saw ``[D, T]``.
+
+    On a multilingual model the output is the one after the stream's language prompt.
+    """
+    captured: list[torch.Tensor] = []
+    stream = engine.open_stream(latency_ms=latency_ms, language=language)
+
+    def hook(ids: list[int], enc: torch.Tensor, enc_len: torch.Tensor) -> None:
+        for row, sid in enumerate(ids):
+            if sid == stream.stream_id:
+                captured.append(enc[row, :, : int(enc_len[row])].clone())
+
+    try:
+        with engine.observe_encoder_output(hook):
+            await push_realtime_chunks(stream, to_pcm16(audio), chunk_bytes=3200)
+            final = await stream.finalize()
+    finally:
+        await stream.close()
+    return final, torch.cat(captured, dim=-1)

@@ -7,7 +7,14 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-from helpers import noise_clip, offline_decode, push_realtime_chunks, to_pcm16, wait_caught_up
+from helpers import (
+    noise_clip,
+    offline_decode,
+    push_realtime_chunks,
+    stream_capturing_encoder_output,
+    to_pcm16,
+    wait_caught_up,
+)
 
 from pipecat_nemotron.engine import (
     CapacityError,
@@ -38,24 +45,10 @@ async def test_streaming_equals_offline(engine: NemotronEngine, latency_ms: int)
     audio = noise_clip(2.37, seed=latency_ms)
     offline_tokens, offline_enc = offline_decode(engine, audio, latency_ms)
 
-    captured: list[torch.Tensor] = []
-    stream = engine.open_stream(latency_ms=latency_ms)
-
-    def hook(ids: list[int], enc: torch.Tensor, enc_len: torch.Tensor) -> None:
-        for row, sid in enumerate(ids):
-            if sid == stream.stream_id:
-                captured.append(enc[row, :, : int(enc_len[row])].clone())
-
-    try:
-        with engine.observe_encoder_output(hook):
-            await push_realtime_chunks(stream, to_pcm16(audio), chunk_bytes=3200)
-            final = await stream.finalize()
-    finally:
-        await stream.close()
+    final, streamed = await stream_capturing_encoder_output(engine, audio, latency_ms)
     # The same int16 rounding as the pushed audio.
     audio16 = np.frombuffer(to_pcm16(audio), dtype="<i2").astype(np.float32) / 32768.0
     offline_tokens, offline_enc = offline_decode(engine, audio16, latency_ms)
-    streamed = torch.cat(captured, dim=-1)
     assert streamed.shape == offline_enc.shape
     assert (streamed - offline_enc).abs().max().item() < 1e-4
     assert list(final.tokens) == offline_tokens

@@ -11,7 +11,14 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-from helpers import noise_clip, offline_decode, push_realtime_chunks, to_pcm16, turn
+from helpers import (
+    noise_clip,
+    offline_decode,
+    push_realtime_chunks,
+    run_language_switches,
+    stream_capturing_encoder_output,
+    to_pcm16,
+)
 
 from pipecat_nemotron.engine import EngineConfig, ModelLoadError, NemotronEngine
 
@@ -36,25 +43,6 @@ async def engine(tiny_multilingual_random_model):
     await eng.start()
     yield eng
     await eng.stop()
-
-
-async def _stream(engine: NemotronEngine, audio, latency_ms: int, language: str):
-    """Stream ``audio``; the final and the encoder output (after the language prompt) the decoder saw."""
-    captured: list[torch.Tensor] = []
-    stream = engine.open_stream(latency_ms=latency_ms, language=language)
-
-    def hook(ids: list[int], enc: torch.Tensor, enc_len: torch.Tensor) -> None:
-        for row, sid in enumerate(ids):
-            if sid == stream.stream_id:
-                captured.append(enc[row, :, : int(enc_len[row])].clone())
-
-    try:
-        with engine.observe_encoder_output(hook):
-            await push_realtime_chunks(stream, to_pcm16(audio), chunk_bytes=3200)
-            final = await stream.finalize()
-    finally:
-        await stream.close()
-    return final, torch.cat(captured, dim=-1)
 
 
 async def test_modes_and_languages_come_from_the_model(engine: NemotronEngine, tiny_random_model) -> None:
@@ -100,7 +88,7 @@ async def test_streaming_equals_offline_with_the_prompt(
         audio = noise_clip(2.13, seed=latency_ms)
         audio16 = np.frombuffer(to_pcm16(audio), dtype="<i2").astype(np.float32) / 32768.0
         for language in ("es-ES", "auto"):
-            final, streamed = await _stream(engine, audio, latency_ms, language)
+            final, streamed = await stream_capturing_encoder_output(engine, audio, latency_ms, language)
             tokens, offline = offline_decode(engine, audio16, latency_ms, language=language)
             assert final.language == language
             assert streamed.shape == offline.shape
@@ -138,7 +126,7 @@ async def test_streams_of_different_languages_batched_equal_each_alone(engine: N
     # The prompt is not decoration: one clip decoded under each language gives different encoder outputs.
     outputs = []
     for language in ("en-US", "es-ES"):
-        _, enc = await _stream(engine, clips[0], 160, language)
+        _, enc = await stream_capturing_encoder_output(engine, clips[0], 160, language)
         outputs.append(enc)
     assert (outputs[0] - outputs[1]).abs().max().item() > 1e-3
 
@@ -180,39 +168,11 @@ async def test_switching_between_modes_of_different_left_context(engine: Nemotro
 
 
 async def test_stt_service_language_and_settings_update(engine: NemotronEngine) -> None:
-    from pipecat.frames.frames import ErrorFrame, STTUpdateSettingsFrame, TranscriptionFrame
-    from pipecat.tests.utils import SleepFrame, run_test
     from pipecat.transcriptions.language import Language
 
-    from pipecat_nemotron.stt import NemotronSTTService, NemotronSTTSettings
+    from pipecat_nemotron.stt import NemotronSTTService
 
-    a, b, c = (to_pcm16(noise_clip(1.3, seed=80 + i)) for i in range(3))
-    expected = [
-        await engine.transcribe(a, language="es-ES"),
-        await engine.transcribe(b, language="es-ES"),  # the bad update is refused: still Spanish
-        await engine.transcribe(c, language="de-DE"),
-    ]
-    stt = NemotronSTTService(engine=engine, language=Language.ES)
-    down, up = await run_test(
-        stt,
-        frames_to_send=[
-            SleepFrame(sleep=0.2),
-            *turn(a),
-            STTUpdateSettingsFrame(delta=NemotronSTTSettings(language="fr")),
-            SleepFrame(sleep=0.1),
-            *turn(b),
-            STTUpdateSettingsFrame(delta=NemotronSTTSettings(language="de")),
-            SleepFrame(sleep=0.1),
-            *turn(c),
-        ],
-        start_timeout=5.0,
-    )
-    finals = [f for f in down if isinstance(f, TranscriptionFrame)]
-    assert [f.text for f in finals] == [e.text for e in expected]
-    assert [f.language for f in finals] == [Language.ES_ES, Language.ES_ES, Language.DE_DE]
-    assert [f.result.language for f in finals] == ["es-ES", "es-ES", "de-DE"]
-    errors = [f.error for f in up if isinstance(f, ErrorFrame)]
-    assert len(errors) == 1 and "'fr'" in errors[0] and "es-ES" in errors[0], errors
+    await run_language_switches(NemotronSTTService(engine=engine, language=Language.ES), engine)
 
 
 async def test_stt_service_rejects_a_language_the_model_lacks(tiny_random_model) -> None:

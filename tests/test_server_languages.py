@@ -14,14 +14,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import websockets
-from helpers import FRAME_BYTES, noise_clip, one_torch_thread, to_pcm16, turn
+from helpers import FRAME_BYTES, noise_clip, one_torch_thread, run_language_switches, to_pcm16
 from pipecat.frames.frames import (
-    ErrorFrame,
     InterimTranscriptionFrame,
-    STTUpdateSettingsFrame,
-    TranscriptionFrame,
 )
-from pipecat.tests.utils import SleepFrame, run_test
 from pipecat.transcriptions.language import Language
 from websockets.exceptions import ConnectionClosed
 
@@ -38,7 +34,6 @@ from pipecat_nemotron.server.protocol import (
     parse_server_message,
 )
 from pipecat_nemotron.server_stt import NemotronServerSTTService
-from pipecat_nemotron.stt_base import NemotronSTTSettings
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -158,33 +153,7 @@ async def test_language_the_model_lacks_is_refused_with_the_models_list(server: 
 
 
 async def test_pipecat_client_language_and_settings_update(server: ASRServer, engine: NemotronEngine) -> None:
-    a, b, c = clip(80, 1.3), clip(81, 1.3), clip(82, 1.3)
-    expected = [
-        await engine.transcribe(a, language="es-ES"),
-        await engine.transcribe(b, language="es-ES"),  # the refused update leaves it in Spanish
-        await engine.transcribe(c, language="de-DE"),
-    ]
     stt = NemotronServerSTTService(url=server.url, language=Language.ES)
-    down, up = await run_test(
-        stt,
-        frames_to_send=[
-            SleepFrame(sleep=0.3),
-            *turn(a),
-            STTUpdateSettingsFrame(delta=NemotronSTTSettings(language="fr")),
-            SleepFrame(sleep=0.1),
-            *turn(b),
-            STTUpdateSettingsFrame(delta=NemotronSTTSettings(language="de")),
-            SleepFrame(sleep=0.1),
-            *turn(c, wait=2.0),
-        ],
-        start_timeout=5.0,
-    )
-    finals = [f for f in down if isinstance(f, TranscriptionFrame)]
-    assert [f.text for f in finals] == [e.text for e in expected]
-    assert [f.language for f in finals] == [Language.ES_ES, Language.ES_ES, Language.DE_DE]
-    assert [f.result.language for f in finals] == ["es-ES", "es-ES", "de-DE"]
+    down, _ = await run_language_switches(stt, engine, start_sleep=0.3)
     interims = [f for f in down if isinstance(f, InterimTranscriptionFrame)]
     assert interims and interims[0].language == Language.ES_ES
-    errors = [f.error for f in up if isinstance(f, ErrorFrame)]
-    assert len(errors) == 1 and "'fr'" in errors[0] and "es-ES" in errors[0], errors
-    assert stt.language == "de"
