@@ -146,3 +146,18 @@ def test_scoring_and_stats() -> None:
     s = stats.summarize([1.0, 2.0, 3.0])
     assert s["n"] == 3 and s["p50"] == 2.0 and s["max"] == 3.0
     assert stats.summarize([])["p50"] is None
+
+
+def test_multilingual(tmp_path: Path) -> None:
+    data = _run("multilingual", "tiny", tmp_path, f"--models-dir {tmp_path} --batches 1 2 --repeats 2")
+    assert data["languages"] == ["en-US", "es-ES", "de-DE"] and data["num_prompts"] == 128
+    assert [r["batch"] for r in data["steps"]] == [1, 2]
+    for r in data["steps"]:
+        assert r["frames_per_row"] == 2  # the 160 ms mode
+        assert all(_positive(r[k]) for k in ("encoder_ms", "prompt_ms", "decode_ms"))
+        assert 0 < r["prompt_percent_of_step"] < r["prompt_percent_of_encoder"]
+    assert [r["locales"] for r in data["detection"]] == [3, 2]  # 40 capped at the model's 3
+    for r in data["detection"]:
+        assert (r["frames"], r["tokens"], r["encoder_steps"]) == (125, 40, 62.5)
+        assert _positive(r["detect_ms"]) and _positive(r["detect_over_encoder"])
+    assert _positive(data["flops"]["prompt_per_frame_per_locale"])

@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "cold-start": "cold_start",
     "encoder-step": "encoder_step",
     "eager": "eager",
+    "multilingual": "multilingual",
     # The WebSocket server's load test (its own module and options).
     "load": "load",
 }
