@@ -22,7 +22,7 @@ import aiohttp
 import numpy as np
 import pytest
 import pytest_asyncio
-import websockets
+import ws_client
 from helpers import (
     FRAME_BYTES,
     audio_frames,
@@ -45,6 +45,7 @@ from pipecat.tests.utils import SleepFrame, run_test
 from processes import free_port
 from test_stt import finals_of, latency_change_turns
 from websockets.exceptions import ConnectionClosed
+from ws_client import raw_messages, stream
 
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.metrics import ASRFinalizeMetricsData
@@ -138,19 +139,13 @@ async def server(engine: NemotronEngine):
 
 
 async def connect(url: str, token: str | None = TOKEN, **kwargs):
-    headers = dict(kwargs.pop("headers", {}) or {})
-    if token is not None:
-        headers["Authorization"] = f"Bearer {token}"
-    return await websockets.connect(
-        url, additional_headers=headers or None, subprotocols=[PROTOCOL_VERSION], **kwargs
-    )
+    """A protocol WebSocket with this file's token by default."""
+    return await ws_client.connect(url, token=token, **kwargs)
 
 
-async def open_session(url: str, config: ConfigMessage | None = None, **kwargs):
-    ws = await connect(url, **kwargs)
-    await ws.send((config or ConfigMessage()).to_json())
-    first = parse_server_message(await asyncio.wait_for(ws.recv(), 10))
-    return ws, first
+async def open_session(url: str, config: ConfigMessage | None = None, token: str | None = TOKEN, **kwargs):
+    """A session opened with this file's token by default: the socket and the server's first message."""
+    return await ws_client.open_session(url, config, token=token, **kwargs)
 
 
 async def expect_close(ws, code: int, timeout: float = 10.0) -> list:
@@ -173,13 +168,6 @@ async def wait_for(predicate, timeout: float = 10.0, what: str = "condition") ->
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)
-
-
-async def stream(ws, pcm: bytes, speed: float = 4.0) -> None:
-    """Send ``pcm`` in 20 ms frames at ``speed`` x real time."""
-    for i in range(0, len(pcm), FRAME_BYTES):
-        await ws.send(pcm[i : i + FRAME_BYTES])
-        await asyncio.sleep(0.02 / speed)
 
 
 async def in_process(engine: NemotronEngine, pcm: bytes, latency_ms: int = 160) -> tuple[list[str], str]:
@@ -314,17 +302,6 @@ async def test_round_trip_partials_and_final_equal_in_process(
     # Sent while the finalize was pending: the mode switches at that utterance boundary.
     assert latency == [LatencyMessage(latency_ms=560, applied="next_utterance")]
     await wait_for(free_slots_restored(server, engine), what="the slot to be freed")
-
-
-async def raw_messages(ws, timeout: float = 10.0) -> list[dict[str, Any]]:
-    """Read until the server closes; the JSON messages as sent."""
-    messages = []
-    with contextlib.suppress(ConnectionClosed):
-        async with asyncio.timeout(timeout):
-            async for raw in ws:
-                if isinstance(raw, str):
-                    messages.append(json.loads(raw))
-    return messages
 
 
 async def test_english_model_messages_carry_no_language_and_refuse_other_languages_and_modes(

@@ -8,30 +8,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-from typing import Any
 
 import pytest
 import pytest_asyncio
-import websockets
-from helpers import FRAME_BYTES, noise_clip, one_torch_thread, run_language_switches, to_pcm16
+from helpers import noise_clip, one_torch_thread, run_language_switches, to_pcm16
 from pipecat.frames.frames import (
     InterimTranscriptionFrame,
 )
 from pipecat.transcriptions.language import Language
 from websockets.exceptions import ConnectionClosed
+from ws_client import open_session, raw_messages, stream
 
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.server.app import ASRServer, ServerConfig
 from pipecat_nemotron.server.protocol import (
-    PROTOCOL_VERSION,
     CloseCode,
     ConfigMessage,
     ErrorMessage,
     ReadyMessage,
     SetLanguageMessage,
     SetLatencyMessage,
-    parse_server_message,
 )
 from pipecat_nemotron.server_stt import NemotronServerSTTService
 
@@ -71,29 +67,6 @@ def clip(seed: int, seconds: float = 1.2) -> bytes:
     return to_pcm16(noise_clip(seconds, seed=seed))
 
 
-async def open_session(url: str, config: ConfigMessage) -> tuple[Any, Any]:
-    ws = await websockets.connect(url, subprotocols=[PROTOCOL_VERSION])
-    await ws.send(config.to_json())
-    return ws, parse_server_message(await asyncio.wait_for(ws.recv(), 10))
-
-
-async def send_audio(ws, pcm: bytes) -> None:
-    for i in range(0, len(pcm), FRAME_BYTES):
-        await ws.send(pcm[i : i + FRAME_BYTES])
-        await asyncio.sleep(0.005)
-
-
-async def raw_messages(ws, timeout: float = 30.0) -> list[dict[str, Any]]:
-    """Read until the server closes; the JSON messages as sent."""
-    messages = []
-    with contextlib.suppress(ConnectionClosed):
-        async with asyncio.timeout(timeout):
-            async for raw in ws:
-                if isinstance(raw, str):
-                    messages.append(json.loads(raw))
-    return messages
-
-
 async def test_session_in_spanish_then_german_from_the_next_utterance(
     server: ASRServer, engine: NemotronEngine
 ) -> None:
@@ -108,12 +81,12 @@ async def test_session_in_spanish_then_german_from_the_next_utterance(
     assert ready.latency_modes == MODES and ready.languages == LANGUAGES
     assert (ready.latency_ms, ready.language) == (320, "es-ES") and "language" in ready.features
     for pcm in (a, b):
-        await send_audio(ws, pcm)
+        await stream(ws, pcm)
         await ws.send('{"type": "finalize"}')
     await ws.send(SetLanguageMessage("de").to_json())  # a final is pending: from the next utterance
     await ws.send(SetLanguageMessage("fr").to_json())  # refused, the session goes on
     await ws.send(SetLatencyMessage(240).to_json())  # a multiple of 80 the model lacks: refused too
-    await send_audio(ws, c)
+    await stream(ws, c)
     await ws.send('{"type": "finalize"}')
     await ws.send('{"type": "close"}')
     messages = await raw_messages(ws)
@@ -143,7 +116,7 @@ async def test_language_the_model_lacks_is_refused_with_the_models_list(server: 
     assert isinstance(answer, ErrorMessage) and "[80, 160, 320, 560, 1120]" in answer.message
     ws, ready = await open_session(server.url, ConfigMessage())  # no language: the server's default
     assert isinstance(ready, ReadyMessage) and ready.language == "auto"
-    await send_audio(ws, clip(83, 1.2))
+    await stream(ws, clip(83, 1.2))
     await ws.send('{"type": "finalize"}')
     await ws.send('{"type": "close"}')
     finals = [m for m in await raw_messages(ws) if m["type"] == "final"]

@@ -83,8 +83,9 @@ class EngineConfig:
             if the model has it. An English-only model accepts only English (or None).
         detect_language: At the final of an utterance decoded with ``"auto"``, score the words under each locale's
             prompt and report the best as ``detected_language`` (:mod:`~pipecat_nemotron.engine.language_id`;
-            for the 600M model and 40 locales about 60 GFLOP per 10 s utterance, ~40% of the encoder work of that
-            audio, only for ``auto`` streams). False: ``detected_language`` stays None.
+            for the 600M model and 40 locales about 52 GFLOP per 10 s utterance, ~34% of the encoder FLOPs of that
+            audio; it runs inside the step that produces the final, which it delays: 0.65-0.9 s on one CPU core,
+            ``docs/BENCHMARKS.md`` section 8). Only ``auto`` streams pay it. False: ``detected_language`` stays None.
         finalize_mode: ``"soft"`` keeps encoder caches and decoder state across utterances of a stream
             (context carries over, cheaper); ``"hard"`` resets them after each final (each utterance is
             decoded exactly as if it were a clip of its own).
