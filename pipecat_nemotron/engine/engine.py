@@ -319,7 +319,8 @@ class NemotronEngine:
         """Call ``hook(stream_ids, encoded, encoded_len)`` after every batched encoder forward inside the block.
 
         ``encoded`` is the encoder output of the forward's streams, ``[batch, features, encoder frames]`` (one
-        encoder frame is 80 ms), ``encoded_len`` its valid frames per stream; row ``i`` belongs to stream
+        encoder frame is 80 ms; on a multilingual model, after each stream's language prompt: what the decoder
+        sees), ``encoded_len`` its valid frames per stream; row ``i`` belongs to stream
         ``stream_ids[i]``. For tests and diagnostics: the hook runs on the model's worker thread inside the step
         (keep it cheap, copy what it keeps), and an exception it raises fails that forward's streams as a model
         error would (each stream is retried alone, so only the streams it raises for fail).

@@ -288,9 +288,18 @@ class ModelRunner:
         if not it.final:
             return
         languages = self.prompts.languages
-        scores = alignment_scores(
-            self.model, state.evidence, [self.prompts.index(k) for k in languages], self.prompts.num_prompts
-        )
+        try:
+            scores = alignment_scores(
+                self.model,
+                state.evidence,
+                [self.prompts.index(k) for k in languages],
+                self.prompts.num_prompts,
+            )
+        except Exception as e:  # the transcript stands without a detected language; say why
+            logger.warning(
+                f"ASR stream {state.stream_id}: language detection failed ({e!r}); no detected_language"
+            )
+            return
         state.detected_language = None if scores is None else languages[int(scores.argmax())]
 
     def _keep_caches(
