@@ -316,12 +316,15 @@ def set_prompt_identity(model: Any) -> None:
 def convert_english_model(english_path: Path, tok_dir: Path) -> Any:
     """The English tiny model as an ``EncDecHybridRNNTCTCBPEModelWithPrompt`` (five attention contexts, language
     prompts ``en-US``/``es-ES``/``auto``), English weights loaded and ``prompt_kernel`` set to the identity."""
+    from nemo.collections.asr.models import EncDecHybridRNNTCTCBPEModelWithPrompt
     from omegaconf import OmegaConf, open_dict
 
     english = restore(english_path)
     cfg = OmegaConf.create(OmegaConf.to_container(english.cfg, resolve=True))
     with open_dict(cfg):
         cfg.tokenizer = {"dir": str(tok_dir), "type": "bpe"}
+        # restore_from instantiates the class named here (the English config names the English class)
+        cfg.target = f"{EncDecHybridRNNTCTCBPEModelWithPrompt.__module__}.{EncDecHybridRNNTCTCBPEModelWithPrompt.__name__}"
         cfg.model_defaults.update(prompt_model_defaults(LANGUAGES))
         cfg.encoder.att_context_size = [list(c) for c in MULTILINGUAL_ATT_CONTEXT_SIZES]
         n = len(MULTILINGUAL_ATT_CONTEXT_SIZES)
@@ -331,8 +334,6 @@ def convert_english_model(english_path: Path, tok_dir: Path) -> Any:
             if key in cfg:
                 cfg[key].manifest_filepath = None
     with _quiet():
-        from nemo.collections.asr.models import EncDecHybridRNNTCTCBPEModelWithPrompt
-
         model = EncDecHybridRNNTCTCBPEModelWithPrompt(cfg=cfg)
     result = model.load_state_dict(english.state_dict(), strict=False)
     missing = [k for k in result.missing_keys if not k.startswith("prompt_kernel.")]
