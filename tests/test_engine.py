@@ -351,3 +351,34 @@ async def test_stop_while_loading_waits_for_the_load_and_stops_cleanly(tiny_rand
     assert not engine.running
     with pytest.raises(Exception, match="not been started|not running"):
         engine.open_stream()
+
+
+_ESCAPING_ERROR = """
+import asyncio, sys
+import numpy as np
+from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+
+async def main():
+    engine = NemotronEngine(EngineConfig(model=sys.argv[1], device="cpu", max_streams=2, warmup=False))
+    await engine.start()  # never stopped: the error below leaves it running
+    clip = (np.random.default_rng(0).standard_normal(16000) * 0.05).astype(np.float32)
+    await asyncio.gather(*(engine.transcribe(clip) for _ in range(4)))  # two of them: CapacityError
+
+asyncio.run(main())
+"""
+
+
+def test_an_error_escaping_asyncio_run_ends_the_process_with_its_traceback(tiny_random_model) -> None:
+    # asyncio.run cancels every task, the scheduler's included; streams still closing must not wait forever
+    # for a step that will never run (the process used to hang here, printing nothing).
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", _ESCAPING_ERROR, str(tiny_random_model)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "CapacityError: all 2 ASR stream slots are in use" in run.stderr

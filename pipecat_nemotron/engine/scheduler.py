@@ -155,8 +155,12 @@ class Scheduler:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        self._end_all(StreamClosedError("the engine was stopped"))
+
+    def _end_all(self, error: BaseException) -> None:
+        """End every stream with ``error`` and resolve every pending release: no step will run again."""
         for entry in list(self.streams.values()):
-            self._end(entry, StreamClosedError("the engine was stopped"), None)
+            self._end(entry, error, None)
         self.streams.clear()
         for futures in self._pending_releases.values():
             for fut in futures:
@@ -202,6 +206,9 @@ class Scheduler:
                 fut.set_result(None)
             return fut
         self._end(entry, finals_error, state.error if error is not None else None)
+        if self._task is None or self._task.done():  # no step will free the slot: nothing waits for one
+            fut.set_result(None)
+            return fut
         self._pending_releases.setdefault(state.stream_id, []).append(fut)
         self._wake.set()
         return fut
@@ -245,6 +252,9 @@ class Scheduler:
                     # Let pushes and other tasks run between steps, even under sustained load.
                     await asyncio.sleep(0)
         except asyncio.CancelledError:
+            # Cancelled without stop() (the event loop is shutting down, e.g. asyncio.run after an error):
+            # streams still closing wait on releases only this task resolves.
+            self._end_all(StreamClosedError("the engine's scheduler was cancelled; the engine is not running"))
             raise
         except BaseException as e:  # a bug in the scheduler itself: fail every stream loudly
             logger.exception(f"ASR scheduler crashed: {e!r}")
