@@ -12,6 +12,10 @@ ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 #: The tiny trained model of the Nemotron streaming family shipped with the package (CPU demo, tests).
 TINY_MODEL_PATH = ASSETS_DIR / "tiny_nemotron_asr.nemo"
 
+#: The tiny trained bilingual (en-US, es-ES) model of the multilingual prompt class (tests; see
+#: ``docs/TINY_MULTILINGUAL_MODEL.md``).
+TINY_MULTILINGUAL_MODEL_PATH = ASSETS_DIR / "tiny_nemotron_asr_multilingual.nemo"
+
 #: Bundled demo audio (held-out sentences of the tiny model) and its ``transcripts.json``.
 DEMO_AUDIO_DIR = ASSETS_DIR / "demo"
 

@@ -285,7 +285,12 @@ class ModelRunner:
         if state.evidence is None:
             state.evidence = UtteranceEvidence()
         state.evidence.add(encoded, tokens, frames)
-        if not it.final:
+        if it.final:
+            self.detect_final_language(state)
+
+    def detect_final_language(self, state: StreamState) -> None:
+        """Set ``state.detected_language`` from the utterance's evidence (at its final; worker thread only)."""
+        if self.prompts is None or state.evidence is None:
             return
         languages = self.prompts.languages
         try:

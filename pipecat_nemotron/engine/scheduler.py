@@ -92,8 +92,13 @@ class StepPlan:
 
     @property
     def runs_model(self) -> bool:
-        """The step needs the worker thread (forwards to run or slots to free)."""
-        return bool(self.groups or self.releases)
+        """The step needs the worker thread (forwards to run, slots to free, languages to detect)."""
+        return bool(self.groups or self.releases or self.detections)
+
+    @property
+    def detections(self) -> list[StreamState]:
+        """``immediate`` streams whose final still needs its language detected (``auto`` on the worker)."""
+        return [s for s in self.immediate if s.evidence is not None and s.detected_language is None]
 
     @property
     def latency_modes(self) -> tuple[int, ...]:
@@ -254,7 +259,9 @@ class Scheduler:
         except asyncio.CancelledError:
             # Cancelled without stop() (the event loop is shutting down, e.g. asyncio.run after an error):
             # streams still closing wait on releases only this task resolves.
-            self._end_all(StreamClosedError("the engine's scheduler was cancelled; the engine is not running"))
+            self._end_all(
+                StreamClosedError("the engine's scheduler was cancelled; the engine is not running")
+            )
             raise
         except BaseException as e:  # a bug in the scheduler itself: fail every stream loudly
             logger.exception(f"ASR scheduler crashed: {e!r}")
@@ -362,6 +369,8 @@ class Scheduler:
     def _execute(self, plan: StepPlan) -> float:
         """Run the step on the worker thread and detokenise the streams whose tokens changed."""
         step_ms = self.runner.run_step(plan.groups, plan.releases)
+        for state in plan.detections:
+            self.runner.detect_final_language(state)
         for it in plan.items:
             if it.error is None and it.new_tokens and not it.peek:
                 state = it.state
