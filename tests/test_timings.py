@@ -285,9 +285,12 @@ async def test_server_final_carries_words_only_when_asked(
                     assert "words" not in json.loads(raw)
                 assert isinstance(msg, FinalMessage) and msg.text == expected.text
                 if not asked:  # an old client sees exactly the v1 message it knows
+                    # An old client's final: no words, and (English model) no language fields either.
                     assert set(json.loads(raw)) == {"type", *(f.name for f in fields(FinalMessage))} - {
                         "words",
                         "confidence",
+                        "language",
+                        "detected_language",
                     }
                     continue
                 result = TranscriptResult.from_message(msg)
