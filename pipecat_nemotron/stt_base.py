@@ -134,7 +134,8 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
     Interim text is pushed as ``InterimTranscriptionFrame`` whenever it changes; each user turn ends in one
     ``TranscriptionFrame`` with ``finalized=True`` (Pipecat then reports TTFS) and, with metrics enabled,
     an ``asr_finalize`` processing metric. ``STTUpdateSettingsFrame(delta=NemotronSTTSettings(latency_ms=...))``
-    switches the latency mode; the model cannot change at run time.
+    switches the latency mode, ``language=...`` the language of a multilingual model (both from the next
+    utterance); the model cannot change at run time. Frames carry the language decoded with (or detected).
 
     With ``enable_eager_end_of_turn=True`` the service also predicts the end of the turn: when the user pauses
     for ``eager_silence_ms`` (see :class:`~pipecat_nemotron.eager.PauseDetector`) it pushes the utterance's
@@ -175,7 +176,8 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         """Validate and store the settings, then initialise the Pipecat service.
 
         Args:
-            latency_ms: Initial latency mode: 80, 160, 560 or 1120 ms.
+            latency_ms: Initial latency mode, one of the model's (80, 160, 560 or 1120 ms; the multilingual model
+                adds 320); checked against the model when it is loaded.
             model: Model name reported in the settings (None until a server announces it).
             language: Language of a multilingual model (Pipecat's ``Language``, ``"es-ES"``, ``"es"`` or
                 ``"auto"``); None: the model's default (``auto`` on the multilingual model, English on the
