@@ -66,6 +66,7 @@ async def test_modes_and_languages_come_from_the_model(engine: NemotronEngine, t
         with pytest.raises(ValueError, match="English only.*nemotron-3.5"):
             english.open_stream(language="es-ES")
         assert english.open_stream(language="en-GB").language is None
+        assert english.open_stream(language="auto").language is None  # what an English model does anyway
     finally:
         await english.stop()
 

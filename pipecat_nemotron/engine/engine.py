@@ -23,7 +23,7 @@ from pipecat_nemotron.engine.errors import (
     ModelLoadError,
     StreamFailedError,
 )
-from pipecat_nemotron.engine.languages import LanguagePrompts, is_english
+from pipecat_nemotron.engine.languages import AUTO, LanguagePrompts, is_english, language_code
 from pipecat_nemotron.engine.scheduler import Scheduler, StepStats
 from pipecat_nemotron.engine.state import StreamState
 from pipecat_nemotron.engine.stream import ASRStream
@@ -436,8 +436,8 @@ class NemotronEngine:
         """
         prompts = self._require().runner.prompts
         requested = self.config.default_language if language is None else language
-        if prompts is None:
-            if requested is not None and not is_english(requested):
+        if prompts is None:  # English only: English or "auto" (what this model does anyway) pass
+            if requested is not None and language_code(requested) != AUTO and not is_english(requested):
                 raise ValueError(
                     f"the loaded model ({self.config.model}) transcribes English only, got language "
                     f"{getattr(requested, 'value', requested)!r}; load a multilingual model such as "
@@ -480,7 +480,7 @@ def _check_defaults(config: EngineConfig, runner: ModelRunner) -> None:
     if config.default_language is None:
         return
     if runner.prompts is None:
-        if not is_english(config.default_language):
+        if language_code(config.default_language) != AUTO and not is_english(config.default_language):
             raise ModelLoadError(
                 f"default_language={config.default_language!r}, but {config.model} transcribes English only; "
                 f"load a multilingual model such as {MULTILINGUAL_MODEL!r}"
