@@ -434,18 +434,8 @@ class NemotronEngine:
                 model is asked for another language.
 
         """
-        prompts = self._require().runner.prompts
         requested = self.config.default_language if language is None else language
-        if prompts is None:  # English only: English or "auto" (what this model does anyway) pass
-            if requested is not None and language_code(requested) != AUTO and not is_english(requested):
-                raise ValueError(
-                    f"the loaded model ({self.config.model}) transcribes English only, got language "
-                    f"{getattr(requested, 'value', requested)!r}; load a multilingual model such as "
-                    f"{MULTILINGUAL_MODEL!r} for other languages"
-                )
-            return None, None
-        key = prompts.default() if requested is None else prompts.resolve(requested)
-        return key, prompts.index(key)
+        return _prompt_for(self._require().runner.prompts, requested, self.config.model)
 
     async def _close_stream(self, state: StreamState, error: BaseException | None = None) -> None:
         if self._scheduler is None or state.stream_id not in self._scheduler.streams:
@@ -477,16 +467,27 @@ def _check_defaults(config: EngineConfig, runner: ModelRunner) -> None:
             f"default_latency_ms={config.default_latency_ms} is not a mode of {config.model}; it offers "
             f"{sorted(runner.modes)} ms"
         )
-    if config.default_language is None:
-        return
-    if runner.prompts is None:
-        if language_code(config.default_language) != AUTO and not is_english(config.default_language):
-            raise ModelLoadError(
-                f"default_language={config.default_language!r}, but {config.model} transcribes English only; "
-                f"load a multilingual model such as {MULTILINGUAL_MODEL!r}"
-            )
-        return
     try:
-        runner.prompts.resolve(config.default_language)
+        _prompt_for(runner.prompts, config.default_language, config.model)
     except ValueError as e:
         raise ModelLoadError(f"default_language: {e}") from None
+
+
+def _prompt_for(prompts: LanguagePrompts | None, requested: Any, model: str) -> tuple[str | None, int | None]:
+    """``(prompt key, one-hot index)`` a stream asking for ``requested`` decodes with (None: the model's default).
+
+    Raises:
+        ValueError: The model has no such language (the message lists the model's), or an English-only model
+            (``prompts`` None: English and ``"auto"`` pass) is asked for another language.
+
+    """
+    if prompts is None:
+        if requested is not None and language_code(requested) != AUTO and not is_english(requested):
+            raise ValueError(
+                f"the loaded model ({model}) transcribes English only, got language "
+                f"{getattr(requested, 'value', requested)!r}; load a multilingual model such as "
+                f"{MULTILINGUAL_MODEL!r} for other languages"
+            )
+        return None, None
+    key = prompts.default() if requested is None else prompts.resolve(requested)
+    return key, prompts.index(key)
