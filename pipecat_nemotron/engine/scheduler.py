@@ -106,6 +106,14 @@ class StepPlan:
         return tuple(group.latency_ms for group in self.groups)
 
 
+def _apply_pending_changes(state: StreamState) -> None:
+    """Apply the stream's requested latency mode and language (between utterances only)."""
+    if state.pending_latency_ms is not None:
+        state.latency_ms, state.pending_latency_ms = state.pending_latency_ms, None
+    if state.pending_language is not None:
+        (state.language, state.prompt_index), state.pending_language = state.pending_language, None
+
+
 def _fail_finals(state: StreamState, error: BaseException) -> None:
     """Fail the stream's pending finalize and peek requests with ``error`` and forget them."""
     for pending in (*state.finals, *state.peeks):
@@ -220,19 +228,15 @@ class Scheduler:
 
     def request_language(self, state: StreamState, language: str | None, prompt_index: int | None) -> None:
         """Change a stream's language now if its utterance has not started decoding, else at the next boundary."""
+        state.pending_language = (language, prompt_index)
         if state.cursor.next_frame == 0 and not state.finals and not state.in_flight:
-            state.language, state.prompt_index = language, prompt_index
-            state.pending_language = None
-        else:
-            state.pending_language = (language, prompt_index)
+            _apply_pending_changes(state)
 
     def request_latency(self, state: StreamState, latency_ms: int) -> None:
         """Change a stream's mode now if its utterance has not started decoding, else at the next boundary."""
+        state.pending_latency_ms = latency_ms
         if state.cursor.next_frame == 0 and not state.finals and not state.in_flight:
-            state.latency_ms = latency_ms
-            state.pending_latency_ms = None
-        else:
-            state.pending_latency_ms = latency_ms
+            _apply_pending_changes(state)
 
     @staticmethod
     def _end(entry: StreamEntry, finals_error: BaseException, error: BaseException | None) -> None:
@@ -504,12 +508,7 @@ class Scheduler:
             state.encoder_started = False
             state.dec_state = None
             self._reset_slots.add(state.stream_id)
-        if state.pending_latency_ms is not None:
-            state.latency_ms = state.pending_latency_ms
-            state.pending_latency_ms = None
-        if state.pending_language is not None:
-            state.language, state.prompt_index = state.pending_language
-            state.pending_language = None
+        _apply_pending_changes(state)
         if not pending.future.done():
             pending.future.set_result(final)
         if state.cursor.end:
