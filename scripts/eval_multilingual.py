@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipecat_nemotron.bench.wer import normalize_text, word_errors
+from pipecat_nemotron.bench.wer import wer_percent
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.models import TINY_MULTILINGUAL_MODEL_PATH
 from pipecat_nemotron.wav_input import read_pcm16
@@ -28,8 +28,8 @@ HELDOUT = Path(__file__).resolve().parent.parent / "tests" / "assets" / "heldout
 
 
 def _wer(pairs: list[tuple[str, str]]) -> float:
-    errors = sum(word_errors(normalize_text(ref), normalize_text(hyp)) for ref, hyp in pairs)
-    return errors / max(1, sum(len(normalize_text(ref).split()) for ref, _ in pairs))
+    """Corpus word error rate of ``(reference, hypothesis)`` pairs, as a fraction."""
+    return (wer_percent([ref for ref, _ in pairs], [hyp for _, hyp in pairs]) or 0.0) / 100.0
 
 
 def _wrong(language: str, languages: tuple[str, ...]) -> str:

@@ -6,13 +6,14 @@ engine in the 160 ms and 320 ms modes with the right language, the wrong one, an
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
-from pipecat_nemotron.bench.wer import normalize_text, word_errors
+from pipecat_nemotron.bench.wer import wer_percent
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.models import TINY_MULTILINGUAL_MODEL_PATH
 from pipecat_nemotron.wav_input import read_pcm16
@@ -47,13 +48,11 @@ async def engine():
 
 
 def _wer(pairs: list[tuple[str, str]]) -> float:
-    errors = sum(word_errors(normalize_text(ref), normalize_text(hyp)) for ref, hyp in pairs)
-    return errors / sum(len(normalize_text(ref).split()) for ref, _ in pairs)
+    """Corpus word error rate of ``(reference, hypothesis)`` pairs, as a fraction."""
+    return (wer_percent([ref for ref, _ in pairs], [hyp for _, hyp in pairs]) or 0.0) / 100.0
 
 
 async def _decode(engine: NemotronEngine, clips, latency_ms: int, language_of) -> list:
-    import asyncio
-
     return await asyncio.gather(
         *(engine.transcribe(pcm, latency_ms=latency_ms, language=language_of(lang)) for pcm, _, lang in clips)
     )
