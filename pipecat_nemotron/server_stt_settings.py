@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from pipecat_nemotron.engine.languages import AUTO, LanguagePrompts, is_english
+from pipecat_nemotron.engine.languages import LanguagePrompts, resolve_prompt
 from pipecat_nemotron.server.protocol import (
     LANGUAGE_FEATURE,
     ReadyMessage,
@@ -25,26 +25,21 @@ from pipecat_nemotron.server.protocol import (
 def language_problem(ready: ReadyMessage | None, language: Any) -> str | None:
     """Why the session's server cannot decode ``language`` (None: it can, or no session is open yet).
 
+    The engine's own check (:func:`~pipecat_nemotron.engine.languages.resolve_prompt`) over the model the ``ready``
+    announces: its ``languages``, or English only when it lists none.
+
     Raises:
         ValueError: ``language`` is not a language code at all.
 
     """
     if ready is None:
         return None
-    if not ready.languages:  # an English-only model, or a server older than the "language" feature
-        if is_english(language):
-            return None
-        older = "" if LANGUAGE_FEATURE in ready.features else " (a server without the 'language' feature)"
-        return (
-            f"the ASR server's model ({ready.model}) transcribes English only{older}, got language "
-            f"{getattr(language, 'value', language)!r}"
-        )
-    locales = [k for k in ready.languages if k != AUTO]
-    keys = {k: i for i, k in enumerate([*locales, *([AUTO] if AUTO in ready.languages else [])])}
+    prompts = LanguagePrompts.from_keys(ready.languages) if ready.languages else None
     try:
-        LanguagePrompts(keys, len(keys)).resolve(language)
+        resolve_prompt(prompts, language, ready.model or "the ASR server's model")
     except ValueError as e:
-        return str(e)
+        older = "" if LANGUAGE_FEATURE in ready.features else " (a server without the 'language' feature)"
+        return f"{e}{older}"
     return None
 
 

@@ -42,6 +42,7 @@ from pipecat.frames.frames import (
 from pipecat.metrics.metrics import TTFBMetricsData
 from pipecat.pipeline.worker import PipelineParams
 from pipecat.tests.utils import SleepFrame, run_test
+from pipecat.transcriptions.language import Language
 from processes import free_port
 from test_stt import finals_of, latency_change_turns
 from websockets.exceptions import ConnectionClosed
@@ -71,6 +72,7 @@ from pipecat_nemotron.server.protocol import (
     parse_server_message,
 )
 from pipecat_nemotron.server_stt import NemotronServerSTTService
+from pipecat_nemotron.server_stt_settings import language_problem
 from pipecat_nemotron.wav_input import read_pcm16
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -317,6 +319,9 @@ async def test_english_model_messages_carry_no_language_and_refuse_other_languag
     ws, ready = await open_session(server.url, ConfigMessage(language="en-US", word_timings=True))
     assert isinstance(ready, ReadyMessage) and ready.languages == () and ready.language is None
     assert ready.latency_modes == (80, 160, 560, 1120) and "language" in ready.features
+    # The client checks a language against this ready as the server does: English and auto pass, Spanish not.
+    assert language_problem(ready, "auto") is None and language_problem(ready, Language.EN_GB) is None
+    assert "English only" in language_problem(ready, "es")
     await ws.send(SetLatencyMessage(320).to_json())  # a multiple of 80 the model lacks: non-fatal
     await ws.send(SetLanguageMessage("de").to_json())  # non-fatal too
     await ws.send(SetLanguageMessage("en").to_json())

@@ -16,14 +16,14 @@ import numpy as np
 from loguru import logger
 
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
-from pipecat_nemotron.engine.config import MULTILINGUAL_MODEL, EngineConfig, validate_latency_ms
+from pipecat_nemotron.engine.config import EngineConfig, validate_latency_ms
 from pipecat_nemotron.engine.errors import (
     CapacityError,
     EngineNotRunningError,
     ModelLoadError,
     StreamFailedError,
 )
-from pipecat_nemotron.engine.languages import AUTO, LanguagePrompts, is_english, language_code
+from pipecat_nemotron.engine.languages import LanguagePrompts, resolve_prompt
 from pipecat_nemotron.engine.scheduler import Scheduler, StepStats
 from pipecat_nemotron.engine.state import StreamState
 from pipecat_nemotron.engine.stream import ASRStream
@@ -435,7 +435,7 @@ class NemotronEngine:
 
         """
         requested = self.config.default_language if language is None else language
-        return _prompt_for(self._require().runner.prompts, requested, self.config.model)
+        return resolve_prompt(self._require().runner.prompts, requested, self.config.model)
 
     async def _close_stream(self, state: StreamState, error: BaseException | None = None) -> None:
         if self._scheduler is None or state.stream_id not in self._scheduler.streams:
@@ -468,26 +468,6 @@ def _check_defaults(config: EngineConfig, runner: ModelRunner) -> None:
             f"{sorted(runner.modes)} ms"
         )
     try:
-        _prompt_for(runner.prompts, config.default_language, config.model)
+        resolve_prompt(runner.prompts, config.default_language, config.model)
     except ValueError as e:
         raise ModelLoadError(f"default_language: {e}") from None
-
-
-def _prompt_for(prompts: LanguagePrompts | None, requested: Any, model: str) -> tuple[str | None, int | None]:
-    """``(prompt key, one-hot index)`` a stream asking for ``requested`` decodes with (None: the model's default).
-
-    Raises:
-        ValueError: The model has no such language (the message lists the model's), or an English-only model
-            (``prompts`` None: English and ``"auto"`` pass) is asked for another language.
-
-    """
-    if prompts is None:
-        if requested is not None and language_code(requested) != AUTO and not is_english(requested):
-            raise ValueError(
-                f"the loaded model ({model}) transcribes English only, got language "
-                f"{getattr(requested, 'value', requested)!r}; load a multilingual model such as "
-                f"{MULTILINGUAL_MODEL!r} for other languages"
-            )
-        return None, None
-    key = prompts.default() if requested is None else prompts.resolve(requested)
-    return key, prompts.index(key)

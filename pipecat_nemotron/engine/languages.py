@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pipecat_nemotron.engine.config import MULTILINGUAL_MODEL
+
 #: Prompt key of the language-agnostic prompt ("work out the language yourself").
 AUTO = "auto"
 
@@ -71,6 +73,11 @@ class LanguagePrompts:
             )
         return cls({str(k): int(v) for k, v in dictionary.items()}, num_prompts)
 
+    @classmethod
+    def from_keys(cls, keys: tuple[str, ...] | list[str]) -> LanguagePrompts:
+        """Prompts numbered in the order of ``keys`` (what a server's ``ready.languages`` lists)."""
+        return cls({k: i for i, k in enumerate(keys)}, max(1, len(keys)))
+
     @property
     def languages(self) -> tuple[str, ...]:
         """The model's locales (without ``"auto"``), in index order."""
@@ -112,3 +119,28 @@ class LanguagePrompts:
     def index(self, key: str) -> int:
         """One-hot index of a resolved prompt key."""
         return self.dictionary[key]
+
+
+def resolve_prompt(
+    prompts: LanguagePrompts | None, requested: Any, model: str
+) -> tuple[str | None, int | None]:
+    """``(prompt key, one-hot index)`` a stream asking for ``requested`` decodes with (None: the model's default).
+
+    The one language check of the engine (streams, the configured default) and of the server client (against the
+    ``ready`` of its session).
+
+    Raises:
+        ValueError: The model has no such language (the message lists the model's), or an English-only model
+            (``prompts`` None: English and ``"auto"`` pass) is asked for another language.
+
+    """
+    if prompts is None:
+        if requested is not None and language_code(requested) != AUTO and not is_english(requested):
+            raise ValueError(
+                f"the loaded model ({model}) transcribes English only, got language "
+                f"{getattr(requested, 'value', requested)!r}; load a multilingual model such as "
+                f"{MULTILINGUAL_MODEL!r} for other languages"
+            )
+        return None, None
+    key = prompts.default() if requested is None else prompts.resolve(requested)
+    return key, prompts.index(key)
