@@ -32,6 +32,7 @@ class UtteranceEvidence:
             :data:`MAX_DETECTION_FRAMES` in all.
         token_frames: Encoder frame (within ``frames`` joined) of each token of the utterance.
         tokens: The utterance's token ids (those emitted within the kept frames).
+        num_frames: Encoder frames kept so far (the joined length of ``frames``).
 
     """
 
