@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 import wave
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -133,8 +133,9 @@ GREETINGS = ("hello", "hi", "hey")
 POLITE_SUFFIX = ("please", "thanks", "thank you")
 
 
-def _digits(rng: random.Random, lo: int, hi: int) -> str:
-    return " ".join(rng.choice(DIGITS) for _ in range(rng.randint(lo, hi)))
+def digit_string(rng: random.Random, lo: int, hi: int, digits: Sequence[str] = DIGITS) -> str:
+    """``lo`` to ``hi`` spoken digits drawn from ``digits``."""
+    return " ".join(rng.choice(digits) for _ in range(rng.randint(lo, hi)))
 
 
 def _core(rng: random.Random) -> str:
@@ -157,7 +158,7 @@ def _core(rng: random.Random) -> str:
             ("stop", "cancel", "cancel the timer", "stop the timer", "stop please", "cancel that")
         )
     if k < 0.74:
-        return rng.choice(("my number is ", "the code is ", "")) + _digits(rng, 2, 6)
+        return rng.choice(("my number is ", "the code is ", "")) + digit_string(rng, 2, 6)
     if k < 0.82:
         return rng.choice(
             ("yes", "no", "yes please", "no thanks", "no thank you", "thank you", "okay", "yes okay")
@@ -173,17 +174,36 @@ def _core(rng: random.Random) -> str:
     return rng.choice(GREETINGS) + (f" {rng.choice(GREETINGS)}" if rng.random() < 0.2 else "")
 
 
-def sample_sentence(rng: random.Random) -> str:
-    """A random sentence: optional greeting + one or two cores + optional polite suffix."""
+def compose_sentence(
+    rng: random.Random,
+    core: Callable[[random.Random], str],
+    greetings: Sequence[str],
+    conjunction: str,
+    suffixes: Sequence[str],
+) -> str:
+    """One sentence of a language's grammar: optional greeting + one or two cores + optional polite suffix.
+
+    Args:
+        rng: The draw.
+        core: Draws one request or answer of the language.
+        greetings: Greetings that may open the sentence.
+        conjunction: The word (with its trailing space) that may join a second core.
+        suffixes: Polite endings that may close the sentence.
+    """
     parts: list[str] = []
     if rng.random() < 0.25:
-        parts.append(rng.choice(GREETINGS))
-    parts.append(_core(rng))
+        parts.append(rng.choice(greetings))
+    parts.append(core(rng))
     if rng.random() < 0.15:
-        parts.append(rng.choice(("and ", "")) + _core(rng))
+        parts.append(rng.choice((conjunction, "")) + core(rng))
     if rng.random() < 0.2:
-        parts.append(rng.choice(POLITE_SUFFIX))
+        parts.append(rng.choice(suffixes))
     return " ".join(parts)
+
+
+def sample_sentence(rng: random.Random) -> str:
+    """A random English sentence (:func:`compose_sentence` over :func:`_core`)."""
+    return compose_sentence(rng, _core, GREETINGS, "and ", POLITE_SUFFIX)
 
 
 def heldout_bucket(text: str) -> str:
@@ -201,12 +221,17 @@ def heldout_bucket(text: str) -> str:
     return "train"
 
 
-def vocabulary() -> list[str]:
-    """Every word the sentence generator can produce (for the model card)."""
+def vocabulary(sentence: Callable[[random.Random], str] = sample_sentence, draws: int = 200_000) -> list[str]:
+    """Every word a sentence generator can produce (for the model card and the tokenizer check).
+
+    Args:
+        sentence: The generator (English by default); its labels, as trained on.
+        draws: Sentences drawn (enough that every word of the grammar shows up).
+    """
     rng = random.Random(0)
     words: set[str] = set()
-    for _ in range(200_000):
-        words.update(sample_sentence(rng).split())
+    for _ in range(draws):
+        words.update(sentence(rng).split())
     return sorted(words)
 
 
@@ -427,12 +452,28 @@ def make_specs(
     bases: Sequence[str],
     variants: Sequence[str],
     aug: str,
+    sentence: Callable[[random.Random], str] = sample_sentence,
+    label: Callable[[str], str] = str,
+    max_words: int | None = None,
 ) -> list[UttSpec]:
-    """Draw ``n`` utterance specs whose sentences fall in ``split`` (see :func:`heldout_bucket`)."""
+    """Draw ``n`` utterance specs whose sentences fall in ``split`` (see :func:`heldout_bucket`).
+
+    Args:
+        rng: The draw.
+        n: Specs wanted.
+        split: ``train``, ``val`` or ``test``: the :func:`heldout_bucket` of each sentence's label.
+        prefix: Name prefix (names are ``{prefix}_{index:06d}``).
+        bases: espeak-ng voices to draw from.
+        variants: espeak-ng voice variants to draw from (``""`` for none).
+        aug: The augmentation kind of every spec.
+        sentence: The sentence generator (English by default); specs keep its spoken text.
+        label: The training label of a spoken sentence (identity for English).
+        max_words: Longer sentences are skipped (None: no limit).
+    """
     specs: list[UttSpec] = []
     while len(specs) < n:
-        text = sample_sentence(rng)
-        if heldout_bucket(text) != split:
+        text = sentence(rng)
+        if heldout_bucket(label(text)) != split or (max_words is not None and len(text.split()) > max_words):
             continue
         base, var = rng.choice(bases), rng.choice(variants)
         voice = f"{base}+{var}" if var else base
@@ -1134,7 +1175,7 @@ TRAINING_OPTIONS: dict[str, tuple[Any, str | None]] = {
 }
 
 
-def _add_options(group: argparse._ArgumentGroup, options: dict[str, tuple[Any, str | None]]) -> None:
+def add_options(group: argparse._ArgumentGroup, options: dict[str, tuple[Any, str | None]]) -> None:
     """``--<name>`` per entry of ``options``, typed like its default."""
     for name, (default, help_text) in options.items():
         group.add_argument("--" + name.replace("_", "-"), type=type(default), default=default, help=help_text)
@@ -1148,14 +1189,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="stages to run, in the order given ('all' = data accents sessions tokenizer recipe export assets)",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=1234)
-    _add_options(p.add_argument_group("data"), DATA_OPTIONS)
+    add_options(p.add_argument_group("data"), DATA_OPTIONS)
     train = p.add_argument_group("model and training")
     train.add_argument(
         "--train-manifest",
         default="train_manifest.json",
         help="training manifest under data/tiny_asr/ (phase 4: train_mix_manifest.json, phase 5: train_all_manifest.json)",
     )
-    _add_options(train, TRAINING_OPTIONS)
+    add_options(train, TRAINING_OPTIONS)
     train.add_argument("--resume", action="store_true", help="resume from <run-dir>/checkpoints/last.ckpt")
     train.add_argument(
         "--init-from", default=None, help="start training from this checkpoint's weights (new schedule)"
@@ -1173,21 +1214,34 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Run the requested stages."""
-    args = parse_args(argv)
+def run_stages(
+    args: argparse.Namespace,
+    stages: dict[str, Callable[[argparse.Namespace], None]],
+    everything: Sequence[str],
+) -> None:
+    """Run ``args.stages`` in the order given (``all`` = ``everything``), timing each, from the repository root.
+
+    Args:
+        args: The parsed command line (``stages`` and ``seed`` are read here).
+        stages: Stage name -> the function that runs it.
+        everything: The stages ``all`` stands for, in order.
+    """
     # With OpenMP's default busy-wait, two torch threads sharing 2 cores with another busy process ran 2-10x
     # slower per step than with passive waiting (measured). Must be set before torch is imported.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.chdir(REPO_ROOT)
     random.seed(args.seed)
     np.random.seed(args.seed % 2**32)
-    stages: list[str] = []
-    for s in args.stages:
-        stages += (
-            ["data", "accents", "sessions", "tokenizer", "recipe", "export", "assets"] if s == "all" else [s]
-        )
-    fns = {
+    for name in [s for asked in args.stages for s in (everything if asked == "all" else [asked])]:
+        t0 = time.perf_counter()
+        stages[name](args)
+        print(f"[{name}] {time.perf_counter() - t0:.1f} s", flush=True)
+    sys.stdout.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the requested stages."""
+    stages = {
         "data": stage_data,
         "accents": stage_accents,
         "sessions": stage_sessions,
@@ -1198,11 +1252,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "export": stage_export,
         "assets": stage_assets,
     }
-    for s in stages:
-        t0 = time.perf_counter()
-        fns[s](args)
-        print(f"[{s}] {time.perf_counter() - t0:.1f} s", flush=True)
-    sys.stdout.flush()
+    run_stages(
+        parse_args(argv), stages, ["data", "accents", "sessions", "tokenizer", "recipe", "export", "assets"]
+    )
 
 
 if __name__ == "__main__":

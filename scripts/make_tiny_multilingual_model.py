@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import sys
 import tarfile
@@ -49,12 +48,15 @@ from make_tiny_model import (  # noqa: E402
     TRAIN_BASES,
     TRAIN_VARIANTS,
     UttSpec,
+    add_options,
     augment,
-    heldout_bucket,
+    compose_sentence,
+    digit_string,
     make_specs,
     render_set,
-    sample_sentence,
+    run_stages,
     synth_raw,
+    vocabulary,
     write_wav,
 )
 
@@ -100,10 +102,6 @@ def fold(text: str) -> str:
     return "".join(c for c in decomposed if not unicodedata.combining(c))
 
 
-def _es_digits(rng: random.Random, lo: int, hi: int) -> str:
-    return " ".join(rng.choice(ES_DIGITS) for _ in range(rng.randint(lo, hi)))
-
-
 def _es_core(rng: random.Random) -> str:
     """One core request/answer of a Spanish voice-agent turn (parallel to ``make_tiny_model._core``)."""
     k = rng.random()
@@ -124,7 +122,7 @@ def _es_core(rng: random.Random) -> str:
             ("para", "cancela", "cancela el temporizador", "para el temporizador", "cancela eso")
         )
     if k < 0.74:
-        return rng.choice(("mi número es ", "el código es ", "")) + _es_digits(rng, 2, 6)
+        return rng.choice(("mi número es ", "el código es ", "")) + digit_string(rng, 2, 6, ES_DIGITS)
     if k < 0.82:
         return rng.choice(("sí", "no", "sí por favor", "no gracias", "muchas gracias", "vale", "sí vale"))
     if k < 0.88:
@@ -138,58 +136,21 @@ def _es_core(rng: random.Random) -> str:
 
 def es_sample_sentence(rng: random.Random) -> str:
     """A random Spanish sentence as spoken (accents, ``ñ``); its label is :func:`fold` of it."""
-    parts: list[str] = []
-    if rng.random() < 0.25:
-        parts.append(rng.choice(ES_GREETINGS))
-    parts.append(_es_core(rng))
-    if rng.random() < 0.15:
-        parts.append(rng.choice(("y ", "")) + _es_core(rng))
-    if rng.random() < 0.2:
-        parts.append(rng.choice(ES_POLITE_SUFFIX))
-    return " ".join(parts)
+    return compose_sentence(rng, _es_core, ES_GREETINGS, "y ", ES_POLITE_SUFFIX)
 
 
-def es_vocabulary() -> list[str]:
-    """Every (folded) Spanish word the generator can produce."""
-    rng = random.Random(0)
-    words: set[str] = set()
-    for _ in range(100_000):
-        words.update(fold(es_sample_sentence(rng)).split())
-    return sorted(words)
-
-
-def en_vocabulary() -> list[str]:
-    """Every English word the English generator can produce."""
-    rng = random.Random(0)
-    words: set[str] = set()
-    for _ in range(100_000):
-        words.update(sample_sentence(rng).split())
-    return sorted(words)
+def es_label(rng: random.Random) -> str:
+    """A random Spanish sentence's training label (:func:`fold` of :func:`es_sample_sentence`)."""
+    return fold(es_sample_sentence(rng))
 
 
 def make_es_specs(
-    rng: random.Random, n: int, split: str, prefix: str, aug: str, max_words: int = 99
+    rng: random.Random, n: int, split: str, prefix: str, aug: str, max_words: int | None = None
 ) -> list[UttSpec]:
-    """Spanish utterance specs whose (folded) sentences fall in ``split`` (``heldout_bucket`` of the label)."""
-    specs: list[UttSpec] = []
-    while len(specs) < n:
-        text = es_sample_sentence(rng)
-        if heldout_bucket(fold(text)) != split or len(text.split()) > max_words:
-            continue
-        base, var = rng.choice(ES_BASES), rng.choice(TRAIN_VARIANTS)
-        specs.append(
-            UttSpec(
-                name=f"{prefix}_{len(specs):06d}",
-                text=text,
-                voice=f"{base}+{var}" if var else base,
-                speed=rng.randint(125, 250),
-                pitch=rng.randint(15, 85),
-                gap=rng.choice((0, 0, 0, 0, 1, 2, 3, 5, 8)),
-                seed=rng.randrange(2**31),
-                aug=aug,
-            )
-        )
-    return specs
+    """Spanish utterance specs (spoken text) whose folded sentences fall in ``split`` (``heldout_bucket``)."""
+    return make_specs(
+        rng, n, split, prefix, ES_BASES, TRAIN_VARIANTS, aug, es_sample_sentence, fold, max_words
+    )
 
 
 def _label_manifest(rows: list[dict[str, Any]], manifest: Path, language: str) -> list[dict[str, Any]]:
@@ -235,7 +196,7 @@ def stage_data(args: argparse.Namespace) -> None:
     }
     tok_dir = extract_tokenizer(TINY_MODEL_PATH, DATA_DIR / "tokenizer")
     _check_tokenizer_coverage(
-        [fold(s.text) for specs, _ in sets.values() for s in specs] + es_vocabulary(),
+        [fold(s.text) for specs, _ in sets.values() for s in specs] + vocabulary(es_label, 100_000),
         tok_dir / "tokenizer.model",
     )
     for name, (specs, lang) in sets.items():
@@ -860,11 +821,6 @@ TRAINING_OPTIONS: dict[str, tuple[Any, str | None]] = {
 }
 
 
-def _add_options(group: argparse._ArgumentGroup, options: dict[str, tuple[Any, str | None]]) -> None:
-    for name, (default, help_text) in options.items():
-        group.add_argument("--" + name.replace("_", "-"), type=type(default), default=default, help=help_text)
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -875,8 +831,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="stages to run, in the order given ('all' = data train export assets eval)",
     )
     p.add_argument("--seed", type=int, default=4321)
-    _add_options(p.add_argument_group("data"), DATA_OPTIONS)
-    _add_options(p.add_argument_group("training"), TRAINING_OPTIONS)
+    add_options(p.add_argument_group("data"), DATA_OPTIONS)
+    add_options(p.add_argument_group("training"), TRAINING_OPTIONS)
     p.add_argument("--run-dir", default=str(RUN_DIR))
     p.add_argument("--out", default=str(MULTILINGUAL_MODEL_PATH))
     return p.parse_args(argv)
@@ -884,25 +840,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the requested stages."""
-    args = parse_args(argv)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    os.chdir(REPO_ROOT)
-    random.seed(args.seed)
-    np.random.seed(args.seed % 2**32)
-    stages: list[str] = []
-    for s in args.stages:
-        stages += ["data", "train", "export", "assets", "eval"] if s == "all" else [s]
-    fns = {
+    stages = {
         "data": stage_data,
         "train": stage_train,
         "export": stage_export,
         "assets": stage_assets,
         "eval": stage_eval,
     }
-    for s in stages:
-        t0 = time.perf_counter()
-        fns[s](args)
-        print(f"[{s}] {time.perf_counter() - t0:.1f} s", flush=True)
+    run_stages(parse_args(argv), stages, ["data", "train", "export", "assets", "eval"])
 
 
 if __name__ == "__main__":
