@@ -61,6 +61,7 @@ from make_tiny_model import (  # noqa: E402
 )
 
 from pipecat_nemotron.bench.common import REPO_ROOT  # noqa: E402
+from pipecat_nemotron.bench.wer import wer_percent  # noqa: E402
 from pipecat_nemotron.engine.architectures import (  # noqa: E402
     AUTO_LANGUAGE,
     MULTILINGUAL_ATT_CONTEXT_SIZES,
@@ -386,10 +387,8 @@ def transcribe(
 
 
 def wer(hyps: Sequence[str], refs: Sequence[str]) -> float:
-    """Corpus word error rate."""
-    from nemo.collections.asr.metrics.wer import word_error_rate
-
-    return float(word_error_rate(hypotheses=list(hyps), references=list(refs)))
+    """Corpus word error rate as a fraction (the engine tests' :func:`wer_percent` / 100)."""
+    return (wer_percent(refs, hyps) or 0.0) / 100.0
 
 
 # --------------------------------------------------------------------------------------------------------------
