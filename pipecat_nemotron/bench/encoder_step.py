@@ -154,18 +154,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     flush=True,
                 )
     result["rows"] = rows
-    table = output.format_table(
-        ["mode ms", "batch", "NeMo step ms", "fast step ms", "NeMo / fast", "max |enc diff|"],
+    table = output.format_rows(
+        rows,
         [
-            [
-                r["mode_ms"],
-                r["batch"],
-                r["nemo_ms"],
-                r["fast_ms"],
-                r["nemo_over_fast"],
-                f"{r['max_abs_diff']:.1e}",
-            ]
-            for r in rows
+            ("mode ms", "mode_ms"),
+            ("batch", "batch"),
+            ("NeMo step ms", "nemo_ms"),
+            ("fast step ms", "fast_ms"),
+            ("NeMo / fast", "nemo_over_fast"),
+            ("max |enc diff|", lambda r: f"{r['max_abs_diff']:.1e}"),
         ],
     )
     output.finish(args.out, NAME, result, None, table)

@@ -309,39 +309,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["flops"] = _flops(model, prompts, cells[min(cells)].frames_out, frames, len(evidence.tokens))
     result["steps"] = step_rows
     result["detection"] = detect_rows
-    table = output.format_table(
-        ["batch", "encoder step ms", "prompt ms", "prompt % of encoder", "decode ms", "prompt % of step"],
+    table = output.format_rows(
+        step_rows,
         [
-            [
-                r["batch"],
-                r["encoder_ms"],
-                r["prompt_ms"],
-                r["prompt_percent_of_encoder"],
-                r["decode_ms"],
-                r["prompt_percent_of_step"],
-            ]
-            for r in step_rows
+            ("batch", "batch"),
+            ("encoder step ms", "encoder_ms"),
+            ("prompt ms", "prompt_ms"),
+            ("prompt % of encoder", "prompt_percent_of_encoder"),
+            ("decode ms", "decode_ms"),
+            ("prompt % of step", "prompt_percent_of_step"),
         ],
     )
-    table += "\n\n" + output.format_table(
+    table += "\n\n" + output.format_rows(
+        detect_rows,
         [
-            "locales",
-            "frames",
-            "tokens",
-            "detection ms",
-            "encoder ms of the same audio",
-            "detection / encoder",
-        ],
-        [
-            [
-                r["locales"],
-                r["frames"],
-                r["tokens"],
-                r["detect_ms"],
-                r["encoder_ms_same_audio"],
-                r["detect_over_encoder"],
-            ]
-            for r in detect_rows
+            ("locales", "locales"),
+            ("frames", "frames"),
+            ("tokens", "tokens"),
+            ("detection ms", "detect_ms"),
+            ("encoder ms of the same audio", "encoder_ms_same_audio"),
+            ("detection / encoder", "detect_over_encoder"),
         ],
     )
     f = result["flops"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,16 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def format_rows(
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str | Callable[[Mapping[str, Any]], Any]]]
+) -> str:
+    """A Markdown table of result rows: one column per ``(header, key)``, or ``(header, row -> cell)``."""
+    return format_table(
+        [header for header, _ in columns],
+        [[take(r) if callable(take) else r[take] for _, take in columns] for r in rows],
+    )
 
 
 def finish(out_dir: Path, name: str, result: dict[str, Any], fig: Any | None, summary: str) -> None:
