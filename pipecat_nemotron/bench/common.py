@@ -292,6 +292,26 @@ def resolve_model(spec: str, models_dir: Path) -> ModelSpec:
     return ModelSpec(path, path.stem, "random" in path.stem, "custom")
 
 
+def load_bench_model(spec: ModelSpec, device: str) -> tuple[Any, Any, Any]:
+    """Load a model as the engine would (its device and default dtype), for benchmarks that time its parts.
+
+    Args:
+        spec: The model.
+        device: ``cpu``, ``cuda`` or ``cuda:N`` (``auto`` picks CUDA when present).
+
+    Returns:
+        ``(model, torch device, torch dtype)``.
+
+    """
+    from pipecat_nemotron.engine import EngineConfig
+    from pipecat_nemotron.engine.loading import load_asr_model, resolve_dtype, resolve_torch_device
+
+    torch_device = resolve_torch_device(device)
+    dtype = resolve_dtype("auto", torch_device)
+    model = load_asr_model(EngineConfig(model=str(spec.path), device=str(torch_device)), torch_device, dtype)
+    return model, torch_device, dtype
+
+
 def bench_engine(
     model: str | Path,
     device: str,

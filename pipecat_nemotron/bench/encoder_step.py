@@ -132,16 +132,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure every (mode, batch) cell; write JSON under ``args.out``; return the result."""
     import torch
 
-    from pipecat_nemotron.engine import EngineConfig
-    from pipecat_nemotron.engine.loading import load_asr_model, resolve_dtype, resolve_torch_device
-
     spec = common.resolve_model(args.model, args.models_dir)
     result = output.result_header(NAME, args)
     result["model"] = spec.as_dict()
     with common.bench_context(args), torch.inference_mode():
-        device = resolve_torch_device(args.device)
-        dtype = resolve_dtype("auto", device)
-        model = load_asr_model(EngineConfig(model=str(spec.path), device=str(device)), device, dtype)
+        model, _, dtype = common.load_bench_model(spec, args.device)
         result["dtype"] = str(dtype).replace("torch.", "")
         rows = []
         for mode in args.modes:

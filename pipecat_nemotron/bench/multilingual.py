@@ -213,18 +213,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure every cell; write JSON (+ PNG) under ``args.out``; return the result."""
     import torch
 
-    from pipecat_nemotron.engine import EngineConfig
     from pipecat_nemotron.engine.language_id import alignment_scores
-    from pipecat_nemotron.engine.loading import load_asr_model, resolve_dtype, resolve_torch_device
     from pipecat_nemotron.engine.runner import ModelRunner
 
     spec = resolve_prompt_model(args.model, args.locales, args.models_dir)
     result = output.result_header(NAME, args)
     result["model"] = spec.as_dict()
     with common.bench_context(args), torch.inference_mode():
-        device = resolve_torch_device(args.device)
-        dtype = resolve_dtype("auto", device)
-        model = load_asr_model(EngineConfig(model=str(spec.path), device=str(device)), device, dtype)
+        model, device, dtype = common.load_bench_model(spec, args.device)
         result["dtype"] = str(dtype).replace("torch.", "")
         runner = ModelRunner(
             model, max(args.batches), device, dtype, max_batch=max(args.batches), cuda_graphs=False
