@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import aiohttp
 import pytest
 import pytest_asyncio
 from helpers import noise_clip, one_torch_thread, run_language_switches, to_pcm16
@@ -123,6 +124,18 @@ async def test_language_the_model_lacks_is_refused_with_the_models_list(server: 
     # An auto utterance says which of the model's locales it was in.
     assert len(finals) == 1 and finals[0]["language"] == "auto"
     assert finals[0]["detected_language"] in ("en-US", "es-ES", "de-DE"), finals
+
+
+async def test_info_and_metrics_list_the_models_languages(server: ASRServer) -> None:
+    """An operator sees what a server transcribes from /v1/info and from the Prometheus info metric."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{server.http_url}/v1/info") as r:
+            info = await r.json()
+        async with http.get(f"{server.http_url}/metrics") as r:
+            metrics = await r.text()
+    assert info["languages"] == list(LANGUAGES) and info["latency_modes"] == list(MODES)
+    (line,) = [m for m in metrics.splitlines() if m.startswith("nemotron_asr_server_info{")]
+    assert f'languages="{",".join(LANGUAGES)}"' in line and 'latency_modes="80,160,320,560,1120"' in line
 
 
 async def test_pipecat_client_language_and_settings_update(server: ASRServer, engine: NemotronEngine) -> None:

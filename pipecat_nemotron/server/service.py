@@ -145,6 +145,7 @@ class ASRService:
                 "dtype": info.dtype,
                 "protocol": PROTOCOL_VERSION,
                 "latency_modes": ",".join(str(m) for m in info.latency_modes),
+                "languages": ",".join(info.languages),  # empty on an English-only model
             }
         )
         self.metrics.capacity.set(self.max_sessions)
