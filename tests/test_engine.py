@@ -7,6 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 import torch
+from conftest import TRAINED_MODEL
 from helpers import (
     noise_clip,
     offline_decode,
@@ -24,6 +25,8 @@ from pipecat_nemotron.engine import (
     StreamClosedError,
     StreamFailedError,
 )
+from pipecat_nemotron.models import DEMO_AUDIO_DIR
+from pipecat_nemotron.wav_input import read_float32
 
 MODES = (80, 160, 560, 1120)
 
@@ -300,6 +303,47 @@ async def test_model_load_errors(tmp_path) -> None:
         EngineConfig(default_latency_ms=100)
     with pytest.raises(ValueError, match="finalize_mode"):
         EngineConfig(finalize_mode="medium")  # type: ignore[arg-type]
+
+
+async def test_two_models_loading_at_once_each_find_their_own_files(tiny_random_model, monkeypatch) -> None:
+    """Two engines started together (a bot preloads its models on threads) both load.
+
+    NeMo's restore records the extracted checkpoint's folder in a process-wide state that the model's constructor
+    reads its tokenizer from. The first restore to reach its tokenizer waits (up to 3 s) for the other restore to
+    reach its own; the loader's lock keeps the other out until the first is done, so the wait times out and both
+    load. Without it, the first looked in the other's folder and failed: "Artifact not found".
+    """
+    import threading
+
+    from nemo.collections.asr.parts.mixins.mixins import ASRBPEMixin
+
+    setup = ASRBPEMixin._setup_tokenizer
+    calls: list[int] = []
+    second_in_setup = threading.Event()
+    guard = threading.Lock()
+
+    def setup_after_the_other(self, tokenizer_cfg):
+        with guard:
+            calls.append(threading.get_ident())
+            first = len(calls) == 1
+        if first:
+            second_in_setup.wait(3.0)
+        else:
+            second_in_setup.set()
+        return setup(self, tokenizer_cfg)
+
+    monkeypatch.setattr(ASRBPEMixin, "_setup_tokenizer", setup_after_the_other)
+    engines = [
+        NemotronEngine(EngineConfig(model=str(model), device="cpu", max_streams=1, warmup=False))
+        for model in (TRAINED_MODEL, tiny_random_model)
+    ]
+    try:
+        await asyncio.gather(*(e.start() for e in engines))
+        assert len(calls) == 2 and calls[0] != calls[1]  # the two restores ran on two threads
+        speech = await engines[0].transcribe(read_float32(DEMO_AUDIO_DIR / "demo_weather.wav"))
+        assert "weather" in speech.text
+    finally:
+        await asyncio.gather(*(e.stop() for e in engines))
 
 
 async def test_non_streaming_model_is_rejected(tmp_path) -> None:

@@ -29,6 +29,14 @@ _NEMO_ASR_MODULES = ("nemo.collections.asr",)
 _prefetch_lock = threading.Lock()
 _prefetch_thread: threading.Thread | None = None
 
+#: Held by every NeMo ``restore_from``/``from_pretrained`` in this process (ASR models, Magpie and its codec).
+#: A restore records the folder it extracted the checkpoint to in NeMo's process-wide ``AppState``
+#: (``nemo_file_folder``), where the model's constructor looks up its artifacts (the tokenizer), and it changes
+#: the process's working directory while it reads the config. Two restores on two threads (a bot preloading its
+#: ASR and TTS models together) read each other's folder: "Artifact not found". Re-entrant: Magpie restores its
+#: codec inside its own restore.
+NEMO_RESTORE_LOCK = threading.RLock()
+
 
 def _import_nemo() -> None:
     for name in _NEMO_ASR_MODULES:
@@ -114,7 +122,7 @@ def _resolve_source(config: EngineConfig) -> tuple[str, Path | None]:
             )
         if path.is_dir():
             raise ModelLoadError(f"Model path {str(path)!r} is a directory; expected a .nemo file.")
-        return str(path), path
+        return str(path), path.resolve()
     if config.model_revision is None:
         return model, None
     from huggingface_hub import hf_hub_download
@@ -140,18 +148,17 @@ def load_asr_model(config: EngineConfig, device: torch.device, dtype: torch.dtyp
         ModelLoadError: The file is missing or corrupt, or the model cannot stream (names what was expected).
 
     """
-    description, local_path = _resolve_source(config)
+    with NEMO_RESTORE_LOCK:  # a relative path is resolved while no restore has changed the working directory
+        description, local_path = _resolve_source(config)
     logger.info(f"Loading ASR model {description} on {device} ({str(dtype).replace('torch.', '')})")
     with quiet_nemo():
         from nemo.collections.asr.models import ASRModel
-
+    with NEMO_RESTORE_LOCK, quiet_nemo():
         try:
             if local_path is not None:
                 model = ASRModel.restore_from(str(local_path), map_location=device)
             else:
                 model = ASRModel.from_pretrained(config.model, map_location=device)
-        except ModelLoadError:
-            raise
         except Exception as e:
             raise ModelLoadError(
                 f"Could not load ASR model from {description!r}: {type(e).__name__}: {e}. Expected a NeMo .nemo "

@@ -121,47 +121,67 @@ def load_magpie_model(model: str, device: str = "auto", codec_model_path: str | 
     """
     import torch
 
+    from pipecat_nemotron.engine.loading import NEMO_RESTORE_LOCK
+
     check_tts_dependencies(model)
-    check_model_source(model, codec_model_path)
+    with NEMO_RESTORE_LOCK:  # relative paths are checked while no restore has changed the working directory
+        check_model_source(model, codec_model_path)
+        local = is_local_path(model)
+        if local:
+            model = str(Path(model).expanduser().resolve())
+        if codec_model_path is not None and is_local_path(codec_model_path):
+            codec_model_path = str(Path(codec_model_path).expanduser().resolve())
     map_location = torch.device(resolve_device(device))
     with quiet_nemo(logging.WARNING):
         try:
             from nemo.collections.tts.models import MagpieTTSModel
         except ImportError as e:
             raise ImportError(f"Importing NeMo's TTS collection failed ({e}): {TTS_EXTRA_HINT}") from e
-
-        local = is_local_path(model)
-        path = str(Path(model).expanduser()) if local else model
+    with NEMO_RESTORE_LOCK, quiet_nemo(logging.WARNING):
         load = MagpieTTSModel.restore_from if local else MagpieTTSModel.from_pretrained
-        override = None
-        if local or codec_model_path:
-            # Read the config first: to override the codec, and to name a missing codec before NeMo fails on it.
-            cfg = load(path, return_config=True)
-            if codec_model_path:
-                local_codec = is_local_path(codec_model_path)
-                cfg.codecmodel_path = (
-                    str(Path(codec_model_path).expanduser()) if local_codec else codec_model_path
-                )
-                override = cfg
-            stored_codec = str(cfg.codecmodel_path)
-            if not stored_codec.startswith("nvidia/") and not Path(stored_codec).is_file():
-                raise FileNotFoundError(
-                    f"The codec this Magpie checkpoint refers to is missing: codecmodel_path={stored_codec!r}. "
-                    "Pass codec_model_path= pointing at the codec .nemo file."
-                )
-        try:
-            net = load(path, override_config_path=override, map_location=map_location)
-        except Exception as e:
-            missing = _missing_module(e)
-            if missing is None:
-                raise
-            raise ImportError(
-                f"Loading {model!r} needs the Python module {missing!r} (a NeMo TTS tokenizer dependency): "
-                f"{TTS_EXTRA_HINT}"
-            ) from e
+        net = _restore_magpie(model, load, local, codec_model_path, map_location)
     net.eval()
     logger.info(f"Loaded Magpie TTS {model!r} on {map_location} ({net.output_sample_rate} Hz)")
     return net
+
+
+def _restore_magpie(
+    model: str, load: Any, local: bool, codec_model_path: str | None, map_location: Any
+) -> Any:
+    """Restore a Magpie with ``load`` (``restore_from`` or ``from_pretrained``), its codec overridden if asked.
+
+    Raises:
+        ImportError: The checkpoint needs a Python module that is missing.
+        FileNotFoundError: The codec the checkpoint refers to is missing.
+
+    """
+    path = str(Path(model).expanduser()) if local else model
+    override = None
+    if local or codec_model_path:
+        # Read the config first: to override the codec, and to name a missing codec before NeMo fails on it.
+        cfg = load(path, return_config=True)
+        if codec_model_path:
+            local_codec = is_local_path(codec_model_path)
+            cfg.codecmodel_path = (
+                str(Path(codec_model_path).expanduser()) if local_codec else codec_model_path
+            )
+            override = cfg
+        stored_codec = str(cfg.codecmodel_path)
+        if not stored_codec.startswith("nvidia/") and not Path(stored_codec).is_file():
+            raise FileNotFoundError(
+                f"The codec this Magpie checkpoint refers to is missing: codecmodel_path={stored_codec!r}. "
+                "Pass codec_model_path= pointing at the codec .nemo file."
+            )
+    try:
+        return load(path, override_config_path=override, map_location=map_location)
+    except Exception as e:
+        missing = _missing_module(e)
+        if missing is None:
+            raise
+        raise ImportError(
+            f"Loading {model!r} needs the Python module {missing!r} (a NeMo TTS tokenizer dependency): "
+            f"{TTS_EXTRA_HINT}"
+        ) from e
 
 
 def _missing_module(error: BaseException) -> str | None:
