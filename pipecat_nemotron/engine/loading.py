@@ -29,13 +29,14 @@ _NEMO_ASR_MODULES = ("nemo.collections.asr",)
 _prefetch_lock = threading.Lock()
 _prefetch_thread: threading.Thread | None = None
 
-#: Held by every NeMo ``restore_from``/``from_pretrained`` in this process (ASR models, Magpie and its codec).
-#: A restore records the folder it extracted the checkpoint to in NeMo's process-wide ``AppState``
-#: (``nemo_file_folder``), where the model's constructor looks up its artifacts (the tokenizer), and it changes
-#: the process's working directory while it reads the config. Two restores on two threads (a bot preloading its
-#: ASR and TTS models together) read each other's folder: "Artifact not found". Re-entrant: Magpie restores its
-#: codec inside its own restore.
-NEMO_RESTORE_LOCK = threading.RLock()
+#: Held while NeMo is imported for a load and while a checkpoint is restored (``restore_from``/``from_pretrained``
+#: of ASR models, Magpie and its codec), so that two loads on two threads (a bot preloading its ASR and TTS
+#: models together) run one after the other. A restore records the folder it extracted the checkpoint to in
+#: NeMo's process-wide ``AppState`` (``nemo_file_folder``), where the model's constructor looks up its artifacts
+#: (the tokenizer), and it changes the process's working directory while it reads the config: two restores at
+#: once read each other's folder ("Artifact not found"). NeMo's import cycles can deadlock across threads.
+#: Re-entrant: Magpie restores its codec inside its own restore.
+NEMO_LOAD_LOCK = threading.RLock()
 
 
 def _import_nemo() -> None:
@@ -148,12 +149,12 @@ def load_asr_model(config: EngineConfig, device: torch.device, dtype: torch.dtyp
         ModelLoadError: The file is missing or corrupt, or the model cannot stream (names what was expected).
 
     """
-    with NEMO_RESTORE_LOCK:  # a relative path is resolved while no restore has changed the working directory
+    with NEMO_LOAD_LOCK:  # a relative path is resolved while no restore has changed the working directory
         description, local_path = _resolve_source(config)
     logger.info(f"Loading ASR model {description} on {device} ({str(dtype).replace('torch.', '')})")
-    with quiet_nemo():
+    with NEMO_LOAD_LOCK, quiet_nemo():
         from nemo.collections.asr.models import ASRModel
-    with NEMO_RESTORE_LOCK, quiet_nemo():
+
         try:
             if local_path is not None:
                 model = ASRModel.restore_from(str(local_path), map_location=device)

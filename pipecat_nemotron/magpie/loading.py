@@ -121,10 +121,10 @@ def load_magpie_model(model: str, device: str = "auto", codec_model_path: str | 
     """
     import torch
 
-    from pipecat_nemotron.engine.loading import NEMO_RESTORE_LOCK
+    from pipecat_nemotron.engine.loading import NEMO_LOAD_LOCK
 
     check_tts_dependencies(model)
-    with NEMO_RESTORE_LOCK:  # relative paths are checked while no restore has changed the working directory
+    with NEMO_LOAD_LOCK:  # relative paths are checked while no restore has changed the working directory
         check_model_source(model, codec_model_path)
         local = is_local_path(model)
         if local:
@@ -132,12 +132,11 @@ def load_magpie_model(model: str, device: str = "auto", codec_model_path: str | 
         if codec_model_path is not None and is_local_path(codec_model_path):
             codec_model_path = str(Path(codec_model_path).expanduser().resolve())
     map_location = torch.device(resolve_device(device))
-    with quiet_nemo(logging.WARNING):
+    with NEMO_LOAD_LOCK, quiet_nemo(logging.WARNING):
         try:
             from nemo.collections.tts.models import MagpieTTSModel
         except ImportError as e:
             raise ImportError(f"Importing NeMo's TTS collection failed ({e}): {TTS_EXTRA_HINT}") from e
-    with NEMO_RESTORE_LOCK, quiet_nemo(logging.WARNING):
         load = MagpieTTSModel.restore_from if local else MagpieTTSModel.from_pretrained
         net = _restore_magpie(model, load, local, codec_model_path, map_location)
     net.eval()
