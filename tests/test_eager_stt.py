@@ -48,10 +48,13 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 def paused_turn(pcm: bytes, resume: bytes = b"") -> list[Frame]:
     """A user turn with a 0.4 s pause after ``pcm`` (then ``resume``, if any), committed by a VAD stop."""
     pause = audio_frames(silence(0.4, 16000))
+    # The audio arrives in a burst; a pause's peek answers once the engine has decoded all of it (~0.3 s here,
+    # over 1 s on a loaded 2-core machine). A final that comes first makes the peek moot and no eager frame is sent.
+    peek_lands = SleepFrame(sleep=2.5)
     frames: list[Frame] = [SleepFrame(sleep=0.2), VADUserStartedSpeakingFrame(), *audio_frames(pcm), *pause]
-    frames.append(SleepFrame(sleep=1.0))  # the peek lands here
+    frames.append(peek_lands)
     if resume:
-        frames += [*audio_frames(resume), *pause, SleepFrame(sleep=1.0)]
+        frames += [*audio_frames(resume), *pause, peek_lands]
     return [*frames, VADUserStoppedSpeakingFrame(stop_secs=0.2), SleepFrame(sleep=1.5)]
 
 
