@@ -149,21 +149,19 @@ def _restore_magpie(
 ) -> Any:
     """Restore a Magpie with ``load`` (``restore_from`` or ``from_pretrained``), its codec overridden if asked.
 
+    ``model`` and ``codec_model_path`` are hub ids or absolute paths (the caller resolved local ones).
+
     Raises:
         ImportError: The checkpoint needs a Python module that is missing.
         FileNotFoundError: The codec the checkpoint refers to is missing.
 
     """
-    path = str(Path(model).expanduser()) if local else model
     override = None
     if local or codec_model_path:
         # Read the config first: to override the codec, and to name a missing codec before NeMo fails on it.
-        cfg = load(path, return_config=True)
+        cfg = load(model, return_config=True)
         if codec_model_path:
-            local_codec = is_local_path(codec_model_path)
-            cfg.codecmodel_path = (
-                str(Path(codec_model_path).expanduser()) if local_codec else codec_model_path
-            )
+            cfg.codecmodel_path = codec_model_path
             override = cfg
         stored_codec = str(cfg.codecmodel_path)
         if not stored_codec.startswith("nvidia/") and not Path(stored_codec).is_file():
@@ -172,7 +170,7 @@ def _restore_magpie(
                 "Pass codec_model_path= pointing at the codec .nemo file."
             )
     try:
-        return load(path, override_config_path=override, map_location=map_location)
+        return load(model, override_config_path=override, map_location=map_location)
     except Exception as e:
         missing = _missing_module(e)
         if missing is None:
