@@ -20,7 +20,7 @@ from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
 from pipecat_nemotron.wav_input import read_float32
 
 if TYPE_CHECKING:
-    from pipecat_nemotron.engine import ASRStream
+    from pipecat_nemotron.engine import ASRStream, EngineConfig
 
 #: The CI subset of the tiny model's held-out sets (FLAC files and ``manifest.json``).
 HELDOUT_DIR = REPO_ROOT / "tests" / "assets" / "heldout"
@@ -71,6 +71,33 @@ def manifest_rows(manifest: Path) -> list[dict[str, str]]:
     return [
         {**row, "audio": str(manifest.parent / (row.get("audio") or row["audio_filepath"]))} for row in rows
     ]
+
+
+async def transcribe_clips(
+    config: EngineConfig, clips: Sequence[np.ndarray], modes: Sequence[int]
+) -> dict[int, list[str]]:
+    """Final text of every clip in every latency mode, ``config.max_streams`` clips batched at a time.
+
+    Args:
+        config: The engine to start (its ``max_streams`` sets the batch).
+        clips: 16 kHz mono audio (int16 or float32), one utterance each.
+        modes: Latency modes, ms.
+
+    Returns:
+        Per mode, the final text of each clip in order.
+
+    """
+    from pipecat_nemotron.engine import NemotronEngine
+
+    texts: dict[int, list[str]] = {}
+    async with NemotronEngine(config) as engine:
+        for mode in modes:
+            finals = []
+            for start in range(0, len(clips), config.max_streams):
+                batch = clips[start : start + config.max_streams]
+                finals += await asyncio.gather(*(engine.transcribe(c, latency_ms=mode) for c in batch))
+            texts[mode] = [f.text for f in finals]
+    return texts
 
 
 def load_clips(manifest: Path | None = None, max_seconds: float | None = None) -> tuple[list[Clip], str]:
