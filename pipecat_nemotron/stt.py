@@ -18,10 +18,12 @@ from pipecat.frames.frames import (
     EndFrame,
     Frame,
     StartFrame,
+    TranscriptionFrame,
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.transcriptions.language import Language
+from pipecat.utils.time import time_now_iso8601
 
 from pipecat_nemotron.engine import (
     DEFAULT_MODEL,
@@ -403,11 +405,31 @@ class NemotronSTTService(NemotronSTTBase):
         return (await stream.peek()).text
 
     async def _on_final(self, update: TranscriptUpdate) -> None:
+        if update.forced:  # split at the engine's max_utterance_s: the turn goes on
+            await self._push_forced_final(TranscriptResult.from_update(update))
+            return
         ttf_ms = update.ttf_ms or 0.0
         if await self._push_final(TranscriptResult.from_update(update), ttf_ms, self._engine_config.model):
             logger.info(
                 f"{self}: final for utterance {update.utterance} in {ttf_ms:.1f} ms ({update.latency_ms} ms mode)"
             )
+
+    async def _push_forced_final(self, result: TranscriptResult) -> None:
+        """Push the final of an utterance the engine split at ``max_utterance_s`` (the user is still talking).
+
+        A ``TranscriptionFrame`` in order with the others, not ``finalized``: it answers no finalize request,
+        settles no eager prediction and reports no finalize time. An empty one pushes nothing.
+        """
+        self._last_interim = ""
+        if not result.text:
+            return
+        self._decoded_language = result.detected_language or result.language
+        language = self._frame_language()
+        await self.push_frame(
+            TranscriptionFrame(result.text, self._user_id, time_now_iso8601(), language, result=result)
+        )
+        await self._handle_transcription(result.text, True, language)
+        logger.debug(f"{self}: utterance {result.utterance} split at its length limit: {result.text!r}")
 
     # ---- settings -----------------------------------------------------------------------------------------
 
