@@ -18,12 +18,10 @@ from pipecat.frames.frames import (
     EndFrame,
     Frame,
     StartFrame,
-    TranscriptionFrame,
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.transcriptions.language import Language
-from pipecat.utils.time import time_now_iso8601
 
 from pipecat_nemotron.engine import (
     DEFAULT_MODEL,
@@ -413,23 +411,6 @@ class NemotronSTTService(NemotronSTTBase):
             logger.info(
                 f"{self}: final for utterance {update.utterance} in {ttf_ms:.1f} ms ({update.latency_ms} ms mode)"
             )
-
-    async def _push_forced_final(self, result: TranscriptResult) -> None:
-        """Push the final of an utterance the engine split at ``max_utterance_s`` (the user is still talking).
-
-        A ``TranscriptionFrame`` in order with the others, not ``finalized``: it answers no finalize request,
-        settles no eager prediction and reports no finalize time. An empty one pushes nothing.
-        """
-        self._last_interim = ""
-        if not result.text:
-            return
-        self._decoded_language = result.detected_language or result.language
-        language = self._frame_language()
-        await self.push_frame(
-            TranscriptionFrame(result.text, self._user_id, time_now_iso8601(), language, result=result)
-        )
-        await self._handle_transcription(result.text, True, language)
-        logger.debug(f"{self}: utterance {result.utterance} split at its length limit: {result.text!r}")
 
     # ---- settings -----------------------------------------------------------------------------------------
 

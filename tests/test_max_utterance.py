@@ -29,6 +29,7 @@ from pipecat_nemotron.server.protocol import (
     dump_server_message,
     parse_server_message,
 )
+from pipecat_nemotron.server_stt import NemotronServerSTTService
 from pipecat_nemotron.stt import NemotronSTTService
 from pipecat_nemotron.transcript_result import wire_words
 from pipecat_nemotron.wav_input import read_float32
@@ -217,7 +218,7 @@ async def test_server_delivers_forced_finals_within_max_message_bytes() -> None:
         )
         await server.start()
         try:
-            ws, _ = await open_session(server.url, ConfigMessage(latency_ms=1120, word_timings=True))
+            ws, ready = await open_session(server.url, ConfigMessage(latency_ms=1120, word_timings=True))
             await stream(ws, pcm, speed=200.0)
             await ws.send('{"type": "finalize"}')
             await ws.send('{"type": "close"}')
@@ -225,13 +226,24 @@ async def test_server_delivers_forced_finals_within_max_message_bytes() -> None:
             async with asyncio.timeout(120):
                 async for message in ws:
                     raw.append(message)
+            # The server STT service pushes the forced finals as TranscriptionFrames too, in order.
+            stt = NemotronServerSTTService(url=server.url, latency_ms=1120)
+            down, _ = await run_test(
+                stt, frames_to_send=[SleepFrame(sleep=0.5), *turn(pcm, wait=6.0)], start_timeout=10.0
+            )
         finally:
             await server.stop(drain_timeout_s=0)
             await engine.stop()
     finals = [m for m in map(parse_server_message, raw) if isinstance(m, FinalMessage)]
     assert len(finals) >= 4
+    assert [f.forced for f in finals] == [True] * (len(finals) - 1) + [None]
+    assert '"forced"' not in raw[-1]  # absent from ordinary finals
     assert [f.utterance for f in finals] == list(range(len(finals)))
     assert " ".join(f.text for f in finals if f.text) == expected.text
     assert all(len(r.encode()) <= 16 * 1024 for r in raw)
     assert all(f.utterance_audio_ms <= 10_000 for f in finals)
     assert finals[-1].audio_ms == pytest.approx(len(pcm) / 32, abs=1)
+    assert ready.limits["max_utterance_s"] == 10.0
+    frames = [f for f in down if isinstance(f, TranscriptionFrame)]
+    assert " ".join(f.text for f in frames) == expected.text
+    assert [f.finalized for f in frames] == [False] * (len(frames) - 1) + [True]

@@ -59,4 +59,5 @@ class AudioPositions:
             step_ms=update.step_ms,
             words=list(wire_words(update.words)) if word_timings else None,
             confidence=update.confidence if word_timings else None,
+            forced=True if update.forced else None,
         )

@@ -143,7 +143,7 @@ class Session:
                     latency_ms=self.stream.latency_ms,
                     latency_modes=engine.info.latency_modes,
                     chunk_ms=self.stream.chunk_ms,
-                    limits=cfg.announced_limits(),
+                    limits={**cfg.announced_limits(), "max_utterance_s": engine.config.max_utterance_s},
                     features=SERVER_FEATURES,
                     languages=engine.info.languages,
                     language=self.stream.language,
