@@ -148,7 +148,9 @@ async def test_ten_minutes_without_a_pause_give_bounded_finals_and_every_word() 
     words = tuple(w for f in finals for w in f.words)
     assert " ".join(w.text for w in words) == spoken
     # Every final fits the server's message limit; unsplit, the same speech would not.
-    assert max(_final_bytes(f) for f in finals) <= limit_bytes
+    sizes = [_final_bytes(f) for f in finals]
+    print(f"final message sizes with words: max {max(sizes)} bytes")
+    assert max(sizes) <= min(limit_bytes, 20 * 1024)
     unsplit = replace(finals[-1], text=spoken, words=words, start_ms=0.0, audio_ms=audio.size / 16)
     assert _final_bytes(unsplit) > limit_bytes
     # Word times stay on the session's clock across cuts.
@@ -157,11 +159,12 @@ async def test_ten_minutes_without_a_pause_give_bounded_finals_and_every_word() 
     assert all(f.start_ms <= w.start_ms <= f.start_ms + f.audio_ms for f in finals for w in f.words)
 
 
-async def test_transcribe_joins_the_parts_of_a_long_clip() -> None:
+@pytest.mark.parametrize("finalize_mode", ["soft", "hard"])
+async def test_transcribe_joins_the_parts_of_a_long_clip(finalize_mode: str) -> None:
     pcm = to_pcm16(speech(25.0)[0])
     with one_torch_thread():
-        bounded = await _engine(8.0)
-        unbounded = await _engine(None)
+        bounded = await _engine(8.0, finalize_mode=finalize_mode)
+        unbounded = await _engine(None, finalize_mode=finalize_mode)
         try:
             joined = await bounded.transcribe(pcm, latency_ms=1120)
             whole = await unbounded.transcribe(pcm, latency_ms=1120)

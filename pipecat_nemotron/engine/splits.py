@@ -17,7 +17,9 @@ longest run of blank frames between two words (the middle of it), counted in the
 emitted the words' tokens; the trailing blank run after the last word counts too. So the cut lands in a pause
 if the window has one, else between the two words furthest apart; only a window without any word boundary
 (one "word" longer than the window) is cut at the limit, between two tokens. The forced final's audio ends at
-the cut; the next utterance starts there (its ``start_ms`` and word times count from the cut).
+the cut; the next utterance starts there (its ``start_ms`` and word times count from the cut). A forced final
+of an ``auto`` stream carries no ``detected_language``; the final that ends the speech reports the language of
+the audio decoded after the last split.
 """
 
 from __future__ import annotations
@@ -143,6 +145,8 @@ def split_utterance(state: StreamState, split: Split, runner: ModelRunner) -> Tr
     state.text = runner.detokenize(state.tokens)
     state.words = aligner.words(state.tokens, state.trace, state.utterance_origin / SAMPLES_PER_MS)
     state.utterance_index = utterance + 1
+    # Language detection (``auto``) covers each part from its own start; a forced final carries none.
+    state.evidence = None
     state.detected_language = None
     for peek in state.peeks:
         if peek.utterance >= utterance:
