@@ -117,7 +117,7 @@ class EngineConfig:
             utterance that reaches this much decoded audio without a ``finalize()`` is split: the words before a
             pause near the limit are delivered as a final of their own (``TranscriptUpdate.forced``), and the
             speech goes on as the next utterance, decoded without interruption (no word lost or changed; see
-            :mod:`~pipecat_nemotron.engine.splits`). At 60 s a final with word timings stays near 20 KB. None:
+            :mod:`~pipecat_nemotron.engine.splits`). At 60 s a final with word timings stays under 20 KB. None:
             no limit.
 
     """
