@@ -471,6 +471,9 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
                 )
 
     async def _on_final(self, msg: FinalMessage) -> None:
+        if msg.forced:  # split at the server's longest utterance: the turn goes on, no finalize is answered
+            await self._push_forced_final(TranscriptResult.from_message(msg))
+            return
         seg = self._replay.confirm()
         if seg is None:
             logger.warning(f"{self}: unexpected final for utterance {msg.utterance} (no finalize pending)")

@@ -403,6 +403,9 @@ class NemotronSTTService(NemotronSTTBase):
         return (await stream.peek()).text
 
     async def _on_final(self, update: TranscriptUpdate) -> None:
+        if update.forced:  # split at the engine's max_utterance_s: the turn goes on
+            await self._push_forced_final(TranscriptResult.from_update(update))
+            return
         ttf_ms = update.ttf_ms or 0.0
         if await self._push_final(TranscriptResult.from_update(update), ttf_ms, self._engine_config.model):
             logger.info(

@@ -380,6 +380,23 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
             await self.push_frame(asr_finalize_metrics_frame(self.name, model, ttf_ms))
         logger.debug(f"{self}: final transcript: {text!r}")
 
+    async def _push_forced_final(self, result: TranscriptResult) -> None:
+        """Push the final of an utterance the engine split at ``max_utterance_s`` (the user is still talking).
+
+        A ``TranscriptionFrame`` in order with the others, not ``finalized``: it answers no finalize request,
+        settles no eager prediction and reports no finalize time. An empty one pushes nothing.
+        """
+        self._last_interim = ""
+        if not result.text:
+            return
+        self._decoded_language = result.detected_language or result.language
+        language = self._frame_language()
+        await self.push_frame(
+            TranscriptionFrame(result.text, self._user_id, time_now_iso8601(), language, result=result)
+        )
+        await self._handle_transcription(result.text, True, language)
+        logger.debug(f"{self}: utterance {result.utterance} split at its length limit: {result.text!r}")
+
     # ---- eager end of turn --------------------------------------------------------------------------------
 
     async def start(self, frame: StartFrame) -> None:

@@ -18,6 +18,7 @@ from helpers import (
     run_language_switches,
     stream_capturing_encoder_output,
     to_pcm16,
+    wait_caught_up,
 )
 
 from pipecat_nemotron.engine import EngineConfig, ModelLoadError, NemotronEngine
@@ -136,7 +137,8 @@ async def test_language_changes_at_the_utterance_boundary(engine: NemotronEngine
     stream = engine.open_stream(latency_ms=160, language="en-US")
     try:
         await stream.push(to_pcm16(noise_clip(0.8, seed=5)))
-        await asyncio.sleep(0.3)  # let decoding start: the change waits for the boundary
+        await wait_caught_up(stream)  # words emitted (random weights): the change waits for the boundary
+        assert stream.tokens
         stream.set_language("es")
         first = await stream.finalize()
         await stream.push(to_pcm16(noise_clip(0.8, seed=6)))

@@ -27,6 +27,10 @@ LEFT_CONTEXT_FRAMES = 70
 #: Longest latency mode accepted before a model is loaded, ms (the family's longest is 1120 ms).
 MAX_LATENCY_MS = 4000
 
+#: Bounds of ``EngineConfig.max_utterance_s``, seconds (the shortest leaves room for the longest chunk, 1.12 s).
+MIN_UTTERANCE_LIMIT_S = 2.0
+MAX_UTTERANCE_LIMIT_S = 3600.0
+
 FinalizeMode = Literal["soft", "hard"]
 EncoderStep = Literal["fast", "nemo"]
 
@@ -108,6 +112,13 @@ class EngineConfig:
             (:data:`~pipecat_nemotron.engine.words.MEASURED_CALIBRATIONS`: the bundled tiny model), else
             ``(0, 0)`` (NeMo's own convention: a word starts at its first token's frame). Measure your model's
             with ``scripts/eval_word_timings.py --raw`` (see ``docs/TRANSCRIPTS.md``).
+        max_utterance_s: Longest utterance, seconds (from :data:`MIN_UTTERANCE_LIMIT_S` to
+            :data:`MAX_UTTERANCE_LIMIT_S`). Every partial, peek and final carries its whole utterance, so an
+            utterance that reaches this much decoded audio without a ``finalize()`` is split: the words before a
+            pause near the limit are delivered as a final of their own (``TranscriptUpdate.forced``), and the
+            speech goes on as the next utterance, decoded without interruption (no word lost or changed; see
+            :mod:`~pipecat_nemotron.engine.splits`). At 60 s a final with word timings stays under 20 KB. None:
+            no limit.
 
     """
 
@@ -127,6 +138,7 @@ class EngineConfig:
     cuda_graph_decoder: bool = False
     word_timings: bool = True
     word_timing_offsets_ms: tuple[float, float] | None = None
+    max_utterance_s: float | None = 60.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -153,6 +165,7 @@ class EngineConfig:
                 f"default_language must be a locale such as 'es-ES', a language such as 'es', 'auto' or None, "
                 f"got {self.default_language!r}"
             )
+        _check_max_utterance_s(self.max_utterance_s)
         offsets = self.word_timing_offsets_ms
         if offsets is not None and (
             len(offsets) != 2 or not all(isinstance(v, (int, float)) and abs(v) < 10_000 for v in offsets)
@@ -160,3 +173,23 @@ class EngineConfig:
             raise ValueError(
                 f"word_timing_offsets_ms must be (start_ms, end_ms) within +-10 s, got {offsets!r}"
             )
+
+
+def _check_max_utterance_s(value: float | None) -> None:
+    """Refuse a ``max_utterance_s`` outside its bounds, naming them.
+
+    Raises:
+        ValueError: Naming the bounds.
+
+    """
+    if value is None:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not MIN_UTTERANCE_LIMIT_S <= value <= MAX_UTTERANCE_LIMIT_S
+    ):
+        raise ValueError(
+            f"max_utterance_s must be seconds from {MIN_UTTERANCE_LIMIT_S:g} to {MAX_UTTERANCE_LIMIT_S:g} "
+            f"(or None for no limit), got {value!r}"
+        )

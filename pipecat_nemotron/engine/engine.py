@@ -25,6 +25,7 @@ from pipecat_nemotron.engine.errors import (
 )
 from pipecat_nemotron.engine.languages import LanguagePrompts, resolve_prompt
 from pipecat_nemotron.engine.scheduler import Scheduler, StepStats
+from pipecat_nemotron.engine.splits import join_forced_finals
 from pipecat_nemotron.engine.state import StreamState
 from pipecat_nemotron.engine.stream import ASRStream
 from pipecat_nemotron.engine.types import FinalTranscript
@@ -177,7 +178,11 @@ class NemotronEngine:
                 encoder_step=runner.encoder_step,
             )
             self._scheduler = Scheduler(
-                runner, self._executor, self.config.max_batch_size, self.config.finalize_mode == "hard"
+                runner,
+                self._executor,
+                self.config.max_batch_size,
+                self.config.finalize_mode == "hard",
+                self.config.max_utterance_s,
             )
             self._scheduler.start()
             if self.config.warmup:
@@ -386,6 +391,9 @@ class NemotronEngine:
     ) -> FinalTranscript:
         """Transcribe a whole clip by streaming it through the engine (batched with live streams).
 
+        A clip longer than ``max_utterance_s`` is split like a live stream, and its parts are joined into one
+        result (the split does not change the decode: the tokens are those of the clip as one utterance).
+
         Args:
             audio: int16 PCM bytes or a numpy array (see :meth:`ASRStream.push`).
             latency_ms: Latency mode to decode with.
@@ -396,7 +404,8 @@ class NemotronEngine:
         stream = self.open_stream(latency_ms, language=language)
         try:
             await stream.push(audio, sample_rate=sample_rate)
-            return await stream.finalize()
+            last = await stream.finalize()
+            return join_forced_finals(stream.take_forced_finals(), last)
         finally:
             await stream.close()
 

@@ -16,102 +16,18 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from loguru import logger
 
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
+from pipecat_nemotron.engine.changes import apply_pending, request_change
 from pipecat_nemotron.engine.errors import StreamClosedError, StreamFailedError
 from pipecat_nemotron.engine.runner import ModelRunner, StepGroup, StepItem
+from pipecat_nemotron.engine.splits import choose_split, split_utterance
 from pipecat_nemotron.engine.state import PendingPeek, StreamState
+from pipecat_nemotron.engine.step_plan import StepPlan, StepStats, StreamEntry
 from pipecat_nemotron.engine.types import FinalTranscript, PeekTranscript, TranscriptUpdate
 from pipecat_nemotron.engine.words import utterance_confidence
-
-
-@dataclass(frozen=True)
-class StepStats:
-    """What one scheduler step did.
-
-    Attributes:
-        step_ms: Wall time of the model step (all groups), ms.
-        batch_size: Stream chunks in the step.
-        groups: Batched forwards in the step (one per latency mode and chunk shape).
-        queue_ms_max: Longest time a chunk in this step waited for it, ms.
-        open_streams: Streams open when the step ran.
-        finals: Utterances finalized by the step.
-        latency_modes: Latency mode of each group, ms.
-
-    """
-
-    step_ms: float
-    batch_size: int
-    groups: int
-    queue_ms_max: float
-    open_streams: int
-    finals: int
-    latency_modes: tuple[int, ...] = ()
-
-
-@dataclass
-class StreamEntry:
-    """One open stream as the scheduler holds it.
-
-    Attributes:
-        state: The stream's state.
-        push: Delivers a transcript update to the stream's reader.
-        end: Ends the stream's updates (with the error that failed it, or None).
-
-    """
-
-    state: StreamState
-    push: Callable[[TranscriptUpdate], None]
-    end: Callable[[BaseException | None], None]
-
-
-@dataclass
-class StepPlan:
-    """The work of one step, picked between steps.
-
-    Attributes:
-        items: The stream chunks the step decodes, oldest first (at most ``max_batch_size``).
-        groups: ``items`` split into batched forwards (same latency mode, chunk kind and length).
-        immediate: Streams whose pending final has nothing left to decode: finished without the model.
-        releases: Stream ids whose cache slots are zeroed and freed before the step's forwards.
-
-    """
-
-    items: list[StepItem]
-    groups: list[StepGroup]
-    immediate: list[StreamState]
-    releases: list[int]
-
-    @property
-    def empty(self) -> bool:
-        """Nothing to do: the loop waits for the next wake-up."""
-        return not self.groups and not self.immediate and not self.releases
-
-    @property
-    def runs_model(self) -> bool:
-        """The step needs the worker thread (forwards to run, slots to free, languages to detect)."""
-        return bool(self.groups or self.releases or self.detections)
-
-    @property
-    def detections(self) -> list[StreamState]:
-        """``immediate`` streams whose final still needs its language detected (``auto`` on the worker)."""
-        return [s for s in self.immediate if s.evidence is not None and s.detected_language is None]
-
-    @property
-    def latency_modes(self) -> tuple[int, ...]:
-        """Latency mode of each group, ms."""
-        return tuple(group.latency_ms for group in self.groups)
-
-
-def _apply_pending_changes(state: StreamState) -> None:
-    """Apply the stream's requested latency mode and language (between utterances only)."""
-    if state.pending_latency_ms is not None:
-        state.latency_ms, state.pending_latency_ms = state.pending_latency_ms, None
-    if state.pending_language is not None:
-        (state.language, state.prompt_index), state.pending_language = state.pending_language, None
 
 
 def _fail_finals(state: StreamState, error: BaseException) -> None:
@@ -131,16 +47,28 @@ class Scheduler:
         executor: A single-thread executor; every model call happens there.
         max_batch_size: Most chunks per step.
         hard_reset: Reset caches and decoder state after each final (``finalize_mode="hard"``).
+        max_utterance_s: Longest utterance, seconds: a longer one is split (:mod:`~pipecat_nemotron.engine.splits`);
+            None: no limit.
 
     """
 
     def __init__(
-        self, runner: ModelRunner, executor: ThreadPoolExecutor, max_batch_size: int, hard_reset: bool
+        self,
+        runner: ModelRunner,
+        executor: ThreadPoolExecutor,
+        max_batch_size: int,
+        hard_reset: bool,
+        max_utterance_s: float | None = None,
     ) -> None:
         self.runner = runner
         self.executor = executor
         self.max_batch_size = max_batch_size
         self.hard_reset = hard_reset
+        hop = runner.frontend.hop
+        #: Longest utterance in mel frames (None: unbounded).
+        self.max_utterance_frames = (
+            None if max_utterance_s is None else int(max_utterance_s * MODEL_SAMPLE_RATE) // hop
+        )
         #: Open streams by id.
         self.streams: dict[int, StreamEntry] = {}
         self.step_listeners: list[Callable[[StepStats], None]] = []
@@ -227,22 +155,35 @@ class Scheduler:
         return fut
 
     def request_language(self, state: StreamState, language: str | None, prompt_index: int | None) -> None:
-        """Change a stream's language now if its utterance has not started decoding, else at the next boundary."""
-        state.pending_language = (language, prompt_index)
-        if state.cursor.next_frame == 0 and not state.finals and not state.in_flight:
-            _apply_pending_changes(state)
+        """Change a stream's language from its first utterance without a word (:mod:`~.changes`)."""
+        request_change(state, language=(language, prompt_index))
+        self._apply_pending(state)
 
     def request_latency(self, state: StreamState, latency_ms: int) -> None:
-        """Change a stream's mode now if its utterance has not started decoding, else at the next boundary."""
-        state.pending_latency_ms = latency_ms
-        if state.cursor.next_frame == 0 and not state.finals and not state.in_flight:
-            _apply_pending_changes(state)
+        """Change a stream's mode from its first utterance without a word (:mod:`~.changes`)."""
+        request_change(state, latency_ms=latency_ms)
+        self._apply_pending(state)
+
+    def _apply_pending(self, state: StreamState) -> None:
+        """Apply the stream's pending change if it may apply now (between steps, or off the running step)."""
+        if apply_pending(state, self.runner.frontend.hop, self.hard_reset):
+            self._reset_slots.add(state.stream_id)
+            self._wake.set()
+
+    @staticmethod
+    def _settle(state: StreamState) -> None:
+        """Wake whoever waits for the stream's chunk in flight to be delivered (``ASRStream.settled``)."""
+        waiters, state.step_waiters = state.step_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
     @staticmethod
     def _end(entry: StreamEntry, finals_error: BaseException, error: BaseException | None) -> None:
         """The one way a stream ends: fail its pending finals, mark it closed, end its updates with ``error``."""
         _fail_finals(entry.state, finals_error)
         entry.state.closed = True
+        Scheduler._settle(entry.state)
         entry.end(error)
 
     # ---- the loop ----------------------------------------------------------------------------------------
@@ -315,23 +256,21 @@ class Scheduler:
         frames = self.runner.chunk_frames(state)
         need = frontend.samples_needed(state.cursor.next_frame, frames)
         first = not state.encoder_started
+        # Token frames count from the utterance's start (the feature segment may start later or earlier).
+        start = state.cursor.next_frame + (state.segment_origin - state.utterance_origin) // frontend.hop
         if need <= limit:
             ready_at = state.arrival_time(state.segment_origin + need)
             segment = frontend.chunk_segment(state.cursor, frames)
-            return StepItem(state, segment, frames, first, False, ready_at, state.cursor.next_frame)
+            return StepItem(state, segment, frames, first, False, ready_at, start)
         if peek is not None:
             segment, frames = frontend.final_segment(state.cursor, limit)
-            return StepItem(
-                state, segment, frames, first, False, peek.requested_at, state.cursor.next_frame, peek=True
-            )
+            return StepItem(state, segment, frames, first, False, peek.requested_at, start, peek=True)
         if not at_boundary:
             return None
         segment, frames = frontend.final_segment(state.cursor, limit)
         if frames <= 0:
             return state
-        return StepItem(
-            state, segment, frames, first, True, state.finals[0].requested_at, state.cursor.next_frame
-        )
+        return StepItem(state, segment, frames, first, True, state.finals[0].requested_at, start)
 
     def _next_peek(self, state: StreamState) -> PendingPeek | None:
         """The stream's first pending peek that needs a model step; peeks with nothing to flush are answered.
@@ -362,7 +301,7 @@ class Scheduler:
             PeekTranscript(
                 text=self.runner.detokenize(tokens) if new_tokens else state.text,
                 utterance=pending.utterance,
-                audio_ms=(pending.boundary - state.segment_origin) / SAMPLES_PER_MS,
+                audio_ms=(pending.boundary - state.utterance_origin) / SAMPLES_PER_MS,
                 latency_ms=state.latency_ms,
                 language=state.language,
                 peek_ms=(now - pending.requested_at) * 1000.0,
@@ -382,7 +321,7 @@ class Scheduler:
                 state.text = self.runner.detokenize(state.tokens)
                 state.trace.extend(it.new_frames, it.new_confidence)
                 state.words = self.runner.aligner.words(
-                    state.tokens, state.trace, state.segment_origin / SAMPLES_PER_MS
+                    state.tokens, state.trace, state.utterance_origin / SAMPLES_PER_MS
                 )
         return step_ms
 
@@ -400,6 +339,9 @@ class Scheduler:
             if queue_ms is not None:
                 queue_max = max(queue_max, queue_ms)
                 finals += 1 if it.final else 0
+                finals += self._split_if_long(it.state)
+            self._apply_pending(it.state)
+            self._settle(it.state)
         for state in plan.immediate:
             entry = self.streams.get(state.stream_id)
             if entry is not None and not state.closed:
@@ -448,7 +390,7 @@ class Scheduler:
                     lag_ms=(now - it.ready_at) * 1000.0,
                     words=state.words,
                     confidence=utterance_confidence(state.words),
-                    start_ms=state.segment_origin / SAMPLES_PER_MS,
+                    start_ms=state.utterance_origin / SAMPLES_PER_MS,
                 )
             )
         if it.final:
@@ -461,14 +403,15 @@ class Scheduler:
         ttf_ms = (now - pending.requested_at) * 1000.0
         self.recent_ttf_ms.append(ttf_ms)
         boundary_rel = pending.boundary - state.segment_origin
+        audio_ms = (pending.boundary - state.utterance_origin) / SAMPLES_PER_MS
         utterance = state.utterance_index
-        start_ms = state.segment_origin / SAMPLES_PER_MS
-        words = self.runner.aligner.words(state.tokens, state.trace, start_ms, boundary_rel / SAMPLES_PER_MS)
+        start_ms = state.utterance_origin / SAMPLES_PER_MS
+        words = self.runner.aligner.words(state.tokens, state.trace, start_ms, audio_ms)
         confidence = utterance_confidence(words)
         final = FinalTranscript(
             text=state.text,
             ttf_ms=ttf_ms,
-            audio_ms=boundary_rel / SAMPLES_PER_MS,
+            audio_ms=audio_ms,
             utterance=utterance,
             latency_ms=state.latency_ms,
             language=state.language,
@@ -491,11 +434,13 @@ class Scheduler:
                 words=words,
                 confidence=confidence,
                 start_ms=start_ms,
+                audio_ms=audio_ms,
+                tokens=tuple(state.tokens),
             )
         )
         # The next utterance starts a new feature segment at the boundary.
         state.cursor = state.cursor.split_at(boundary_rel)
-        state.segment_origin = pending.boundary
+        state.segment_origin = state.utterance_origin = pending.boundary
         state.tokens = []
         state.text = ""
         state.trace.reset()
@@ -508,8 +453,27 @@ class Scheduler:
             state.encoder_started = False
             state.dec_state = None
             self._reset_slots.add(state.stream_id)
-        _apply_pending_changes(state)
+        self._apply_pending(state)
         if not pending.future.done():
             pending.future.set_result(final)
         if state.cursor.end:
             self._wake.set()
+
+    def _split_if_long(self, state: StreamState) -> int:
+        """Split the stream's utterance if it reached ``max_utterance_s`` (:mod:`~.splits`); 1 if it did."""
+        entry = self.streams.get(state.stream_id)
+        if self.max_utterance_frames is None or entry is None or state.closed:
+            return 0
+        hop = self.runner.frontend.hop
+        decoded = state.cursor.next_frame + (state.segment_origin - state.utterance_origin) // hop
+        split = choose_split(
+            state.tokens,
+            state.trace.frames,
+            self.runner.aligner.starts_word,
+            decoded,
+            self.max_utterance_frames,
+        )
+        if split is None:
+            return 0
+        entry.push(split_utterance(state, split, self.runner))
+        return 1

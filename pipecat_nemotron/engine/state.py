@@ -56,14 +56,19 @@ class StreamState:
     Attributes:
         stream_id: Engine-unique id (also the key of the stream's cache slot).
         latency_ms: Current latency mode.
-        pending_latency_ms: Mode to switch to at the next utterance boundary.
+        pending_latency_ms: Mode requested and not applied yet (see :mod:`~pipecat_nemotron.engine.changes`).
         language: Language prompt key of a multilingual model (``"es-ES"``, ``"auto"``); None otherwise.
         prompt_index: One-hot index of ``language`` (None without prompts).
-        pending_language: ``(language, prompt_index)`` to switch to at the next utterance boundary.
+        pending_language: ``(language, prompt_index)`` requested and not applied yet.
+        pending_utterance: The utterance the pending changes are for (finalizes requested before them come
+            first).
         evidence: An ``auto`` stream's current utterance as kept for language detection.
         detected_language: The language detected at the current utterance's final (``auto`` streams).
         received: Samples received since the stream opened (16 kHz).
-        segment_origin: Absolute sample where the current feature segment starts.
+        utterance_origin: Absolute sample where the current utterance starts (the previous final's boundary,
+            or a forced split's cut): its reported positions and word times count from here.
+        segment_origin: Absolute sample where the current feature segment starts (``utterance_origin``, or
+            later when a change restarted a hard-mode decode mid-utterance).
         cursor: Audio and frame position inside the current segment.
         arrivals: ``(absolute sample count, monotonic time)`` of recent pushes, to time chunk lag.
         finals: Pending finalize requests, oldest first.
@@ -79,6 +84,7 @@ class StreamState:
         utterance_frames: Mel frames consumed in the current utterance.
         utterance_index: 0-based index of the current utterance.
         in_flight: A chunk of this stream is in the step that is running now.
+        step_waiters: Futures resolved when the stream's chunk in flight has been delivered (or it ends).
         audio_seconds: Audio processed by the model, seconds (usage metering).
 
     """
@@ -89,10 +95,12 @@ class StreamState:
     language: str | None = None
     prompt_index: int | None = None
     pending_language: tuple[str | None, int | None] | None = None
+    pending_utterance: int = 0
     evidence: UtteranceEvidence | None = None
     detected_language: str | None = None
     input: AudioInput = field(default_factory=AudioInput)
     received: int = 0
+    utterance_origin: int = 0
     segment_origin: int = 0
     cursor: FeatureCursor = field(default_factory=FeatureCursor)
     arrivals: deque[tuple[int, float]] = field(default_factory=deque)
@@ -110,6 +118,7 @@ class StreamState:
     audio_seconds: float = 0.0
     utterance_index: int = 0
     in_flight: bool = False
+    step_waiters: list[asyncio.Future[None]] = field(default_factory=list)
     closed: bool = False
     error: BaseException | None = None
 

@@ -38,6 +38,11 @@ class UpdateQueue:
         self._items.append(update)
         self._event.set()
 
+    def take_forced_finals(self) -> list[TranscriptUpdate]:
+        """Empty the queue; return the forced finals it held, in order."""
+        items, self._items = list(self._items), deque()
+        return [u for u in items if u.is_final and u.forced]
+
     def close(self, error: BaseException | None = None) -> None:
         """End the iteration after the queued updates (raising ``error`` if given)."""
         self._closed = True
@@ -80,7 +85,7 @@ class ASRStream:
 
     @property
     def latency_ms(self) -> int:
-        """Latency mode in force (a requested change applies at the next utterance boundary)."""
+        """Latency mode in force (a requested change shows here once it applies, see :meth:`set_latency`)."""
         return self._state.latency_ms
 
     @property
@@ -163,7 +168,9 @@ class ASRStream:
         """End the current utterance: flush all audio pushed so far and return its final text.
 
         Audio pushed after this call belongs to the next utterance. Time-to-final (``ttf_ms``) is measured from
-        this call to the final text being available.
+        this call to the final text being available. If the utterance was longer than the engine's
+        ``max_utterance_s``, its earlier parts came through :meth:`updates` as forced finals and this is the
+        last part (:meth:`NemotronEngine.transcribe` joins them).
 
         Raises:
             StreamClosedError / StreamFailedError: The stream was closed or failed before the final.
@@ -221,8 +228,11 @@ class ASRStream:
     def set_latency(self, latency_ms: int) -> None:
         """Switch the latency mode (one of the model's: 80, 160, 560 or 1120 ms for the English model).
 
-        Applies at once if the current utterance has not started being decoded, else at the next utterance
-        boundary (after the next ``finalize()``). The weights are shared; nothing is reloaded.
+        Applies to the first utterance of which no word has been emitted yet: before the next chunk if the
+        current utterance has no word so far (silence decoded in the old mode does not count) and no
+        ``finalize()`` is pending, else from the utterance after the last pending or next ``finalize()``. All
+        words of an utterance are decoded in one mode (the rule in full: :mod:`~pipecat_nemotron.engine.changes`).
+        :meth:`settled` tells when the choice is made. The weights are shared; nothing is reloaded.
 
         Raises:
             ValueError: Unsupported mode (names the allowed values).
@@ -245,8 +255,8 @@ class ASRStream:
         ``language``: a locale, a bare language, Pipecat's ``Language`` or ``"auto"``; None: the engine's
         default.
 
-        Applies at once if the current utterance has not started being decoded, else at the next utterance
-        boundary (after the next ``finalize()``): an utterance is decoded in one language.
+        Applies like :meth:`set_latency`: from the first utterance of which no word has been emitted yet (all
+        words of an utterance are decoded in one language).
 
         Raises:
             ValueError: The model has no such language (names the model's).
@@ -254,6 +264,28 @@ class ASRStream:
         """
         self._check_open()
         self._engine._request_language(self._state, language)
+
+    async def settled(self) -> None:
+        """Return once no chunk of this stream is in a model step (at once if none is).
+
+        A :meth:`set_latency` or :meth:`set_language` called before has then either applied (:attr:`latency_ms`
+        and :attr:`language` show it) or waits for the next utterance: a chunk in the step running now may bring
+        the utterance's first word, which decides. Returns as well when the stream closes or fails.
+        """
+        state = self._state
+        if not state.in_flight or state.closed:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        state.step_waiters.append(waiter)
+        await waiter
+
+    def take_forced_finals(self) -> list[TranscriptUpdate]:
+        """Remove and return the forced finals (``max_utterance_s`` splits) queued and not read yet.
+
+        For callers that read results from :meth:`finalize` rather than :meth:`updates` (as
+        :meth:`NemotronEngine.transcribe` does); the other queued updates are dropped.
+        """
+        return self.updates_queue.take_forced_finals()
 
     async def close(self) -> None:
         """Close the stream and free its cache slot (idempotent). Pending finalizes fail."""

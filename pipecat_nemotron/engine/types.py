@@ -55,6 +55,11 @@ class TranscriptUpdate:
             still grow).
         confidence: Confidence of the whole text so far, in [0, 1] (mean of the words'); None when empty.
         start_ms: Where the utterance starts, ms from the stream's first sample.
+        audio_ms: On finals: audio in the utterance, ms (``start_ms + audio_ms`` is where the next one starts).
+        tokens: On finals: token ids of the utterance.
+        forced: On finals: the utterance reached ``EngineConfig.max_utterance_s`` and was split without a
+            ``finalize()`` (see :mod:`~pipecat_nemotron.engine.splits`): the speech goes on in the next
+            utterance, no finalize request is answered by it, and ``ttf_ms`` is None.
 
     """
 
@@ -71,6 +76,9 @@ class TranscriptUpdate:
     words: tuple[WordTiming, ...] = ()
     confidence: float | None = None
     start_ms: float = 0.0
+    audio_ms: float | None = None
+    tokens: tuple[int, ...] = ()
+    forced: bool = False
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,8 @@ class WordAligner:
         self._starts_word = [str(piece).startswith(WORD_START) for piece in pieces]
         self._text: dict[tuple[int, ...], str] = {}
 
-    def _starts(self, token: int) -> bool:
+    def starts_word(self, token: int) -> bool:
+        """Whether ``token`` starts a word (a piece with SentencePiece's ``"▁"``, or an id past the vocabulary)."""
         return token >= len(self._starts_word) or self._starts_word[token]
 
     def _word_text(self, ids: tuple[int, ...]) -> str:
@@ -122,7 +123,7 @@ class WordAligner:
         spans: list[tuple[int, int]] = []
         begin = 0
         for i in range(1, len(tokens) + 1):
-            if i == len(tokens) or self._starts(tokens[i]):
+            if i == len(tokens) or self.starts_word(tokens[i]):
                 if i > begin:
                     spans.append((begin, i))
                 begin = i

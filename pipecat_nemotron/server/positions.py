@@ -40,11 +40,15 @@ class AudioPositions:
         """
         decoded_ms = stream.audio_seconds * 1000.0
         utterance_ms = max(0.0, decoded_ms - self._decoded_at_final_ms)
-        future = self._final_futures.popleft() if self._final_futures else None
+        # A forced final (``max_utterance_s``) answers no finalize: it takes no requested final's future.
+        future = self._final_futures.popleft() if self._final_futures and not update.forced else None
         if future is not None and future.done() and not future.cancelled() and future.exception() is None:
             utterance_ms = future.result().audio_ms
+        if update.audio_ms is not None:
+            utterance_ms = update.audio_ms
         self._base_ms += utterance_ms
-        self._decoded_at_final_ms = decoded_ms
+        # A forced final ends before the audio decoded so far (the speech goes on past its cut).
+        self._decoded_at_final_ms = self._decoded_at_final_ms + utterance_ms if update.forced else decoded_ms
         return FinalMessage(
             utterance=update.utterance,
             text=update.text,
@@ -55,4 +59,5 @@ class AudioPositions:
             step_ms=update.step_ms,
             words=list(wire_words(update.words)) if word_timings else None,
             confidence=update.confidence if word_timings else None,
+            forced=True if update.forced else None,
         )

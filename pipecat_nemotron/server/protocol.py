@@ -369,6 +369,9 @@ class FinalMessage:
             absent from the JSON) on an English-only one. Added within v1.
         detected_language: For an utterance decoded with ``"auto"``: the locale the model found it to be in;
             absent otherwise. Added within v1.
+        forced: ``true`` on a final the server sent without a ``finalize``: the utterance reached the server's
+            longest utterance (``limits.max_utterance_s``) and was split between two words; the speech goes on
+            in the next utterance. Absent otherwise. Added within v1.
 
     """
 
@@ -384,6 +387,7 @@ class FinalMessage:
     confidence: float | None = None
     language: str | None = None
     detected_language: str | None = None
+    forced: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -480,7 +484,7 @@ _SERVER_TYPES: dict[str, type[Any]] = {
 
 #: Fields left out of a message's JSON while None: added within v1, so old clients see identical messages.
 _OMITTED_WHEN_NONE: dict[type[Any], tuple[str, ...]] = {
-    FinalMessage: ("words", "confidence", "language", "detected_language"),
+    FinalMessage: ("words", "confidence", "language", "detected_language", "forced"),
     PartialMessage: ("language",),
 }
 

@@ -143,7 +143,7 @@ class Session:
                     latency_ms=self.stream.latency_ms,
                     latency_modes=engine.info.latency_modes,
                     chunk_ms=self.stream.chunk_ms,
-                    limits=cfg.announced_limits(),
+                    limits={**cfg.announced_limits(), "max_utterance_s": engine.config.max_utterance_s},
                     features=SERVER_FEATURES,
                     languages=engine.info.languages,
                     language=self.stream.language,
@@ -318,9 +318,9 @@ class Session:
         if isinstance(msg, FinalizeMessage):
             self._on_finalize()
         elif isinstance(msg, SetLatencyMessage):
-            await self._send(latency_reply(self.stream, msg.latency_ms))  # type: ignore[arg-type]
+            await self._send(await latency_reply(self.stream, msg.latency_ms))  # type: ignore[arg-type]
         elif isinstance(msg, SetLanguageMessage):
-            await self._send(language_reply(self.service.engine, self.stream, msg.language))  # type: ignore[arg-type]
+            await self._send(await language_reply(self.service.engine, self.stream, msg.language))  # type: ignore[arg-type]
         elif isinstance(msg, PeekMessage):
             self._peeks.request(self.stream)  # type: ignore[arg-type]
         elif isinstance(msg, CloseMessage):
@@ -395,9 +395,10 @@ class Session:
                 if update.is_final:
                     final = self._positions.final_message(update, stream, self.config.word_timings)
                     await self._send(with_language(final, update))
-                    self.finals_sent += 1
-                    self._finals_event.set()
-                    metrics.finalize_seconds.observe((update.ttf_ms or 0.0) / 1000.0)
+                    if not update.forced:  # a forced final (max_utterance_s) answers no finalize
+                        self.finals_sent += 1
+                        self._finals_event.set()
+                        metrics.finalize_seconds.observe((update.ttf_ms or 0.0) / 1000.0)
                     logger.debug(
                         f"ASR session {self.session_id} final {update.utterance} in {update.ttf_ms or 0:.1f} ms: "
                         f"{update.text!r}"

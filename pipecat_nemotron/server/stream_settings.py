@@ -43,23 +43,33 @@ def check_config(engine: NemotronEngine, config: ConfigMessage) -> None:
         raise SessionError(CloseCode.PROTOCOL_ERROR, str(e)) from None
 
 
-def latency_reply(stream: ASRStream, latency_ms: int) -> ServerMessage:
-    """Ask ``stream`` for another latency mode; the ``latency`` acknowledgement, or a non-fatal ``error``."""
+async def latency_reply(stream: ASRStream, latency_ms: int) -> ServerMessage:
+    """Ask ``stream`` for another latency mode; the ``latency`` acknowledgement, or a non-fatal ``error``.
+
+    ``applied`` is ``"now"`` when the current utterance has no word yet (the change applies to it, see
+    :mod:`~pipecat_nemotron.engine.changes`); the reply waits for the stream's chunk in the running model step,
+    if any, since that chunk may bring the first word.
+    """
     try:
         stream.set_latency(latency_ms)
     except ValueError as e:
         return _refusal(str(e))
+    await stream.settled()
     applied = "now" if stream.latency_ms == latency_ms else "next_utterance"
     return LatencyMessage(latency_ms=latency_ms, applied=applied)
 
 
-def language_reply(engine: NemotronEngine, stream: ASRStream, language: str | None) -> ServerMessage:
-    """Ask ``stream`` for another language; the ``language`` acknowledgement, or a non-fatal ``error``."""
+async def language_reply(engine: NemotronEngine, stream: ASRStream, language: str | None) -> ServerMessage:
+    """Ask ``stream`` for another language; the ``language`` acknowledgement, or a non-fatal ``error``.
+
+    ``applied`` as in :func:`latency_reply`.
+    """
     try:
         key = engine.resolve_language(language)
         stream.set_language(language)
     except ValueError as e:
         return _refusal(str(e))
+    await stream.settled()
     applied = "now" if stream.language == key else "next_utterance"
     return LanguageMessage(language=key, applied=applied)
 
