@@ -107,7 +107,7 @@ class AgentSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> AgentSettings:
-        """Read the agent's settings from ``environ`` (pass ``os.environ`` after ``load_dotenv()``).
+        """Read the agent's settings from ``environ`` (pass ``os.environ`` after ``load_env_file()``).
 
         Keys: ``NEMOTRON_ASR_MODEL``/``_DEVICE``/``_LATENCY_MS``/``_LANGUAGE``, ``NEMOTRON_ASR_EAGER_END_OF_TURN`` (``1``/``true``
         to turn it on) and ``NEMOTRON_ASR_EAGER_SILENCE_MS``, ``NEMOTRON_CPU_THREADS`` (torch threads of the ASR

@@ -318,10 +318,11 @@ class NemotronSTTService(NemotronSTTBase):
             logger.warning(f"{self}: session cancelled; {dropped_s:.1f} s of audio were not transcribed")
 
     async def stop(self, frame: EndFrame) -> None:
-        """Finalize what the user said last (if anything), then close the stream and free its slot.
+        """Finalize what the user said last (if anything), wait for the finals owed, then close the stream.
 
         If the model is still loading, first wait for it (up to ``load_wait_s``) so that the audio received
-        meanwhile is transcribed and its finals delivered.
+        meanwhile is transcribed. Then wait (up to ``final_timeout_s``) while the engine decodes the finals still
+        owed; one that never arrives is reported in an ``ErrorFrame`` naming the seconds of audio it covered.
         """
         await self._wait_for_load()
         if self._dropped_after_failure_s > 0:
