@@ -377,9 +377,9 @@ async def test_transcripts_written_to_a_file_are_plain_lines() -> None:
         await collector.on_push_frame(FramePushed(stt, stt, frame, direction, 0))
 
     deprecation._warned_sites.clear()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
+    with warnings.catch_warnings(record=True) as caught:
         await push(StartFrame())
+    assert not [w for w in caught if "StartFrame" in str(w.message)], [str(w.message) for w in caught]
     await push(InterimTranscriptionFrame("what is", "u", "t"))
     await push(TranscriptionFrame("what is two plus two", "u", "t"))
     await push(ErrorFrame("something was lost"), FrameDirection.UPSTREAM)
