@@ -1,7 +1,7 @@
 """The voice agent for Pipecat's development runner: the browser page, Daily rooms, Pipecat's eval harness.
 
     pip install -e ".[daily,webrtc,tts]"
-    cp bots/.env.example .env
+    cp bots/.env.example .env          # read from the directory you start the bot in
     python bots/bot.py -t webrtc       # open http://localhost:7860/nemotron (offline page) or /client (Pipecat's)
     python bots/bot.py -t daily        # needs DAILY_API_KEY
     python bots/bot.py                 # eval harness: python -m pipecat.evals run SCENARIO --bot-url ws://localhost:7860/ws
@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import uuid
 
-from dotenv import load_dotenv
 from loguru import logger
 from pipecat.pipeline.runner import WorkerRunner
 from pipecat.runner.types import RunnerArguments
@@ -25,6 +24,7 @@ from pipecat.runner.utils import create_transport
 from pipecat.transports.base_transport import TransportParams
 
 from pipecat_nemotron.agent import AgentSettings, build_voice_agent
+from pipecat_nemotron.llm_env import load_env_file
 from pipecat_nemotron.runner import (
     offer_loopback_ice_candidates,
     preload_when_runner_starts,
@@ -32,7 +32,7 @@ from pipecat_nemotron.runner import (
 )
 from pipecat_nemotron.transcripts import TranscriptCollector, UtteranceRecord
 
-load_dotenv(override=True)
+load_env_file(override=True)  # the .env of the directory the bot is started from
 SETTINGS = AgentSettings.from_env(os.environ)
 
 
@@ -60,6 +60,7 @@ async def bot(runner_args: RunnerArguments) -> None:
     session = runner_args.session_id or uuid.uuid4().hex[:8]
     transport = await create_transport(runner_args, TRANSPORT_PARAMS)
     stt = SETTINGS.create_stt()
+    await SETTINGS.check_llm()  # an unreachable LLM is logged now, with its URL, not at the first turn
 
     def log_final(record: UtteranceRecord) -> None:
         ttfs = f"{record.ttfs_ms:.0f} ms" if record.ttfs_ms is not None else "n/a"

@@ -1,7 +1,7 @@
 """The fully local voice agent on this machine's microphone and speaker.
 
     pip install -e ".[local,tts]"     # PyAudio needs portaudio (apt install portaudio19-dev)
-    cp bots/.env.example .env         # point it at your LLM server
+    cp bots/.env.example .env         # point it at your LLM server (read from the current directory)
     python bots/local_bot.py
 
 ASR and TTS run in this process on the GPU; the LLM runs on the OpenAI-compatible server `.env` names. Each turn's
@@ -15,17 +15,18 @@ import asyncio
 import os
 import sys
 
-from dotenv import load_dotenv
 from loguru import logger
 from pipecat.pipeline.runner import WorkerRunner
 
 from pipecat_nemotron.agent import AgentSettings, build_voice_agent
+from pipecat_nemotron.llm_env import load_env_file
 
 
 async def main() -> None:
-    load_dotenv(override=True)
+    load_env_file(override=True)  # the .env of the directory the bot is started from
     settings = AgentSettings.from_env(os.environ)
     logger.info("\n".join(settings.describe()))
+    await settings.check_llm()  # an unreachable LLM is logged now, with its URL, not at the first turn
     try:
         from pipecat.transports.local.audio import LocalAudioTransport, LocalAudioTransportParams
     except ImportError as e:

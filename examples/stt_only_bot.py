@@ -24,7 +24,7 @@ from pipecat_nemotron import NemotronSTTService, default_asr_model
 from pipecat_nemotron.transcripts import TranscriptCollector, print_latency_summary
 
 
-async def run(model: str, latency_ms: int, device: str) -> None:
+async def run(model: str, latency_ms: int, device: str, cpu_threads: int | None = None) -> None:
     try:
         from pipecat.transports.local.audio import LocalAudioTransport, LocalAudioTransportParams
     except ImportError as e:
@@ -33,7 +33,7 @@ async def run(model: str, latency_ms: int, device: str) -> None:
     transport = LocalAudioTransport(
         LocalAudioTransportParams(audio_in_enabled=True, audio_in_sample_rate=16000)
     )
-    stt = NemotronSTTService(model=model, latency_ms=latency_ms, device=device)
+    stt = NemotronSTTService(model=model, latency_ms=latency_ms, device=device, cpu_threads=cpu_threads)
     collector = TranscriptCollector(stt.name, out=sys.stdout)
     vad = VADProcessor(vad_analyzer=SileroVADAnalyzer(params=VADParams(stop_secs=0.2)))
     worker = PipelineWorker(
@@ -58,10 +58,13 @@ def main() -> None:
     )
     parser.add_argument("--latency-ms", type=int, default=160, choices=(80, 160, 560, 1120))
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--cpu-threads", type=int, default=None, help="torch threads of the model on CPU (default: half the cores)"
+    )
     args = parser.parse_args()
     logger.remove()
     logger.add(sys.stderr, level="INFO")
-    asyncio.run(run(args.model or default_asr_model(args.device), args.latency_ms, args.device))
+    asyncio.run(run(args.model or default_asr_model(args.device), args.latency_ms, args.device, args.cpu_threads))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@
 Pipeline: WAV (20 ms frames, paced like a microphone) -> Silero VAD (stop_secs 0.2) -> NemotronSTTService
 (TranscriptCollector observing it). Each utterance ends when the VAD hears 0.2 s of silence; the STT then finalizes it.
 ``--words`` also prints each final's words with their start and end times and confidence (``TranscriptionFrame.result``).
+``--cpu-threads N`` sets torch's threads for the model on CPU (default: half the cores).
+
+Exit status: 0 when every final was delivered; 1 when the model could not start (a missing file, ``--device cuda``
+without a GPU, a language the model lacks: the error says which, within seconds) or the ASR reported an error.
 """
 
 from __future__ import annotations
@@ -20,13 +24,13 @@ from loguru import logger
 from pipecat.audio.vad.silero import SileroVADAnalyzer
 from pipecat.audio.vad.vad_analyzer import VADParams
 from pipecat.pipeline.pipeline import Pipeline
-from pipecat.pipeline.runner import WorkerRunner
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.audio.vad_processor import VADProcessor
 
 from pipecat_nemotron import NemotronSTTService, default_asr_model
+from pipecat_nemotron.stt_base import NemotronSTTUnavailableError
 from pipecat_nemotron.transcripts import TranscriptCollector, print_latency_summary
-from pipecat_nemotron.wav_input import feed_wav
+from pipecat_nemotron.wav_input import run_worker_on_wav
 
 
 async def transcribe(
@@ -37,8 +41,11 @@ async def transcribe(
     realtime: bool,
     words: bool = False,
     language: str | None = None,
+    cpu_threads: int | None = None,
 ) -> dict:
-    stt = NemotronSTTService(model=model, latency_ms=latency_ms, device=device, language=language)
+    stt = NemotronSTTService(
+        model=model, latency_ms=latency_ms, device=device, language=language, cpu_threads=cpu_threads
+    )
     collector = TranscriptCollector(stt.name, out=sys.stdout, show_words=words)
     vad = VADProcessor(vad_analyzer=SileroVADAnalyzer(params=VADParams(stop_secs=0.2)))
     worker = PipelineWorker(
@@ -47,21 +54,9 @@ async def transcribe(
         observers=[collector],
         cancel_on_idle_timeout=False,
     )
-    started = asyncio.Event()
-
-    @worker.event_handler("on_pipeline_started")
-    async def _started(_worker, _frame):
-        started.set()
-
-    async def feed() -> None:
-        await started.wait()
-        # Let the model load (first use) before speaking, as a user would wait for the bot to join.
-        await stt.wait_until_ready()
-        await feed_wav(worker, path, realtime=realtime)
-
-    runner = WorkerRunner(handle_sigint=False)
-    await runner.add_workers(worker)
-    await asyncio.gather(runner.run(), feed())
+    # The audio starts once the model is loaded (first use), as a user would wait for the bot to join; a model
+    # that cannot start raises NemotronSTTUnavailableError here, after the pipeline is torn down.
+    await run_worker_on_wav(worker, stt, path, realtime=realtime)
     print()
     summary = print_latency_summary(collector.utterances)
     utterances = [
@@ -70,10 +65,10 @@ async def transcribe(
         | ({"words": u.result.to_dict()["words"], "confidence": u.result.confidence} if u.result else {})
         for u in collector.utterances
     ]
-    return {"utterances": utterances, "summary": summary}
+    return {"utterances": utterances, "summary": summary, "errors": collector.errors}
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -92,6 +87,9 @@ def main() -> None:
     )
     parser.add_argument("--device", default="auto")
     parser.add_argument(
+        "--cpu-threads", type=int, default=None, help="torch threads of the model on CPU (default: half the cores)"
+    )
+    parser.add_argument(
         "--fast", action="store_true", help="feed audio as fast as possible instead of real time"
     )
     parser.add_argument(
@@ -103,21 +101,27 @@ def main() -> None:
     args = parser.parse_args()
     logger.remove()
     logger.add(sys.stderr, level="INFO")
-    result = asyncio.run(
-        transcribe(
-            args.wav,
-            args.model or default_asr_model(args.device),
-            args.latency_ms,
-            args.device,
-            not args.fast,
-            args.words,
-            args.language,
+    try:
+        result = asyncio.run(
+            transcribe(
+                args.wav,
+                args.model or default_asr_model(args.device),
+                args.latency_ms,
+                args.device,
+                not args.fast,
+                args.words,
+                args.language,
+                args.cpu_threads,
+            )
         )
-    )
+    except NemotronSTTUnavailableError as e:
+        print(f"error: {e.__cause__ or e}", file=sys.stderr)
+        return 1
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
+    return 1 if result["errors"] else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

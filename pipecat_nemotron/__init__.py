@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "NemotronSTTService": "pipecat_nemotron.stt",
     "NemotronSTTSettings": "pipecat_nemotron.stt",
+    "NemotronSTTUnavailableError": "pipecat_nemotron.stt_ready",
     "NemotronEngine": "pipecat_nemotron.engine",
     "EngineConfig": "pipecat_nemotron.engine",
     "default_asr_model": "pipecat_nemotron.models",

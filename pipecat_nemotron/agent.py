@@ -72,6 +72,10 @@ class AgentSettings:
             commits the turn (``NemotronSTTService(enable_eager_end_of_turn=True)``); each withdrawn prediction
             costs an LLM request. Off by default.
         asr_eager_silence_ms: The pause that predicts the end of a turn, ms.
+        asr_cpu_threads: On CPU, torch's intra-op threads for the ASR model (``EngineConfig.cpu_threads``); None:
+            half the cores.
+        asr_final_timeout_s: At the end of a session, how long to wait for the finals the engine still decodes,
+            seconds (``NemotronSTTService(final_timeout_s=...)``); None: the service's default (60 s).
         llm_configured: Whether an LLM endpoint was configured (``NEMOTRON_LLM_BASE_URL`` or ``_BACKEND``).
         llm_env: The environment the LLM settings are read from (see ``NemotronLLMSettings.from_env``).
         tts_model: Magpie model id or ``.nemo`` path to run in process (None: none).
@@ -87,6 +91,8 @@ class AgentSettings:
     asr_language: str | None = None
     asr_eager_end_of_turn: bool = False
     asr_eager_silence_ms: float = DEFAULT_EAGER_SILENCE_MS
+    asr_cpu_threads: int | None = None
+    asr_final_timeout_s: float | None = None
     llm_configured: bool = False
     llm_env: Mapping[str, str] = field(default_factory=dict)
     tts_model: str | None = None
@@ -101,10 +107,11 @@ class AgentSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> AgentSettings:
-        """Read the agent's settings from ``environ`` (pass ``os.environ`` after ``load_dotenv()``).
+        """Read the agent's settings from ``environ`` (pass ``os.environ`` after ``load_env_file()``).
 
         Keys: ``NEMOTRON_ASR_MODEL``/``_DEVICE``/``_LATENCY_MS``/``_LANGUAGE``, ``NEMOTRON_ASR_EAGER_END_OF_TURN`` (``1``/``true``
-        to turn it on) and ``NEMOTRON_ASR_EAGER_SILENCE_MS``, ``NEMOTRON_LLM_*`` (see ``docs/LLM.md``),
+        to turn it on) and ``NEMOTRON_ASR_EAGER_SILENCE_MS``, ``NEMOTRON_CPU_THREADS`` (torch threads of the ASR
+        model on CPU), ``NEMOTRON_ASR_FINAL_TIMEOUT_S`` (seconds), ``NEMOTRON_LLM_*`` (see ``docs/LLM.md``),
         ``MAGPIE_TTS_MODEL``/``_VOICE``, ``MAGPIE_NIM_SERVER``/``_VOICE``. Empty values count as unset.
 
         Raises:
@@ -132,8 +139,20 @@ class AgentSettings:
             raise ValueError(
                 f"NEMOTRON_ASR_EAGER_SILENCE_MS must be a number of ms, got {silence!r}"
             ) from None
+        threads = get("NEMOTRON_CPU_THREADS")
+        if threads is not None and not (threads.isdigit() and int(threads) > 0):
+            raise ValueError(f"NEMOTRON_CPU_THREADS must be a positive number of threads, got {threads!r}")
+        final_timeout = get("NEMOTRON_ASR_FINAL_TIMEOUT_S")
+        try:
+            final_timeout_s = float(final_timeout) if final_timeout is not None else None
+        except ValueError:
+            raise ValueError(
+                f"NEMOTRON_ASR_FINAL_TIMEOUT_S must be a number of seconds, got {final_timeout!r}"
+            ) from None
         return cls(
             asr_model=get("NEMOTRON_ASR_MODEL"),
+            asr_cpu_threads=int(threads) if threads is not None else None,
+            asr_final_timeout_s=final_timeout_s,
             asr_device=get("NEMOTRON_ASR_DEVICE") or "auto",
             asr_latency_ms=int(latency),
             asr_language=get("NEMOTRON_ASR_LANGUAGE"),
@@ -152,7 +171,9 @@ class AgentSettings:
         from pipecat_nemotron.models import default_asr_model
 
         return EngineConfig(
-            model=self.asr_model or default_asr_model(self.asr_device), device=self.asr_device
+            model=self.asr_model or default_asr_model(self.asr_device),
+            device=self.asr_device,
+            cpu_threads=self.asr_cpu_threads,
         )
 
     def create_stt(self, **kwargs: Any) -> STTService:
@@ -162,6 +183,8 @@ class AgentSettings:
         kwargs.setdefault("enable_eager_end_of_turn", self.asr_eager_end_of_turn)
         kwargs.setdefault("eager_silence_ms", self.asr_eager_silence_ms)
         kwargs.setdefault("language", self.asr_language)
+        if self.asr_final_timeout_s is not None:
+            kwargs.setdefault("final_timeout_s", self.asr_final_timeout_s)
         return NemotronSTTService(
             engine_config=self.asr_engine_config(), latency_ms=self.asr_latency_ms, **kwargs
         )
@@ -198,6 +221,21 @@ class AgentSettings:
 
         return create_nemotron_llm(NemotronLLMSettings.from_env(self.llm_env))
 
+    async def check_llm(self) -> str | None:
+        """At session start: check once that the configured LLM server answers (an error naming its URL if not).
+
+        Returns:
+            None when it answered or no LLM is configured, else the error message (also logged).
+
+        """
+        if not self.llm_configured:
+            return None
+        from pipecat_nemotron.llm import NemotronLLMSettings
+        from pipecat_nemotron.llm_check import check_llm_endpoint
+
+        llm = NemotronLLMSettings.from_env(self.llm_env)
+        return await check_llm_endpoint(llm.base_url, llm.api_key)
+
     def create_tts(self) -> TTSService | None:
         """Magpie as a NIM (Pipecat's ``NvidiaTTSService``) or in process, or None when neither is configured."""
         if self.tts_nim_server:
@@ -223,7 +261,8 @@ class AgentSettings:
         )
         lines = [
             f"ASR: {self.asr_model or 'default'} ({self.asr_latency_ms} ms mode, device {self.asr_device}"
-            f"{', language ' + self.asr_language if self.asr_language else ''}{eager})"
+            f"{', language ' + self.asr_language if self.asr_language else ''}"
+            f"{f', {self.asr_cpu_threads} CPU threads' if self.asr_cpu_threads else ''}{eager})"
         ]
         if self.llm_configured:
             lines.append(

@@ -27,6 +27,21 @@ TOKENS_ENV = "NEMOTRON_ASR_TOKENS"
 METRICS_TOKEN_ENV = "NEMOTRON_ASR_METRICS_TOKEN"
 
 
+class _DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that ends each option's text with its default (unless it says it already, or there is none)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            not action.option_strings
+            or action.default in (None, argparse.SUPPRESS)
+            or isinstance(action.default, bool)
+            or "default" in text
+        ):
+            return text
+        return f"{text} (default: %(default)s)".strip()
+
+
 def _config_flags(group: argparse._ArgumentGroup, flags: dict[str, str | None]) -> None:
     """Add ``--<field>`` for each :class:`ServerConfig` field in ``flags`` (help text or None).
 
@@ -38,10 +53,11 @@ def _config_flags(group: argparse._ArgumentGroup, flags: dict[str, str | None]) 
     defaults = {f.name: f.default for f in dataclasses.fields(ServerConfig)}
     for name, help_text in flags.items():
         flag, default = "--" + name.replace("_", "-"), defaults[name]
+        # A help text (even empty) lets ``serve --help`` print the default.
         if isinstance(default, bool):
-            group.add_argument(flag, action="store_true", help=help_text)
+            group.add_argument(flag, action="store_true", help=help_text or "")
         else:
-            group.add_argument(flag, type=type(default), default=default, help=help_text)
+            group.add_argument(flag, type=type(default), default=default, help=help_text or "")
 
 
 def _model_options(group: argparse._ArgumentGroup) -> None:
@@ -75,12 +91,17 @@ def _model_options(group: argparse._ArgumentGroup) -> None:
         default=None,
         help="multilingual model: language of sessions that ask for none (es-ES, es or auto; default auto)",
     )
-    group.add_argument("--finalize-mode", choices=("soft", "hard"), default="soft")
+    group.add_argument(
+        "--finalize-mode",
+        choices=("soft", "hard"),
+        default="soft",
+        help="soft: context carries over between utterances; hard: each decoded as a clip of its own",
+    )
     group.add_argument(
         "--cpu-threads",
         type=int,
         default=None,
-        help="torch intra-op threads (CPU serving; 1 is best on a busy or shared CPU)",
+        help="torch intra-op threads of the model on CPU (default: half the cores; 1 on a busy 2-core machine)",
     )
 
 
@@ -90,7 +111,7 @@ def _network_options(group: argparse._ArgumentGroup) -> None:
         group,
         {
             "host": "bind address (0.0.0.0 for all interfaces)",
-            "port": None,
+            "port": "TCP port",
             "path": "WebSocket path of a session",
         },
     )
@@ -137,8 +158,8 @@ def _network_options(group: argparse._ArgumentGroup) -> None:
 
 #: :class:`ServerConfig` limits that ``serve`` sets from a flag of the same name, with their help.
 _LIMIT_FLAGS: dict[str, str | None] = {
-    "max_message_bytes": None,
-    "idle_timeout_s": None,
+    "max_message_bytes": "largest WebSocket message, bytes (larger: closed with 4009)",
+    "idle_timeout_s": "close a session with 4008 after this long without a message from its client, s",
     "handshake_timeout_s": "close a connection that has not completed its HTTP request (WebSocket upgrade) "
     "in this time, s",
     "keepalive_timeout_s": "close an idle HTTP keep-alive connection, s",
@@ -146,8 +167,8 @@ _LIMIT_FLAGS: dict[str, str | None] = {
     "max_control_rate": "control messages (finalize, set_latency, keepalive) per second per session before "
     "reads pause",
     "control_burst": "control messages allowed at once",
-    "max_backlog_ms": None,
-    "backlog_timeout_s": None,
+    "max_backlog_ms": "pause reading a session while the engine holds more of its audio than this, ms",
+    "backlog_timeout_s": "drop a session with 4029 after its backlog stayed above --max-backlog-ms this long, s",
     "drain_timeout_s": "on SIGTERM, let sessions finish this long",
     "unready_when_full": "/readyz answers 503 while all slots are taken",
 }
@@ -170,16 +191,38 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p = sub.add_parser(
         "serve",
         help="run the ASR WebSocket server",
-        description="Serve Nemotron streaming ASR to many clients over WebSockets (nemotron-asr.v1).",
+        description="Serve Nemotron streaming ASR to many clients over WebSockets (nemotron-asr.v1). Needs the "
+        "[server] extra: pip install 'pipecat-nemotron[server]'.",
+        formatter_class=_DefaultsHelpFormatter,
     )
     _model_options(p.add_argument_group("model"))
     _network_options(p.add_argument_group("network and security"))
     _config_flags(p.add_argument_group("limits"), _LIMIT_FLAGS)
-    p.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
+    p.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"), help="loguru level (env LOG_LEVEL)")
     p.set_defaults(func=_serve)
 
 
+#: The modules of the ``[server]`` extra, which ``pipecat-nemotron serve`` needs.
+_SERVER_EXTRA_MODULES = ("aiohttp", "websockets", "prometheus_client")
+
+
+def _missing_server_extra() -> str | None:
+    """The message for a missing ``[server]`` extra (naming the missing module), or None when it is installed."""
+    import importlib.util
+
+    missing = [m for m in _SERVER_EXTRA_MODULES if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return (
+        f"pipecat-nemotron serve needs the [server] extra ({', '.join(missing)} missing): "
+        "pip install 'pipecat-nemotron[server]'"
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
+    if (missing := _missing_server_extra()) is not None:
+        print(missing, file=sys.stderr)
+        return 2
     from loguru import logger
 
     from pipecat_nemotron.engine import EngineConfig
@@ -221,14 +264,11 @@ def _serve(args: argparse.Namespace) -> int:
             default_latency_ms=args.default_latency_ms,
             default_language=args.default_language,
             finalize_mode=args.finalize_mode,
+            cpu_threads=args.cpu_threads,
         )
     except ValueError as e:
         print(f"pipecat-nemotron serve: {e}", file=sys.stderr)
         return 2
-    if args.cpu_threads:
-        import torch
-
-        torch.set_num_threads(args.cpu_threads)
     return asyncio.run(run_server(engine_config, config))
 
 

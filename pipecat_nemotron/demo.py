@@ -3,9 +3,13 @@
     python -m pipecat_nemotron.demo [--wav FILE] [--latency-ms 160] [--fast]
 
 ASR: ``nvidia/nemotron-speech-streaming-en-0.6b`` on a CUDA GPU, else the bundled tiny model on the CPU (override
-with ``NEMOTRON_ASR_MODEL`` in ``.env`` or ``--model``). LLM and TTS: whatever ``.env`` configures
-(``NEMOTRON_LLM_BASE_URL`` ...; ``MAGPIE_TTS_MODEL`` or ``MAGPIE_NIM_SERVER``); without them the demo says so and
-runs the stages it can, still printing transcripts and the latency report.
+with ``NEMOTRON_ASR_MODEL`` in ``.env`` or ``--model``; ``NEMOTRON_CPU_THREADS`` sets its torch threads on CPU).
+LLM and TTS: whatever ``.env`` configures (``NEMOTRON_LLM_BASE_URL`` ...; ``MAGPIE_TTS_MODEL`` or
+``MAGPIE_NIM_SERVER``); without them the demo says so and runs the stages it can, still printing transcripts and
+the latency report. ``.env`` is read from the current directory (or the nearest one above it).
+
+Exit status: 0 when every utterance was transcribed; 1 when none was, or the ASR reported an error (a final lost
+at the end of the session names the seconds of audio it covered); 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ async def run_demo(
     started = time.perf_counter()
     await settings.preload()
     print(f"Models loaded in {time.perf_counter() - started:.1f} s")
+    if await settings.check_llm() is not None:
+        print("LLM: not reachable (see the error above); the turns will get no answer")
     llm = settings.create_llm()
     tts = settings.create_tts() if llm is not None else None
     stt = settings.create_stt()
@@ -73,6 +79,9 @@ async def run_demo(
         from pipecat_nemotron.metrics import format_summary
 
         print(format_summary(agent.observer.summary(log=False)))
+    if collector.errors:
+        print(f"\nThe ASR reported {len(collector.errors)} error(s); see [error] above.")
+        return 1
     return 0 if collector.utterances else 1
 
 
@@ -92,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true", help="DEBUG logs")
     args = parser.parse_args(argv)
 
-    from dotenv import load_dotenv
+    from pipecat_nemotron.llm_env import load_env_file
 
-    load_dotenv()
+    load_env_file()
     logger.remove()
     logger.add(sys.stderr, level="DEBUG" if args.verbose else "WARNING")
     wav = args.wav or _default_wav()

@@ -20,9 +20,9 @@ request JSON.
 Example::
 
     import os
-    from dotenv import load_dotenv
+    from pipecat_nemotron.llm_env import load_env_file
 
-    load_dotenv()
+    load_env_file()  # the .env of the current directory
     llm = create_nemotron_llm(NemotronLLMSettings.from_env(os.environ))
 """
 
@@ -333,7 +333,7 @@ class NemotronLLMSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> NemotronLLMSettings:
-        """Read settings from an environment mapping (pass ``os.environ`` after ``load_dotenv``).
+        """Read settings from an environment mapping (pass ``os.environ`` after ``load_env_file()``).
 
         Keys (all optional; empty values count as unset):
 

@@ -23,6 +23,7 @@ __all__ = [
     "ENV_NVIDIA_API_KEY",
     "ENV_PREFIX",
     "env_text",
+    "load_env_file",
     "settings_from_env",
 ]
 
@@ -43,6 +44,28 @@ ENV_PREFIX = "NEMOTRON_LLM_"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+
+
+def load_env_file(override: bool = False) -> str | None:
+    """Load the ``.env`` of the current directory (or the nearest one above it) into ``os.environ``.
+
+    The demo, the bots and the LLM recipes call this: a ``.env`` belongs to where the user runs a program, not to
+    where the package is installed (python-dotenv's bare ``load_dotenv()`` searches from the calling module's
+    folder, which for an installed wheel is ``site-packages``). ``PYTHON_DOTENV_DISABLED=1`` turns it off.
+
+    Args:
+        override: Let the file's values replace variables already set in the environment.
+
+    Returns:
+        The path of the file loaded, or None when there is none (or loading is disabled).
+
+    """
+    from dotenv import find_dotenv, load_dotenv
+
+    path = find_dotenv(usecwd=True)
+    if not path or not load_dotenv(path, override=override):
+        return None
+    return path
 
 
 def env_text(environ: Mapping[str, str], key: str) -> str | None:

@@ -228,6 +228,7 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
             await self._connect_websocket()
         except Exception as e:
             logger.warning(f"{self}: could not connect to the ASR server at {self._url}: {e}")
+            self._readiness.fail(f"{self}: could not connect to the Nemotron ASR server at {self._url}: {e}", e)
         if self._receive_task is None:
             self._receive_task = self.create_task(self._receive_task_handler(self._report_error))
 
@@ -296,6 +297,7 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
         if is_permanent(error.code):
             msg = f"the Nemotron ASR server refused the session ({error.code}): {error}"
             logger.error(f"{self}: {msg}")
+            self._readiness.fail(f"{self}: {msg}", error)
             await self._report_error(ErrorFrame(msg, exception=error), force_treat_as_permanent=True)
         else:
             logger.warning(f"{self}: the Nemotron ASR server refused the session ({error.code}): {error}")
@@ -321,6 +323,7 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
             self._ready = ready
             self._settings.model = ready.model
             self._fatal_error = None
+        self._readiness.ready()
         self.sessions_opened += 1
         if self.sessions_opened > 1 and replay_ms > 0:
             logger.info(

@@ -35,13 +35,24 @@ from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.engine.loading import prefetch_nemo_imports
 from pipecat_nemotron.engine.shared import SharedEngines, shared_engines
 from pipecat_nemotron.stt_base import NEMOTRON_TTFS_P99, NemotronSTTBase, NemotronSTTSettings
+from pipecat_nemotron.stt_finals import OwedFinals
 from pipecat_nemotron.transcript_result import TranscriptResult
 
-__all__ = ["DEFAULT_LOAD_WAIT_S", "NEMOTRON_TTFS_P99", "NemotronSTTService", "NemotronSTTSettings"]
+__all__ = [
+    "DEFAULT_FINAL_TIMEOUT_S",
+    "DEFAULT_LOAD_WAIT_S",
+    "NEMOTRON_TTFS_P99",
+    "NemotronSTTService",
+    "NemotronSTTSettings",
+]
 
 #: Default bound on how long the end of a session waits for a model that is still loading, seconds. A cold
 #: process imports NeMo and restores the checkpoint (~20 s on a 2-core CPU, more for the 600M model from disk).
 DEFAULT_LOAD_WAIT_S = 120.0
+
+#: Default bound on how long the end of a session waits for the finals still owed, seconds. An engine that keeps
+#: up decodes them in milliseconds; on a busy CPU a final has taken 8 s, and nothing is lost by waiting longer.
+DEFAULT_FINAL_TIMEOUT_S = 60.0
 
 
 class NemotronSTTService(NemotronSTTBase):
@@ -79,6 +90,8 @@ class NemotronSTTService(NemotronSTTBase):
         registry: SharedEngines | None = None,
         ttfs_p99_latency: float | None = None,
         load_wait_s: float = DEFAULT_LOAD_WAIT_S,
+        final_timeout_s: float = DEFAULT_FINAL_TIMEOUT_S,
+        cpu_threads: int | None = None,
         settings: NemotronSTTSettings | None = None,
         **kwargs: Any,
     ) -> None:
@@ -105,6 +118,11 @@ class NemotronSTTService(NemotronSTTBase):
                 load fails) the session reports, as an ``ErrorFrame``, how many seconds of audio it dropped.
                 Seconds. Load the model at process start (:meth:`SharedEngines.preload
                 <pipecat_nemotron.engine.shared.SharedEngines.preload>`) so no session waits at all.
+            final_timeout_s: When the session ends, wait up to this long for the finals still owed (the last
+                utterance's, and any the engine is still decoding), seconds. A final not delivered by then is
+                reported in an ``ErrorFrame`` with the seconds of audio it covered.
+            cpu_threads: On CPU, torch's intra-op threads for the model (``EngineConfig.cpu_threads``; None: half
+                the cores). Only with ``model``/``device``: an ``engine`` or ``engine_config`` carries its own.
             settings: Runtime settings (``latency_ms``); overrides ``latency_ms`` above.
             **kwargs: The eager end of turn's settings (``enable_eager_end_of_turn``, ``eager_silence_ms``,
                 ``eager_signal``, ``eager_vad_analyzer``, ``eager_match_policy``, ``eager_turn_analyzer``,
@@ -113,17 +131,27 @@ class NemotronSTTService(NemotronSTTBase):
                 :class:`~pipecat.services.stt_service.STTService`'s.
 
         Raises:
-            ValueError: Unsupported latency, device or ``load_wait_s`` (the message names the allowed values).
+            ValueError: Unsupported latency, device, ``load_wait_s``, ``final_timeout_s`` or ``cpu_threads`` (the
+                message names the allowed values).
 
         """
         if not load_wait_s >= 0:
             raise ValueError(f"load_wait_s must be >= 0 (seconds), got {load_wait_s!r}")
+        if not final_timeout_s >= 0:
+            raise ValueError(f"final_timeout_s must be >= 0 (seconds), got {final_timeout_s!r}")
         if engine is not None:
             config = engine.config
         elif engine_config is not None:
             config = engine_config
         else:
-            config = EngineConfig(model=model, model_revision=model_revision, device=device)
+            config = EngineConfig(
+                model=model, model_revision=model_revision, device=device, cpu_threads=cpu_threads
+            )
+        if cpu_threads is not None and config.cpu_threads != cpu_threads:
+            raise ValueError(
+                "cpu_threads is an engine setting: pass it in engine_config (EngineConfig(cpu_threads=...)), "
+                "not beside an engine or engine_config"
+            )
         super().__init__(
             latency_ms=latency_ms,
             model=config.model,
@@ -136,6 +164,8 @@ class NemotronSTTService(NemotronSTTBase):
         self._owned_engine = engine
         self._registry = registry or shared_engines
         self._load_wait_s = float(load_wait_s)
+        self._final_timeout_s = float(final_timeout_s)
+        self._owed = OwedFinals()
         self._engine: NemotronEngine | None = None
         self._stream: ASRStream | None = None
         self._connect_task: asyncio.Task[None] | None = None
@@ -143,7 +173,6 @@ class NemotronSTTService(NemotronSTTBase):
         # Audio (bytes) and finalize marks (None) received before the engine was ready, in order. Items stay
         # here, and later ones queue behind them, until ``_replay_pending`` has handed all of them to the stream.
         self._pending: list[bytes | None] = []
-        self._ready = asyncio.Event()
         # Set when the engine could not be started for this session: audio is then not kept; what arrives
         # after the failure is counted here and reported when the session ends.
         self._load_failed = False
@@ -163,10 +192,6 @@ class NemotronSTTService(NemotronSTTBase):
     def stream(self) -> ASRStream | None:
         """The engine stream of this session (None until connected, and after stop)."""
         return self._stream
-
-    async def wait_until_ready(self) -> None:
-        """Wait until the model is loaded and this session's stream is open (after ``StartFrame``)."""
-        await self._ready.wait()
 
     def _finalize_p99_ms(self) -> float | None:
         """The engine's finalize p99 (its recent finals), ms; None before the engine runs or finalizes."""
@@ -188,13 +213,14 @@ class NemotronSTTService(NemotronSTTBase):
             else:
                 self._engine = await self._registry.acquire(self._engine_config)
             self._open_stream()
-            self._ready.set()
+            self._readiness.ready()
         except Exception as e:
             self._load_failed = True
             dropped_s = self._drop_pending()
             # A started engine that refuses the stream (a language the model lacks) is this session's setting.
             what = "engine failed to start" if self._engine is None else "session could not open its stream"
             logger.error(f"{self}: Nemotron ASR {what} ({dropped_s:.1f} s of audio not transcribed): {e}")
+            self._readiness.fail(f"{self}: Nemotron ASR {what}: {e}", e)
             await self.push_error(
                 error_msg=(
                     f"Nemotron ASR {what}: {e}; {dropped_s:.1f} s of this session's audio were not transcribed"
@@ -259,6 +285,7 @@ class NemotronSTTService(NemotronSTTBase):
         assert self._engine is not None
         self._stream = self._engine.open_stream(latency_ms=self.latency_ms, language=self.language)
         self._last_interim = ""  # a new stream starts its interim text afresh
+        self._owed.reset()
         self._reader_task = self.create_task(self._read_updates(self._stream), name=f"{self}::results")
 
     async def _close(self, drain: bool = False) -> None:
@@ -277,7 +304,8 @@ class NemotronSTTService(NemotronSTTBase):
         task, self._reader_task = self._reader_task, None
         if task is not None:
             if drain:
-                # The stream is closed, so its updates iterator ends after the queued updates.
+                # The stream is closed, so its updates iterator ends after the queued updates: finals already
+                # decoded, whose delivery takes milliseconds.
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(task), timeout=5.0)
             if not task.done():
@@ -290,10 +318,11 @@ class NemotronSTTService(NemotronSTTBase):
             logger.warning(f"{self}: session cancelled; {dropped_s:.1f} s of audio were not transcribed")
 
     async def stop(self, frame: EndFrame) -> None:
-        """Finalize what the user said last (if anything), then close the stream and free its slot.
+        """Finalize what the user said last (if anything), wait for the finals owed, then close the stream.
 
         If the model is still loading, first wait for it (up to ``load_wait_s``) so that the audio received
-        meanwhile is transcribed and its finals delivered.
+        meanwhile is transcribed. Then wait (up to ``final_timeout_s``) while the engine decodes the finals still
+        owed; one that never arrives is reported in an ``ErrorFrame`` naming the seconds of audio it covered.
         """
         await self._wait_for_load()
         if self._dropped_after_failure_s > 0:
@@ -307,12 +336,14 @@ class NemotronSTTService(NemotronSTTBase):
         stream = self._stream
         if stream is not None and not stream.closed and stream.has_pending_speech:
             self.request_finalize()
-            try:
-                # The final reaches the pipeline through the results task, like every other final.
-                await asyncio.wait_for(stream.finalize(), timeout=5.0)
-            except (asyncio.TimeoutError, NemotronEngineError) as e:
-                logger.warning(f"{self}: could not finalize at end of session: {e!r}")
+            # The final reaches the pipeline through the results task, like every other final.
+            await self._finalize()
+        await self._owed.wait(self._final_timeout_s, self)
         await self._close(drain=True)
+        lost = self._owed.lost_message(self._final_timeout_s)
+        if lost is not None:
+            logger.error(f"{self}: {lost}")
+            await self.push_error(error_msg=f"Nemotron ASR: {lost}")
         await super().stop(frame)
 
     async def cancel(self, frame: CancelFrame) -> None:
@@ -343,6 +374,8 @@ class NemotronSTTService(NemotronSTTBase):
             await stream.push(audio, sample_rate=self.sample_rate, num_channels=1)
         except NemotronEngineError as e:
             await self._stream_failed(e)
+            return
+        self._owed.add_audio(len(audio) / (2.0 * (self.sample_rate or MODEL_SAMPLE_RATE)))
 
     async def _stream_failed(self, error: BaseException) -> None:
         """Report a failed stream (this session only) and continue on a fresh one."""
@@ -382,6 +415,7 @@ class NemotronSTTService(NemotronSTTBase):
             return
         # The final is delivered through the updates iterator; the future only needs its error observed.
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._owed.finalized(future)
 
     async def _read_updates(self, stream: ASRStream) -> None:
         try:

@@ -53,10 +53,13 @@ from pipecat_nemotron.eager import (
 from pipecat_nemotron.engine.config import validate_latency_ms
 from pipecat_nemotron.engine.languages import AUTO, language_code
 from pipecat_nemotron.metrics import asr_finalize_metrics_frame
+from pipecat_nemotron.stt_ready import NemotronSTTUnavailableError, Readiness
+from pipecat_nemotron.stt_ttfs import NEMOTRON_TTFS_P99, TTFS_MARGIN, VAD_STOP_SECS, ttfs_p99_from_finalize_ms
 from pipecat_nemotron.transcript_result import TranscriptResult
 
 __all__ = [
     "NEMOTRON_TTFS_P99",
+    "NemotronSTTUnavailableError",
     "TTFS_MARGIN",
     "VAD_STOP_SECS",
     "NemotronSTTBase",
@@ -64,20 +67,6 @@ __all__ = [
     "frame_language",
     "ttfs_p99_from_finalize_ms",
 ]
-
-#: VAD silence that ends a user turn, seconds: what Pipecat's built-in TTFS values assume, and the agent's default.
-VAD_STOP_SECS = 0.2
-
-#: TTFS p99 used before any finalize time was measured: 0.2 s of VAD stop plus 50 ms, the reference finalize
-#: p99 on a GPU (24 ms max measured) with margin, seconds.
-NEMOTRON_TTFS_P99 = 0.25
-
-#: Safety factor applied to the measured finalize p99 when deriving ``ttfs_p99_latency``.
-TTFS_MARGIN = 1.5
-
-#: Smallest finalize share of the derived TTFS p99, ms.
-_TTFS_FLOOR_MS = 20.0
-
 
 def frame_language(language: str | None) -> Language | None:
     """Pipecat's ``Language`` for a transcript decoded with the prompt ``language``.
@@ -92,22 +81,6 @@ def frame_language(language: str | None) -> Language | None:
         return Language(language)
     except ValueError:
         return None
-
-
-def ttfs_p99_from_finalize_ms(finalize_p99_ms: float | None) -> float:
-    """TTFS p99 a service announces, from the p99 of its measured finalize times.
-
-    Args:
-        finalize_p99_ms: p99 of the finalize times measured so far, ms (None before the first one).
-
-    Returns:
-        ``VAD_STOP_SECS`` plus :data:`TTFS_MARGIN` times ``finalize_p99_ms`` (at least 20 ms), rounded to the
-        millisecond, or :data:`NEMOTRON_TTFS_P99` when nothing was measured; seconds.
-
-    """
-    if finalize_p99_ms is None:
-        return NEMOTRON_TTFS_P99
-    return round(VAD_STOP_SECS + max(finalize_p99_ms * TTFS_MARGIN, _TTFS_FLOOR_MS) / 1000.0, 3)
 
 
 @dataclass
@@ -233,6 +206,19 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         self._peek_task: asyncio.Task[None] | None = None
         self._commit = TurnCommit(eager_turn_analyzer)
         self._hold_words = frozenset(eager_hold_words)
+        #: Whether the subclass's transport can transcribe yet (it calls ``ready()`` / ``fail()``).
+        self._readiness = Readiness()
+
+    async def wait_until_ready(self, timeout: float | None = None) -> None:
+        """Wait until the service can transcribe (after ``StartFrame``), at most ``timeout`` seconds if given.
+
+        Raises:
+            NemotronSTTUnavailableError: The model failed to load, the session could not open (a language the
+                model lacks, a server that refused it or cannot be reached), or the session ended first.
+            TimeoutError: ``timeout`` passed first.
+
+        """
+        await self._readiness.wait(timeout)
 
     # ---- what the subclasses implement --------------------------------------------------------------------
 
@@ -477,8 +463,10 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         await self._cancel_eager_end_of_turn()
 
     async def cleanup(self) -> None:
-        """Stop a peek still running."""
+        """Stop a peek still running; a caller still waiting for readiness learns that it will not come."""
         await self._cancel_peek()
+        if not self._readiness.settled:
+            self._readiness.fail(f"{self}: the session ended before the service was ready")
         await super().cleanup()
 
     @traced_stt

@@ -10,6 +10,7 @@ from typing import TextIO
 from pipecat.frames.frames import (
     CancelFrame,
     EndFrame,
+    ErrorFrame,
     InterimTranscriptionFrame,
     MetricsFrame,
     StartFrame,
@@ -21,6 +22,14 @@ from pipecat.processors.frame_processor import FrameDirection
 
 from pipecat_nemotron.metrics import is_asr_finalize_metric
 from pipecat_nemotron.transcript_result import TranscriptResult
+
+
+def _is_terminal(out: TextIO) -> bool:
+    """Whether ``out`` is a terminal (escape codes and overwritten lines only make sense there)."""
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):  # a closed or file-like stream without isatty
+        return False
 
 
 @dataclass
@@ -54,8 +63,10 @@ class TranscriptCollector(BaseObserver):
 
     Args:
         stt_name: Name of the STT processor whose frames and metrics to record (``stt.name``).
-        out: Stream to print interim/final lines to (None: silent).
-        show_interims: Also print interim transcripts (overwriting one console line).
+        out: Stream to print interim/final lines to (None: silent). On a terminal, interims overwrite one line;
+            elsewhere (a file, a pipe) only plain lines are written: finals and errors, no interims, no escape
+            codes.
+        show_interims: Also print interim transcripts (overwriting one console line; terminals only).
         on_final: Called with each :class:`UtteranceRecord` once its numbers are known (e.g. a bot's log line).
         show_words: Also print each final's words with their start and end (s from the stream's start) and
             confidence, and the utterance's confidence.
@@ -77,33 +88,31 @@ class TranscriptCollector(BaseObserver):
         self.on_final = on_final
         self.show_words = show_words
         self.utterances: list[UtteranceRecord] = []
+        #: The STT service's errors (``ErrorFrame.error``), in order: a session with any lost something.
+        self.errors: list[str] = []
+        self._terminal = out is not None and _is_terminal(out)
         self._metrics_enabled = True
         self._ttfs_ms: float | None = None
         self._awaiting_finalize: UtteranceRecord | None = None
 
     async def on_push_frame(self, data: FramePushed) -> None:
         """Record the STT service's transcripts and metrics, in the order it pushed them."""
+        frame = data.frame
+        if isinstance(frame, ErrorFrame):
+            if getattr(data.source, "name", None) == self.stt_name:
+                self._on_error(frame)
+            return
         if data.direction != FrameDirection.DOWNSTREAM:
             return
-        frame = data.frame
         if isinstance(frame, StartFrame):
-            self._metrics_enabled = frame.enable_metrics
+            # The pipeline's metrics setting, as every processor was set up with it.
+            self._metrics_enabled = bool(getattr(data.source, "metrics_enabled", True))
         elif isinstance(frame, (EndFrame, CancelFrame)):
             self._flush()
         elif getattr(data.source, "name", None) != self.stt_name:
             return
         elif isinstance(frame, MetricsFrame):
-            for metric in frame.data:
-                if is_asr_finalize_metric(metric) and self._awaiting_finalize is not None:
-                    self._awaiting_finalize.finalize_ms = metric.value * 1000.0
-                    self._flush()
-                elif (
-                    isinstance(metric, TTFBMetricsData)
-                    and metric.processor == self.stt_name
-                    and metric.value > 0
-                ):
-                    # (value 0 is the placeholder every processor reports at pipeline start)
-                    self._ttfs_ms = metric.value * 1000.0
+            self._on_metrics(frame)
         elif isinstance(frame, TranscriptionFrame):
             self._flush()
             result = frame.result if isinstance(frame.result, TranscriptResult) else None
@@ -113,8 +122,28 @@ class TranscriptCollector(BaseObserver):
             self._awaiting_finalize = record
             if not self._metrics_enabled:
                 self._flush()
-        elif isinstance(frame, InterimTranscriptionFrame) and self.out is not None and self.show_interims:
+        elif isinstance(frame, InterimTranscriptionFrame) and self._terminal and self.show_interims:
+            assert self.out is not None
             self.out.write(f"\r  … {frame.text[-100:]}\033[K")
+            self.out.flush()
+
+    def _on_metrics(self, frame: MetricsFrame) -> None:
+        for metric in frame.data:
+            if is_asr_finalize_metric(metric) and self._awaiting_finalize is not None:
+                self._awaiting_finalize.finalize_ms = metric.value * 1000.0
+                self._flush()
+            elif isinstance(metric, TTFBMetricsData) and metric.processor == self.stt_name and metric.value > 0:
+                # (value 0 is the placeholder every processor reports at pipeline start)
+                self._ttfs_ms = metric.value * 1000.0
+
+    def _line(self, text: str) -> str:
+        """``text`` as a line of its own: on a terminal, over the interim line (cleared to its end)."""
+        return f"\r{text}\033[K\n" if self._terminal else f"{text}\n"
+
+    def _on_error(self, frame: ErrorFrame) -> None:
+        self.errors.append(frame.error)
+        if self.out is not None:
+            self.out.write(self._line(f"[error] {frame.error}"))
             self.out.flush()
 
     def _flush(self) -> None:
@@ -128,7 +157,7 @@ class TranscriptCollector(BaseObserver):
             return
         ttfs = f"{record.ttfs_ms:.0f} ms" if record.ttfs_ms is not None else "n/a"
         fin = f"{record.finalize_ms:.1f} ms" if record.finalize_ms is not None else "n/a"
-        self.out.write(f"\r[final] {record.text}\033[K\n        TTFS {ttfs} · ASR finalize {fin}\n")
+        self.out.write(self._line(f"[final] {record.text}") + f"        TTFS {ttfs} · ASR finalize {fin}\n")
         if self.show_words and record.result is not None and record.result.words:
             confidence = record.result.confidence or 0.0
             self.out.write(f"        confidence {confidence:.2f}; words (start, end, confidence):\n")

@@ -142,7 +142,9 @@ async def run_worker_on_wav(
     """Run ``worker`` under Pipecat's ``WorkerRunner`` and feed it a WAV file, as a microphone session would.
 
     Feeding starts once the pipeline has started and ``stt`` is ready (its model loaded); the ``EndFrame`` after
-    the audio ends the run.
+    the audio ends the run. However it ends early (the STT cannot start, the timeout, the caller cancels), the
+    pipeline is cancelled and torn down before this returns or raises: the STT's stream is closed and no
+    pipeline task is left running.
 
     Args:
         worker: A pipeline worker not yet running.
@@ -151,6 +153,11 @@ async def run_worker_on_wav(
         realtime: Pace frames in real time; else as fast as possible.
         trailing_silence_s: Silence appended after the audio, seconds.
         timeout_s: Give up (``TimeoutError``) after this long, seconds; None waits for the end.
+
+    Raises:
+        NemotronSTTUnavailableError: The STT could not start (its model failed to load, its server is
+            unreachable); nothing was fed.
+        TimeoutError: ``timeout_s`` passed.
 
     """
     from pipecat.pipeline.runner import WorkerRunner
@@ -168,4 +175,41 @@ async def run_worker_on_wav(
         await stt.wait_until_ready()
         await feed_wav(worker, path, realtime=realtime, trailing_silence_s=trailing_silence_s)
 
-    await asyncio.wait_for(asyncio.gather(runner.run(), feed()), timeout=timeout_s)
+    run = asyncio.ensure_future(runner.run())
+    feeding = asyncio.ensure_future(feed())
+    try:
+        await _until_both_end(run, feeding, timeout_s)
+    except BaseException:
+        await _tear_down(worker, run, feeding)
+        raise
+
+
+async def _until_both_end(run: asyncio.Future[Any], feeding: asyncio.Future[Any], timeout_s: float | None) -> None:
+    """Wait for the pipeline run and the feeding to end; raise the first error, or TimeoutError.
+
+    Neither is cancelled here (``asyncio.wait``, not ``gather``): the caller tears the pipeline down itself.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    pending = {run, feeding}
+    while pending:
+        remaining = None if deadline is None else max(0.0, deadline - loop.time())
+        done, pending = await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        if not done:
+            raise TimeoutError(f"the pipeline did not end within {timeout_s:g} s")
+        for task in done:
+            task.result()
+        if run in done and feeding in pending:  # the pipeline ended early: nothing more can be fed
+            feeding.cancel()
+            pending.discard(feeding)
+
+
+async def _tear_down(worker: PipelineWorker, run: asyncio.Future[Any], feeding: asyncio.Future[Any]) -> None:
+    """Cancel the pipeline and wait until it has stopped (even while the caller is being cancelled)."""
+    feeding.cancel()
+    if not run.done():
+        # A cancelled ``runner.run()`` returns before the pipeline's processors have stopped; a CancelFrame
+        # through the pipeline stops each of them (the STT closes its stream), and ``run`` ends after that.
+        await asyncio.shield(worker.cancel())
+        await asyncio.shield(asyncio.wait({run}))
+    await asyncio.gather(run, feeding, return_exceptions=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -67,6 +68,19 @@ def validate_latency_ms(latency_ms: int, modes: Iterable[int] | None = None) -> 
     return latency_ms
 
 
+def default_cpu_threads() -> int:
+    """Intra-op threads (torch) of an engine on CPU whose config names none: half the usable cores, at least 1.
+
+    The other half is left to the event loop (VAD, transport, the pipeline) and to other processes: threads
+    that outnumber the idle cores make every step wait for the slowest, descheduled one.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // 2)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Init-only settings of a :class:`~pipecat_nemotron.engine.NemotronEngine`.
@@ -94,6 +108,11 @@ class EngineConfig:
             (context carries over, cheaper); ``"hard"`` resets them after each final (each utterance is
             decoded exactly as if it were a clip of its own).
         warmup: Run a few steps in every mode at ``start()`` so the first user does not pay for it.
+        cpu_threads: On CPU, torch's intra-op threads for the model (set on the engine's model thread at
+            ``start()``; threads torch creates later inherit it). None: :func:`default_cpu_threads`, half the
+            cores this process may use (at least 1). More threads than idle cores make a step wait for
+            descheduled threads: on 2 cores beside a busy process, torch's default (all cores) turned a 10 ms
+            finalize into seconds (``docs/BENCHMARKS.md``). Ignored on CUDA.
         encoder_step: ``"fast"`` runs our encoder step (:mod:`pipecat_nemotron.engine.fast_step`: cached
             projected K/V, reused positional projections, matmul convolutions; same output as NeMo's, twice
             the attention cache per stream); ``"nemo"`` runs NeMo's ``cache_aware_stream_step`` (for
@@ -133,6 +152,7 @@ class EngineConfig:
     detect_language: bool = True
     finalize_mode: FinalizeMode = "soft"
     warmup: bool = True
+    cpu_threads: int | None = None
     encoder_step: EncoderStep = "fast"
     cuda_graphs: bool = True
     cuda_graph_decoder: bool = False
@@ -153,6 +173,12 @@ class EngineConfig:
             raise ValueError(f"max_streams must be a positive int, got {self.max_streams!r}")
         if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be a positive int, got {self.max_batch_size!r}")
+        if self.cpu_threads is not None and (
+            not isinstance(self.cpu_threads, int) or isinstance(self.cpu_threads, bool) or self.cpu_threads < 1
+        ):
+            raise ValueError(
+                f"cpu_threads must be a positive int or None (half the cores), got {self.cpu_threads!r}"
+            )
         if self.finalize_mode not in ("soft", "hard"):
             raise ValueError(f"finalize_mode must be 'soft' or 'hard', got {self.finalize_mode!r}")
         if self.encoder_step not in ("fast", "nemo"):

@@ -16,7 +16,7 @@ import numpy as np
 from loguru import logger
 
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
-from pipecat_nemotron.engine.config import EngineConfig, validate_latency_ms
+from pipecat_nemotron.engine.config import EngineConfig, default_cpu_threads, validate_latency_ms
 from pipecat_nemotron.engine.errors import (
     CapacityError,
     EngineNotRunningError,
@@ -109,6 +109,8 @@ class NemotronEngine:
         self._info: EngineInfo | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_lock: asyncio.Lock | None = None
+        #: torch intra-op threads of the model thread on CPU (0 on CUDA, or before ``start()``).
+        self._cpu_threads = 0
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
 
@@ -192,7 +194,8 @@ class NemotronEngine:
                 f"modes {list(self._info.latency_modes)} ms, "
                 f"{'languages ' + ', '.join(self._info.languages) if self._info.languages else 'English'}, "
                 f"{self.config.max_streams} slots of "
-                f"{runner.slot_bytes / 1e6:.2f} MB, {runner.encoder_step} encoder step, loaded in {load_s:.1f} s"
+                f"{runner.slot_bytes / 1e6:.2f} MB, {runner.encoder_step} encoder step"
+                f"{f', {self._cpu_threads} CPU threads' if self._cpu_threads else ''}, loaded in {load_s:.1f} s"
             )
             if runner.device.type == "cuda":
                 logger.info(f"Nemotron ASR GPU path after warm-up: {runner.describe_gpu_path()}")
@@ -214,7 +217,9 @@ class NemotronEngine:
         device = resolve_torch_device(self.config.device)
         dtype = resolve_dtype(self.config.dtype, device)
         if device.type == "cpu":
-            torch.set_num_threads(max(1, torch.get_num_threads()))
+            # This is the model thread: torch keeps the count per thread (and hands it to threads made later).
+            torch.set_num_threads(self.config.cpu_threads or default_cpu_threads())
+            self._cpu_threads = torch.get_num_threads()
         model = load_asr_model(self.config, device, dtype)
         runner = ModelRunner(
             model,

@@ -23,6 +23,13 @@ if TYPE_CHECKING:
 #: Where a model id's ``.nemo`` file lives on the Hugging Face Hub: ``<repo>/<name>.nemo``.
 _NEMO_SUFFIX = ".nemo"
 
+#: What a failed download tells the user: the network it needs, and the local file that needs none.
+_OFFLINE_HINT = (
+    "Downloading needs network access to huggingface.co (or the model already in the Hugging Face cache, with "
+    "HF_HUB_OFFLINE=1). Without network, pass the path of a local .nemo file instead: the bundled tiny model is "
+    "pipecat_nemotron.TINY_MODEL_PATH (what pipecat_nemotron.default_asr_model('cpu') returns)."
+)
+
 #: The NeMo modules every ASR load needs; importing them is most of a cold start (~7-12 s on a 2-core CPU).
 _NEMO_ASR_MODULES = ("nemo.collections.asr",)
 
@@ -134,7 +141,7 @@ def _resolve_source(config: EngineConfig) -> tuple[str, Path | None]:
     except Exception as e:
         raise ModelLoadError(
             f"Could not fetch {filename!r} of {model!r} at revision {config.model_revision!r}: {e}. "
-            "Check the id and revision, network access, or pass a local .nemo path."
+            f"Check the id and revision. {_OFFLINE_HINT}"
         ) from e
     return f"{model}@{config.model_revision}", Path(local)
 
@@ -161,6 +168,11 @@ def load_asr_model(config: EngineConfig, device: torch.device, dtype: torch.dtyp
             else:
                 model = ASRModel.from_pretrained(config.model, map_location=device)
         except Exception as e:
+            if local_path is None:
+                raise ModelLoadError(
+                    f"Could not get the ASR model {description!r} from the Hugging Face Hub: {type(e).__name__}: "
+                    f"{e}. Check the model id. {_OFFLINE_HINT}"
+                ) from e
             raise ModelLoadError(
                 f"Could not load ASR model from {description!r}: {type(e).__name__}: {e}. Expected a NeMo .nemo "
                 "checkpoint of a cache-aware FastConformer-RNNT (e.g. nvidia/nemotron-speech-streaming-en-0.6b)."
