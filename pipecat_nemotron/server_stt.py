@@ -179,7 +179,8 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
         self._replay_max_s = replay_max_s
         self._replay_preroll_s = replay_preroll_s
         self._final_timeout_s = final_timeout_s
-        self._keeper = SessionKeeper(
+        #: Receives and reconnects; its ``reconnects`` and ``failed_attempts`` record the outages.
+        self.keeper = SessionKeeper(
             policy,
             name=str(self),
             receive=self._receive_messages,
@@ -188,8 +189,6 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
             report=self._report_error,
             reconnected=self._on_reconnected,
         )
-        #: Every outage that ended in a new session, oldest first.
-        self.reconnects: list[ReconnectRecord] = []
         self._replayed_ms = self._dropped_ms = 0.0
         self._receive_task: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
@@ -243,7 +242,7 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
         try:
             await self._connect_websocket()
         except Exception as e:
-            await self._keeper.connect_failed(e)
+            await self.keeper.connect_failed(e)
         if self._receive_task is None:
             self._receive_task = self.create_task(self._receive_task_handler(self._report_error))
 
@@ -256,7 +255,7 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
 
     async def _receive_task_handler(self, report_error: Any) -> None:
         """Receive, and reconnect under the :class:`ReconnectPolicy` (in place of Pipecat's attempt count)."""
-        await self._keeper.run()
+        await self.keeper.run()
 
     async def _reopen(self) -> tuple[float, float]:
         """A new session for a lost one; returns the audio replayed and the audio the bound had dropped, s."""
@@ -265,7 +264,6 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
         return self._replayed_ms / 1000, self._dropped_ms / 1000
 
     async def _on_reconnected(self, record: ReconnectRecord) -> None:
-        self.reconnects.append(record)
         await self.push_frame(record.metrics_frame(self.name))
         error = record.dropped_error(self._replay_max_s)
         if error is not None:

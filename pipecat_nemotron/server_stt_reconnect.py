@@ -22,6 +22,7 @@ import asyncio
 import dataclasses
 import random
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -237,6 +238,11 @@ class SessionKeeper:
         rng: Random source of the jitter (seeded in tests).
         clock: Monotonic clock, s.
 
+    Attributes:
+        reconnects: Every outage that ended in a new session, oldest first.
+        failed_attempts: Why each failed connection attempt failed (the first connect's included), the
+            last 100.
+
     """
 
     def __init__(
@@ -263,9 +269,12 @@ class SessionKeeper:
         self._clock = clock
         self._step = 0  # backoff position, carried across sessions that end quickly
         self._quick_failures = 0
+        self.reconnects: list[ReconnectRecord] = []
+        self.failed_attempts: deque[str] = deque(maxlen=100)
 
     async def connect_failed(self, error: Exception) -> None:
         """The first connection (at ``StartFrame``) failed: stop if it was refused for good, else :meth:`run` retries."""
+        self.failed_attempts.append(describe_failure(error))
         logger.warning(f"{self._name}: could not connect to the ASR server: {describe_failure(error)}")
         if not self._stopped() and is_permanent_failure(error):
             await self._say(f"the ASR server refused the session for good ({describe_failure(error)})", True)
@@ -341,6 +350,7 @@ class SessionKeeper:
                 if self._stopped():
                     return False  # a permanent refusal, reported by connect
                 last = describe_failure(e)
+                self.failed_attempts.append(last)
                 if is_permanent_failure(e):
                     await self._say(f"the ASR server refused the session for good ({last})", True)
                     return False
@@ -354,5 +364,6 @@ class SessionKeeper:
                 f"{self._name}: reconnected after {record.outage_s:.2f} s ({attempts} attempt(s); lost: "
                 f"{record.cause}); replayed {replayed_s:.2f} s of unconfirmed audio"
             )
+            self.reconnects.append(record)
             await self._reconnected(record)
             return True

@@ -107,7 +107,7 @@ async def test_refusals_and_sessions_lost_at_once_do_not_stop_the_client(
         down, up = await run_test(stt, frames_to_send=[SleepFrame(sleep=0.2), *turn(pcm, wait=1.0)], start_timeout=5)
     assert finals(down) == [expected]
     assert stt.is_usable and proxy.done[:15] == [*refusals, "drop", "drop", "drop"]
-    assert stt.reconnects and stt.reconnects[-1].replayed_s == pytest.approx(len(pcm) / 32000, abs=1e-6)
+    assert stt.keeper.reconnects and stt.keeper.reconnects[-1].replayed_s == pytest.approx(len(pcm) / 32000, abs=1e-6)
     assert not [e for e in errors(up) if "for good" in e or "could not reconnect" in e]
 
 
@@ -152,8 +152,8 @@ async def test_the_replay_buffer_is_bounded_and_what_it_dropped_is_reported(
             SleepFrame(sleep=1.0),
         ]
         down, up = await run_test(stt, frames_to_send=frames, start_timeout=5)
-    assert len(stt.reconnects) == 1, stt.reconnects
-    rec = stt.reconnects[0]
+    assert len(stt.keeper.reconnects) == 1, stt.keeper.reconnects
+    rec = stt.keeper.reconnects[0]
     assert rec.attempts == 4 and rec.replayed_s <= 0.5
     assert rec.dropped_s > 0 and rec.replayed_s + rec.dropped_s == pytest.approx(len(pcm) / 32000, abs=1e-6)
     reported = [e for e in errors(up) if "dropped from the replay buffer" in e]
