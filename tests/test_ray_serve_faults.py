@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import ws_client
 from helpers import audio_frames, one_torch_thread
 from pipecat.frames.frames import (
     ErrorFrame,
@@ -28,6 +29,7 @@ from pipecat.frames.frames import (
 )
 from pipecat.tests.utils import SleepFrame, run_test
 from processes import free_port
+from websockets.exceptions import ConnectionClosed
 
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
@@ -88,6 +90,17 @@ def kill_actor(ray: Any, match: Callable[[str], bool]) -> str:
             ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
             return actor["name"]
     raise LookupError("no such Serve actor")
+
+
+async def closed_with(ws: Any, timeout: float = 60.0) -> list[Any]:
+    """Read a raw session until the server closes it; return ``[close code, the error message's reason]``."""
+    reason = None
+    with contextlib.suppress(ConnectionClosed):
+        async with asyncio.timeout(timeout):
+            async for raw in ws:
+                if isinstance(raw, str) and '"error"' in raw:
+                    reason = json.loads(raw).get("reason")
+    return [ws.close_code, reason]
 
 
 def outages(stts: list[NemotronServerSTTService], since: list[int]) -> list[dict[str, Any]]:
@@ -155,6 +168,39 @@ def test_no_gpu_the_default_is_refused_with_the_fix_and_app_builder_takes_the_cp
     assert deployment.max_queued_requests == -1 and deployment.max_ongoing_requests == 8 + 16
 
 
+async def test_a_paused_session_learns_at_once_that_serve_lost_its_client() -> None:
+    """Under Serve a dead proxy shows only as a failing receive; a session whose reads were paused (a replayed
+    backlog) kept its slot until it read again (80 s in the fault test), refusing its own client's reconnect."""
+    pytest.importorskip("starlette", reason="starlette comes with ray[serve]")
+    from starlette.websockets import WebSocket
+
+    from pipecat_nemotron.server.ray_serve import StarletteTransport
+
+    events: asyncio.Queue[Any] = asyncio.Queue()
+    for message in ({"type": "websocket.connect"}, {"type": "websocket.receive", "bytes": b"\0\0" * 160}):
+        events.put_nowait(message)
+
+    async def receive() -> Any:
+        message = await events.get()
+        if isinstance(message, BaseException):
+            raise message
+        return message
+
+    async def send(message: Any) -> None:
+        pass
+
+    ws = WebSocket({"type": "websocket", "path": "/v1/asr", "headers": [], "subprotocols": []}, receive, send)
+    await ws.accept()
+    transport = StarletteTransport(ws, 65536)
+    await asyncio.sleep(0.05)
+    assert not transport.peer_gone()
+    events.put_nowait(RuntimeError("ActorDiedError: the proxy died"))  # what Serve's receive bridge raises
+    await wait_until(transport.peer_gone, 5, "the transport to see the dead proxy without a receive")
+    assert (await transport.receive(1)).kind == "binary"  # what came before is still delivered, in order
+    assert (await transport.receive(1)).kind == "error"
+    assert (await transport.receive(1)).kind == "closed"
+
+
 @pytest.mark.slow
 async def test_burst_double_replica_kill_and_proxy_kill_lose_no_final() -> None:
     ray = pytest.importorskip("ray", reason="ray[serve] is not installed (pip install 'pipecat-nemotron[ray]')")
@@ -189,7 +235,7 @@ async def test_burst_double_replica_kill_and_proxy_kill_lose_no_final() -> None:
         await asyncio.to_thread(serve.run, app, route_prefix="/", blocking=False)
         url = f"ws://127.0.0.1:{port}/v1/asr"
         stts = [
-            NemotronServerSTTService(url=url, token=None, replay_max_s=300, final_timeout_s=120) for _ in range(CLIENTS)
+            NemotronServerSTTService(url=url, token=None, replay_max_s=300, final_timeout_s=300) for _ in range(CLIENTS)
         ]
         runs = [
             asyncio.create_task(run_test(stt, frames_to_send=speaker(i, stop, spoken[i]), start_timeout=30))  # type: ignore[arg-type]
@@ -221,7 +267,17 @@ async def test_burst_double_replica_kill_and_proxy_kill_lose_no_final() -> None:
         report["proxy_kill"] = outages(stts, marks)
         await asyncio.sleep(1.0)
         stop.set()
-        results = await asyncio.wait_for(asyncio.gather(*runs), 180)
+        results = await asyncio.wait_for(asyncio.gather(*runs), 420)
+        # 4. Drain: Serve starting a replica's graceful shutdown (as on redeploy or downscale) closes its
+        # session with the going_away error and 1001 after drain_timeout_s, before Serve would kill it.
+        ws, ready = await ws_client.open_session(url, open_timeout=30)
+        replica = next(
+            a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith(ready.server_id)
+        )
+        draining = ray.get_actor(replica["name"], namespace=replica["namespace"]).perform_graceful_shutdown.remote()
+        report["drain"] = await closed_with(ws)
+        assert report["drain"] == [1001, "going_away"], report["drain"]
+        await asyncio.to_thread(ray.get, draining, timeout=60)
     finally:
         for run in runs:
             run.cancel()

@@ -48,6 +48,12 @@ if TYPE_CHECKING:
 class StarletteTransport:
     """:class:`~pipecat_nemotron.server.transport.Transport` over a Starlette ``WebSocket`` (already accepted).
 
+    A reader task moves the connection's messages into an inbox as they arrive, so that a session whose reads
+    are paused (pacing, backlog) still learns at once that its client is gone: under Serve the client's
+    connection ends at the proxy, and the replica hears of it (a disconnect, or an error once the proxy has
+    died) only through a receive. The inbox holds no more than Serve's own receive queue would (Serve fetches
+    every message from the proxy whether or not the app reads).
+
     Args:
         ws: The accepted WebSocket.
         max_message_bytes: Messages larger than this are reported as ``too_big`` (Serve's proxy has its own,
@@ -59,6 +65,9 @@ class StarletteTransport:
         self.ws = ws
         self.max_message_bytes = max_message_bytes
         self._closed = False
+        self._gone = False
+        self._inbox: asyncio.Queue[Incoming] = asyncio.Queue()
+        self._reader = asyncio.get_running_loop().create_task(self._read())
 
     @property
     def closed(self) -> bool:
@@ -68,27 +77,26 @@ class StarletteTransport:
         return self._closed or self.ws.application_state != WebSocketState.CONNECTED
 
     def peer_gone(self) -> bool:
-        """True once closed or disconnected.
-
-        ASGI reports a client's disconnect only to a receive, so a paused session learns of it at its next read.
-        """
+        """True once closed, or once the reader saw the client's disconnect or a broken connection."""
         from starlette.websockets import WebSocketState
 
-        return self.closed or self.ws.client_state == WebSocketState.DISCONNECTED
+        return self.closed or self._gone or self.ws.client_state == WebSocketState.DISCONNECTED
 
-    async def receive(self, timeout: float | None) -> Incoming:
-        """Next data message; ``TimeoutError`` after ``timeout`` seconds."""
-        if self.closed:
-            return Incoming("closed")
+    async def _read(self) -> None:
+        while True:
+            incoming = await self._receive_one()
+            if incoming.kind in ("closed", "error"):
+                self._gone = True
+            self._inbox.put_nowait(incoming)
+            if self._gone:
+                return
+
+    async def _receive_one(self) -> Incoming:
         try:
-            message = await asyncio.wait_for(self.ws.receive(), timeout)
-        except (asyncio.TimeoutError, TimeoutError):
-            raise
-        except Exception as e:  # noqa: BLE001 - a broken connection ends the session
-            self._closed = True
+            message = await self.ws.receive()
+        except Exception as e:  # noqa: BLE001 - a broken connection (e.g. a dead proxy) ends the session
             return Incoming("error", repr(e))
         if message["type"] == "websocket.disconnect":
-            self._closed = True
             return Incoming("closed")
         data = message.get("bytes")
         if data is not None:
@@ -100,12 +108,26 @@ class StarletteTransport:
             return Incoming("too_big", f"{len(text)} characters")
         return Incoming("text", text)
 
+    async def receive(self, timeout: float | None) -> Incoming:
+        """Next data message; ``TimeoutError`` after ``timeout`` seconds."""
+        if self._closed or (self._gone and self._inbox.empty()):
+            return Incoming("closed")
+        incoming = await asyncio.wait_for(self._inbox.get(), timeout)
+        if incoming.kind in ("closed", "error"):
+            self._closed = True
+        return incoming
+
+    def stop_reading(self) -> None:
+        """Stop the reader task (the session is over)."""
+        self._reader.cancel()
+
     async def send_text(self, text: str) -> None:
         """Send a text message."""
         await self.ws.send_text(text)
 
     async def close(self, code: int, reason: str) -> None:
         """Close with ``code`` (idempotent)."""
+        self.stop_reading()
         if self.closed:
             self._closed = True
             return
@@ -337,13 +359,17 @@ def starlette_app(service: ASRService) -> Any:
     async def session(ws: WebSocket) -> None:
         requested = ws.scope.get("subprotocols") or []
         await ws.accept(subprotocol=PROTOCOL_VERSION if PROTOCOL_VERSION in requested else None)
-        await service.serve(
-            StarletteTransport(ws, service.config.max_message_bytes),
-            origin=ws.headers.get("origin"),
-            authorization=Secret.of(ws.headers.get("authorization")),
-            remote=remote_of(tuple(ws.client) if ws.client else None),
-            peer=ws.client.host if ws.client else "?",
-        )
+        transport = StarletteTransport(ws, service.config.max_message_bytes)
+        try:
+            await service.serve(
+                transport,
+                origin=ws.headers.get("origin"),
+                authorization=Secret.of(ws.headers.get("authorization")),
+                remote=remote_of(tuple(ws.client) if ws.client else None),
+                peer=ws.client.host if ws.client else "?",
+            )
+        finally:
+            transport.stop_reading()
 
     async def healthz(request: Request) -> JSONResponse:
         ok = service.alive
