@@ -271,10 +271,12 @@ class SessionKeeper:
         self._quick_failures = 0
         self.reconnects: list[ReconnectRecord] = []
         self.failed_attempts: deque[str] = deque(maxlen=100)
+        self._first_failure: Exception | None = None  # why the connect at StartFrame failed
 
     async def connect_failed(self, error: Exception) -> None:
         """The first connection (at ``StartFrame``) failed: stop if it was refused for good, else :meth:`run` retries."""
         self.failed_attempts.append(describe_failure(error))
+        self._first_failure = error
         logger.warning(f"{self._name}: could not connect to the ASR server: {describe_failure(error)}")
         if not self._stopped() and is_permanent_failure(error):
             await self._say(f"the ASR server refused the session for good ({describe_failure(error)})", True)
@@ -292,7 +294,8 @@ class SessionKeeper:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - any way the session ended: reconnect, below
-                cause = e
+                cause = e if isinstance(e, SessionLost) or self._first_failure is None else self._first_failure
+                self._first_failure = None
             if self._stopped():
                 return
             if await self._gives_up_after_session(cause, self._clock() - opened_at):
@@ -324,7 +327,7 @@ class SessionKeeper:
         """Attempt new sessions until one opens (True), the budget runs out or a refusal is permanent (False)."""
         start = self._clock()
         last = describe_failure(cause)
-        await self._say(f"lost the ASR server session ({last}); reconnecting, unconfirmed audio kept", False)
+        await self._say(f"no ASR server session ({last}); reconnecting, unconfirmed audio kept", False)
         attempts = 0
         while True:
             self._step += 1
