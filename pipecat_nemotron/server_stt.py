@@ -153,11 +153,14 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
             **kwargs: Passed to :class:`~pipecat.services.stt_service.WebsocketSTTService`.
 
         Raises:
-            ValueError: Unsupported latency, a URL that is not ``ws://`` / ``wss://``, or a bad reconnect value.
+            ValueError: Unsupported latency, a URL that is not ``ws://`` / ``wss://``, or a bad reconnect value
+                (or the removed ``max_reconnect_attempts``).
 
         """
         if not url.startswith(("ws://", "wss://")):
             raise ValueError(f"url must start with ws:// or wss://, got {url!r}")
+        if "max_reconnect_attempts" in kwargs:
+            raise ValueError("max_reconnect_attempts is gone: pass reconnect=ReconnectPolicy(timeout_s=...) instead")
         policy = (reconnect or ReconnectPolicy()).with_waits(reconnect_backoff_min_wait, reconnect_backoff_max_wait)
         super().__init__(
             latency_ms=latency_ms,

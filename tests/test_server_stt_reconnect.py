@@ -132,6 +132,8 @@ async def test_sessions_the_server_ends_at_once_stop_after_max_quick_failures(se
 
 async def test_the_time_budget_ends_an_outage_with_a_permanent_error() -> None:
     url = f"ws://127.0.0.1:{free_port()}/v1/asr"  # nothing listens
+    with pytest.raises(ValueError, match="timeout_s"):
+        NemotronServerSTTService(url=url, max_reconnect_attempts=10)  # its replacement is named
     stt = NemotronServerSTTService(url=url, reconnect=ReconnectPolicy(min_wait_s=0.05, max_wait_s=0.1, timeout_s=0.5))
     _, up = await run_test(stt, frames_to_send=[SleepFrame(sleep=1.5)], start_timeout=5)
     assert not stt.is_usable
