@@ -4,8 +4,10 @@ Two CPU replicas of 4 sessions each (tiny trained model, hard finalize so every 
 8 ``NemotronServerSTTService`` clients started together, each streaming utterances in real time with VAD
 frames around them. Then a replica is killed mid-utterance, the other 2 s later, and once every client is back
 the HTTP proxy is killed. Every client must get every final, each equal to the in-process transcript, and no
-client may see HTTP 500 at start. The proxy's health-check period is cut to 2 s (Serve's default 10 s, three
-failures: ~30 s) to keep the test near 2 minutes.
+client may see HTTP 500 at start. Last, Serve's graceful shutdown of a replica must drain a session (1001).
+The proxy's health-check period is cut to 2 s (Serve's default 10 s, three failures: ~30 s). Most of the
+test's time is Ray starting replicas (70-110 s each on the loaded 2-core development machine, where the
+test took 8-10 minutes).
 """
 
 from __future__ import annotations
