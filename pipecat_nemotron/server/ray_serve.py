@@ -340,8 +340,9 @@ def build_app(
                 raise RuntimeError(f"ASR engine failed: {self.service.load_error or 'scheduler crashed'}")
 
         async def __del__(self) -> None:
-            if self._drain is not None and self._drain.done():
-                return  # drained and stopped
+            if self._drain is not None and (self._drain.done() or self.service.draining):
+                await self._drain  # drained, or draining with its sessions gone: it ends with the engine stopped
+                return
             if self._drain is not None:
                 self._drain.cancel()
             await self.service.stop(drain_timeout_s=0)
