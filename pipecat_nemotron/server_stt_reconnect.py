@@ -6,10 +6,10 @@ unless told otherwise. :class:`ReconnectPolicy` says how (jittered exponential b
 counts as a quick failure); :class:`SessionKeeper` runs the receive loop under it.
 
 What stops reconnection, at once: a permanent refusal (4001 token, 4003 origin, 4009, 4400; HTTP 401/403 at the
-handshake), or the server ending ``max_quick_failures`` sessions in a row on purpose (4500, 4008, 4029, 1000)
-within ``stable_after_s`` of opening them. Refusals of a handshake (HTTP 5xx, 404 while a proxy restarts, 4013
-capacity, 4503 draining) and lost connections (1006, 1001) never count as quick failures: they are what a
-restarting cluster looks like. Without a time budget the keeper gives up only on those.
+handshake); and, only if asked (``max_quick_failures``), the server ending that many sessions in a row on purpose
+(4500, 4008, 4029, 1000) within ``stable_after_s`` of opening them. Refusals of a handshake (HTTP 5xx, 404 while a
+proxy restarts, 4013 capacity, 4503 draining) and lost connections (1006, 1001) never count as quick failures:
+they are what a restarting cluster looks like. Without a time budget the keeper gives up only on those.
 
 Pipecat's ``WebsocketService`` retries 10 times without jitter and gives up after three connections that each
 lasted under 5 s, counting a refused handshake as one; that suits a cloud API with bad credentials, not a
@@ -74,7 +74,9 @@ class ReconnectPolicy:
             the pipeline runs.
         stable_after_s: A session that lasted this long resets the backoff and the quick-failure count, s.
         max_quick_failures: Sessions in a row that the server ended on purpose (4500, 4008, 4029, 1000) within
-            ``stable_after_s`` before giving up.
+            ``stable_after_s`` before giving up; None (default): never give up for that. Our server ends a
+            session it will never accept with a permanent code, so a quick 4500 is a server fault (in the fault
+            test: a replica short of engine slots for a moment after a proxy restart) and worth retrying.
 
     Raises:
         ValueError: A value out of range (the message names it).
@@ -86,7 +88,7 @@ class ReconnectPolicy:
     jitter: float = 0.5
     timeout_s: float | None = None
     stable_after_s: float = 5.0
-    max_quick_failures: int = 3
+    max_quick_failures: int | None = None
 
     def __post_init__(self) -> None:
         """Check the ranges."""
@@ -102,7 +104,7 @@ class ReconnectPolicy:
             raise ValueError(f"ReconnectPolicy.timeout_s must be > 0 s or None (no limit), got {self.timeout_s}")
         if not self.stable_after_s >= 0:
             raise ValueError(f"ReconnectPolicy.stable_after_s must be >= 0 s, got {self.stable_after_s}")
-        if self.max_quick_failures < 1:
+        if self.max_quick_failures is not None and self.max_quick_failures < 1:
             raise ValueError(f"ReconnectPolicy.max_quick_failures must be >= 1, got {self.max_quick_failures}")
 
     def with_waits(self, min_wait_s: float | None, max_wait_s: float | None) -> ReconnectPolicy:
@@ -314,7 +316,8 @@ class SessionKeeper:
         if cause.code not in SERVER_ENDED_CODES:
             return False  # lost to the network or a restarting server: not the session's fault
         self._quick_failures += 1
-        if self._quick_failures < self.policy.max_quick_failures:
+        limit = self.policy.max_quick_failures
+        if limit is None or self._quick_failures < limit:
             return False
         await self._say(
             f"the ASR server ended {self._quick_failures} sessions in a row within "

@@ -130,6 +130,17 @@ async def test_sessions_the_server_ends_at_once_stop_after_max_quick_failures(se
     assert any("ended 3 sessions in a row" in e and "4500" in e for e in errors(up)), errors(up)
 
 
+async def test_by_default_sessions_the_server_ends_at_once_are_retried(server: ASRServer, engine: NemotronEngine) -> None:
+    """A replica short of engine slots for a moment answered 4500 three times in a row (the Ray fault test)."""
+    pcm = demo("demo_math.wav")
+    expected = (await engine.transcribe(pcm)).text
+    async with FaultProxy(server.url, ["end4500"] * 4, drop_after_bytes=3200) as proxy:
+        stt = NemotronServerSTTService(url=proxy.url, token=TOKEN, final_timeout_s=60, **FAST)
+        down, _ = await run_test(stt, frames_to_send=[SleepFrame(sleep=0.2), *turn(pcm, wait=1.0)], start_timeout=5)
+    assert proxy.done[:5] == ["end4500"] * 4 + ["forward"] and stt.is_usable
+    assert finals(down) == [expected]
+
+
 async def test_the_time_budget_ends_an_outage_with_a_permanent_error() -> None:
     url = f"ws://127.0.0.1:{free_port()}/v1/asr"  # nothing listens
     with pytest.raises(ValueError, match="timeout_s"):
