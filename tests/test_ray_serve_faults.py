@@ -6,8 +6,8 @@ frames around them. Then a replica is killed mid-utterance, the other 2 s later,
 the HTTP proxy is killed. Every client must get every final, each equal to the in-process transcript, and no
 client may see HTTP 500 at start. Last, Serve's graceful shutdown of a replica must drain a session (1001).
 The proxy's health-check period is cut to 2 s (Serve's default 10 s, three failures: ~30 s). Most of the
-test's time is Ray starting replicas (70-110 s each on the loaded 2-core development machine, where the
-test took 8-10 minutes).
+test's time is Ray starting replicas: the file took 3 minutes on the 2-core development machine, 8-10 minutes
+while other jobs loaded it.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ async def test_a_paused_session_learns_at_once_that_serve_lost_its_client() -> N
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # Ray restarts replicas and the proxy: 8-10 min on a loaded 2-core machine
+@pytest.mark.timeout(1200)  # Ray restarts replicas and the proxy: 3-10 min on a 2-core machine
 async def test_burst_double_replica_kill_and_proxy_kill_lose_no_final() -> None:
     ray = pytest.importorskip("ray", reason="ray[serve] is not installed (pip install 'pipecat-nemotron[ray]')")
     serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install 'pipecat-nemotron[ray]')")
