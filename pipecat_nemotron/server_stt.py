@@ -8,8 +8,8 @@ finalized ``TranscriptionFrame`` per user turn (finalized on ``VADUserStoppedSpe
 ``asr_finalize`` metric, and ``STTUpdateSettingsFrame(delta=NemotronSTTSettings(latency_ms=..., language=...))``
 switches the latency mode or the language of a multilingual model (from the next utterance).
 
-Reconnection never loses a finalized turn: the audio of every utterance whose final has not arrived yet is
-kept client-side (bounded) and replayed, with its ``finalize``, on the new session.
+Reconnection (:mod:`pipecat_nemotron.server_stt_reconnect`) never loses a finalized turn: the audio of every
+utterance whose final has not arrived yet is kept (bounded) and replayed, with its ``finalize``, on the new session.
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ from pipecat_nemotron.server.protocol import (
     parse_server_message,
 )
 from pipecat_nemotron.server.security import MaskedHeaders, Secret
-from pipecat_nemotron.server_stt_handshake import ServerRefusedError, receive_ready
+from pipecat_nemotron.server_stt_handshake import ServerRefusedError, audio_message_bytes, receive_ready
+from pipecat_nemotron.server_stt_reconnect import ReconnectPolicy, ReconnectRecord, SessionKeeper, SessionLost
 from pipecat_nemotron.server_stt_settings import ServerSettingsMixin
 from pipecat_nemotron.stt_base import NemotronSTTBase, NemotronSTTSettings, TranscriptResult
 from pipecat_nemotron.stt_replay import ReplayBuffer, pieces
@@ -70,6 +71,7 @@ __all__ = [
     "MAX_AUDIO_MESSAGE_BYTES",
     "TOKEN_ENV",
     "NemotronServerSTTService",
+    "ReconnectPolicy",
     "ServerRefusedError",
 ]
 
@@ -93,9 +95,10 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
 
         stt = NemotronServerSTTService(url="wss://asr.internal/v1/asr", token=os.environ["NEMOTRON_ASR_TOKEN"])
 
-    On a dropped connection it reconnects with exponential backoff (not after a permanent refusal such as
-    a wrong token, 4001) and replays the audio of every utterance whose final has not arrived, so no finalized
-    text is lost. Between turns (user not speaking) only the last ``replay_preroll_s`` of audio is kept.
+    On a dropped connection it reconnects under its :class:`ReconnectPolicy` (jittered backoff, for as long
+    as the pipeline runs by default; not after a permanent refusal such as a wrong token, 4001) and replays the
+    audio of every utterance whose final has not arrived, so no finalized text is lost. Between turns (user
+    not speaking) only the last ``replay_preroll_s`` of audio is kept; audio the bound drops is reported.
     """
 
     def __init__(
@@ -110,9 +113,9 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
         replay_max_s: float = 60.0,
         replay_preroll_s: float = 1.0,
         final_timeout_s: float = 5.0,
-        max_reconnect_attempts: int = 10,
-        reconnect_backoff_min_wait: float = 0.5,
-        reconnect_backoff_max_wait: float = 5.0,
+        reconnect: ReconnectPolicy | None = None,
+        reconnect_backoff_min_wait: float | None = None,
+        reconnect_backoff_max_wait: float | None = None,
         keepalive_timeout: float | None = 10.0,
         keepalive_interval: float = 5.0,
         ttfs_p99_latency: float | None = None,
@@ -137,9 +140,10 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
             replay_preroll_s: Audio kept for replay while the user is not speaking, s (covers the VAD's
                 start delay).
             final_timeout_s: At ``EndFrame``, wait this long for the finals still owed, s.
-            max_reconnect_attempts: Reconnect attempts after a drop before giving up (permanently).
-            reconnect_backoff_min_wait: First backoff between attempts, s.
-            reconnect_backoff_max_wait: Largest backoff between attempts, s.
+            reconnect: How to reconnect after losing the session (default: ``ReconnectPolicy()``, which
+                keeps trying while the pipeline runs).
+            reconnect_backoff_min_wait: Overrides ``reconnect.min_wait_s``, s.
+            reconnect_backoff_max_wait: Overrides ``reconnect.max_wait_s``, s.
             keepalive_timeout: Send a keepalive message after this long without audio (muted user), s; None
                 disables it (the server closes idle sessions after its idle timeout, 30 s by default).
             keepalive_interval: How often to check for keepalive, s.
@@ -149,11 +153,15 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
             **kwargs: Passed to :class:`~pipecat.services.stt_service.WebsocketSTTService`.
 
         Raises:
-            ValueError: Unsupported latency, or a URL that is not ``ws://`` / ``wss://``.
+            ValueError: Unsupported latency, a URL that is not ``ws://`` / ``wss://``, or a bad reconnect value
+                (or the removed ``max_reconnect_attempts``).
 
         """
         if not url.startswith(("ws://", "wss://")):
             raise ValueError(f"url must start with ws:// or wss://, got {url!r}")
+        if "max_reconnect_attempts" in kwargs:
+            raise ValueError("max_reconnect_attempts is gone: pass reconnect=ReconnectPolicy(timeout_s=...) instead")
+        policy = (reconnect or ReconnectPolicy()).with_waits(reconnect_backoff_min_wait, reconnect_backoff_max_wait)
         super().__init__(
             latency_ms=latency_ms,
             model=None,
@@ -162,8 +170,8 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
             settings=settings,
             keepalive_timeout=keepalive_timeout,
             keepalive_interval=keepalive_interval,
-            reconnect_backoff_min_wait=reconnect_backoff_min_wait,
-            reconnect_backoff_max_wait=reconnect_backoff_max_wait,
+            reconnect_backoff_min_wait=policy.min_wait_s,
+            reconnect_backoff_max_wait=policy.max_wait_s,
             **kwargs,
         )
         self._url = url
@@ -174,7 +182,17 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
         self._replay_max_s = replay_max_s
         self._replay_preroll_s = replay_preroll_s
         self._final_timeout_s = final_timeout_s
-        self._max_reconnect_attempts = max_reconnect_attempts
+        #: Receives and reconnects; its ``reconnects`` and ``failed_attempts`` record the outages.
+        self.keeper = SessionKeeper(
+            policy,
+            name=str(self),
+            receive=self._receive_messages,
+            connect=self._reopen,
+            stopped=lambda: self._disconnecting or not self.is_usable,
+            report=self._report_error,
+            reconnected=self._on_reconnected,
+        )
+        self._replayed_ms = self._dropped_ms = 0.0
         self._receive_task: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
         self._replay = ReplayBuffer()
@@ -227,7 +245,7 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
         try:
             await self._connect_websocket()
         except Exception as e:
-            logger.warning(f"{self}: could not connect to the ASR server at {self._url}: {e}")
+            await self.keeper.connect_failed(e)
             self._readiness.fail(f"{self}: could not connect to the Nemotron ASR server at {self._url}: {e}", e)
         if self._receive_task is None:
             self._receive_task = self.create_task(self._receive_task_handler(self._report_error))
@@ -239,10 +257,21 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
             self._receive_task = None
         await self._disconnect_websocket()
 
-    async def _try_reconnect(self, max_retries: int = 3, report_error: Any = None) -> bool:
-        return await super()._try_reconnect(
-            max_retries=self._max_reconnect_attempts, report_error=report_error
-        )
+    async def _receive_task_handler(self, report_error: Any) -> None:
+        """Receive, and reconnect under the :class:`ReconnectPolicy` (in place of Pipecat's attempt count)."""
+        await self.keeper.run()
+
+    async def _reopen(self) -> tuple[float, float]:
+        """A new session for a lost one; returns the audio replayed and the audio the bound had dropped, s."""
+        await self._disconnect_websocket()
+        await self._connect_websocket()
+        return self._replayed_ms / 1000, self._dropped_ms / 1000
+
+    async def _on_reconnected(self, record: ReconnectRecord) -> None:
+        await self.push_frame(record.metrics_frame(self.name))
+        error = record.dropped_error(self._replay_max_s)
+        if error is not None:
+            await self.push_error_frame(error)
 
     async def _connect_websocket(self) -> None:
         """Open a session: connect, send ``config``, wait for ``ready``, replay unconfirmed audio.
@@ -278,11 +307,6 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
         )
         try:
             msg = await receive_ready(ws, config, self._connect_timeout_s)
-        except ConnectionClosed as e:
-            code = e.rcvd.code if e.rcvd is not None else None
-            reason = e.rcvd.reason if e.rcvd is not None else ""
-            await self._on_refused(ServerRefusedError(code, f"{close_reason(code or 0)}: {reason}"))
-            raise ServerRefusedError(code, f"the server closed the connection with {code}: {reason}") from e
         except ServerRefusedError as e:
             await self._on_refused(e)
             raise
@@ -308,31 +332,18 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
         No message exceeds the server's announced ``max_message_bytes`` (inclusive; larger closes with 4009):
         replayed chunks are packed up to it and split where one alone is larger, and so is live audio.
         """
-        limit = int(ready.limits.get("max_message_bytes", MAX_AUDIO_MESSAGE_BYTES)) if ready.limits else 0
-        limit = limit if limit > 0 else MAX_AUDIO_MESSAGE_BYTES
-        max_bytes = max(2, min(limit, MAX_AUDIO_MESSAGE_BYTES) // 2 * 2)
+        max_bytes = audio_message_bytes(ready, MAX_AUDIO_MESSAGE_BYTES)
         async with self._send_lock:
             self._max_send_bytes = max_bytes
-            replay_ms = self.pending_replay_ms
-            for seg in self._replay:
-                for message in seg.messages(max_bytes):
-                    await ws.send(message)
-                if seg.finalized:
-                    await ws.send(FinalizeMessage().to_json())
-                    seg.finalize_sent_at = time.monotonic()
+            self._replayed_ms = self.pending_replay_ms
+            self._dropped_ms = self._replay.take_dropped() / self._bytes_per_ms
+            await self._replay.replay(ws.send, max_bytes, FinalizeMessage().to_json())
             self._ready = ready
             self._settings.model = ready.model
             self._fatal_error = None
         self._readiness.ready()
         self.sessions_opened += 1
-        if self.sessions_opened > 1 and replay_ms > 0:
-            logger.info(
-                f"{self}: reconnected (session {ready.session_id}); replayed {replay_ms:.0f} ms of audio"
-            )
-        else:
-            logger.info(
-                f"{self}: connected to the Nemotron ASR server (session {ready.session_id}, {ready.model})"
-            )
+        logger.info(f"{self}: connected to the Nemotron ASR server (session {ready.session_id}, {ready.model})")
         await self._call_event_handler("on_connected")
 
     async def _disconnect_websocket(self) -> None:
@@ -352,7 +363,7 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
     async def _receive_messages(self) -> None:
         ws = self._websocket
         if ws is None or self._ready is None:
-            raise ConnectionError(f"{self}: not connected to the ASR server")
+            raise ConnectionError("not connected")
         try:
             async for message in ws:
                 if isinstance(message, bytes):
@@ -375,9 +386,7 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
             logger.error(f"{self}: {msg}")
             await self._report_error(ErrorFrame(msg), force_treat_as_permanent=True)
             return
-        raise ConnectionError(
-            f"the ASR server closed the session with {code} ({close_reason(code or 0)}): {reason}"
-        )
+        raise SessionLost(code, reason or "the connection was lost")
 
     async def _handle_message(self, msg: Any) -> None:
         if isinstance(msg, PartialMessage):
@@ -425,12 +434,8 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
         """Bound the replay buffer: preroll only between turns, ``replay_max_s`` in total."""
         preroll = None if self._user_speaking else int(self._replay_preroll_s * 1000 * self._bytes_per_ms)
         limit = int(self._replay_max_s * 1000 * self._bytes_per_ms)
-        dropped = self._replay.trim(preroll_bytes=preroll, max_bytes=limit)
-        if dropped:
-            logger.warning(
-                f"{self}: replay buffer over {self._replay_max_s:g} s; dropped {dropped / self._bytes_per_ms:.0f} ms "
-                "of unconfirmed audio (a reconnect now would lose it)"
-            )
+        if self._replay.trim(preroll_bytes=preroll, max_bytes=limit) and self._ready is None:
+            logger.debug(f"{self}: replay buffer full ({self._replay_max_s:g} s) while disconnected; oldest dropped")
 
     # ---- end of turn --------------------------------------------------------------------------------------
 
@@ -462,15 +467,22 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
         return await asyncio.wait_for(answer, self._final_timeout_s)
 
     async def _flush_finals(self) -> None:
-        """At the end of the session: finalize an unfinished utterance and wait for every final owed."""
+        """At the end of the session: finalize an unfinished utterance and wait for every final owed.
+
+        After a permanent refusal (already reported) nothing is owed any more: no session will deliver it.
+        """
+        if not self.is_usable:
+            return
         if self._replay.open_segment.nbytes > 0 and self._ready is not None:
             await self._finalize()
         if self._replay.owes_finals:
             try:
                 await asyncio.wait_for(self._replay.wait_for_finals(), self._final_timeout_s)
             except (asyncio.TimeoutError, TimeoutError):
-                logger.warning(
-                    f"{self}: finals still owed {self._final_timeout_s:g} s after the end of the session"
+                lost_s = sum(seg.nbytes for seg in self._replay if seg.finalized) / self._bytes_per_ms / 1000
+                await self.push_error(
+                    f"Nemotron ASR: finals still owed {self._final_timeout_s:g} s after the end of the session "
+                    f"({'connected' if self._ready else 'disconnected'}); {lost_s:.2f} s of audio lost"
                 )
 
     async def _on_final(self, msg: FinalMessage) -> None:

@@ -9,8 +9,9 @@ bounded. All sizes here are bytes of 16-bit mono PCM; the service converts to an
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 __all__ = ["ReplayBuffer", "Segment", "pieces"]
@@ -32,6 +33,8 @@ class Segment:
         nbytes: Total size of ``chunks``, bytes.
         finalized: Whether the utterance was finalized (its final is owed).
         finalize_sent_at: ``time.monotonic()`` when its ``finalize`` was last sent, seconds (None: not sent).
+        dropped: Audio dropped from its front to bound the buffer and not yet reported, bytes (lost if the
+            utterance is replayed).
 
     """
 
@@ -39,6 +42,7 @@ class Segment:
     nbytes: int = 0
     finalized: bool = False
     finalize_sent_at: float | None = None
+    dropped: int = 0
 
     def append(self, audio: bytes) -> None:
         """Keep ``audio`` at the end of the utterance."""
@@ -119,6 +123,19 @@ class ReplayBuffer:
             self._finals_done.set()
         return segment
 
+    async def replay(self, send: Callable[[str | bytes], Awaitable[None]], max_bytes: int, finalize: str) -> None:
+        """Send every held utterance, oldest first, on a new session.
+
+        Each utterance's audio goes in messages of at most ``max_bytes``, then, if it was finalized, ``finalize``
+        (the message text).
+        """
+        for seg in self._segments:
+            for message in seg.messages(max_bytes):
+                await send(message)
+            if seg.finalized:
+                await send(finalize)
+                seg.finalize_sent_at = time.monotonic()
+
     async def wait_for_finals(self) -> None:
         """Return once no final is owed (every finalized utterance was confirmed, or the buffer cleared)."""
         await self._finals_done.wait()
@@ -145,6 +162,18 @@ class ReplayBuffer:
             if seg is None:
                 break
             n = seg.drop_front(total - max_bytes)
+            seg.dropped += n
             total -= n
             dropped += n
+        return dropped
+
+    def take_dropped(self) -> int:
+        """Audio the bound dropped from the utterances held now, not yet taken; bytes (resets their counts).
+
+        Called when the utterances are replayed on a new session: that audio is missing from their finals.
+        Audio dropped from utterances confirmed since was delivered before the drop and is not counted.
+        """
+        dropped = sum(s.dropped for s in self._segments)
+        for s in self._segments:
+            s.dropped = 0
         return dropped

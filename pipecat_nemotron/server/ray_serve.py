@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pipecat_nemotron.engine import EngineConfig
@@ -47,6 +48,12 @@ if TYPE_CHECKING:
 class StarletteTransport:
     """:class:`~pipecat_nemotron.server.transport.Transport` over a Starlette ``WebSocket`` (already accepted).
 
+    A reader task moves the connection's messages into an inbox as they arrive, so that a session whose reads
+    are paused (pacing, backlog) still learns at once that its client is gone: under Serve the client's
+    connection ends at the proxy, and the replica hears of it (a disconnect, or an error once the proxy has
+    died) only through a receive. The inbox holds no more than Serve's own receive queue would (Serve fetches
+    every message from the proxy whether or not the app reads).
+
     Args:
         ws: The accepted WebSocket.
         max_message_bytes: Messages larger than this are reported as ``too_big`` (Serve's proxy has its own,
@@ -58,6 +65,9 @@ class StarletteTransport:
         self.ws = ws
         self.max_message_bytes = max_message_bytes
         self._closed = False
+        self._gone = False
+        self._inbox: asyncio.Queue[Incoming] = asyncio.Queue()
+        self._reader = asyncio.get_running_loop().create_task(self._read())
 
     @property
     def closed(self) -> bool:
@@ -67,27 +77,26 @@ class StarletteTransport:
         return self._closed or self.ws.application_state != WebSocketState.CONNECTED
 
     def peer_gone(self) -> bool:
-        """True once closed or disconnected.
-
-        ASGI reports a client's disconnect only to a receive, so a paused session learns of it at its next read.
-        """
+        """True once closed, or once the reader saw the client's disconnect or a broken connection."""
         from starlette.websockets import WebSocketState
 
-        return self.closed or self.ws.client_state == WebSocketState.DISCONNECTED
+        return self.closed or self._gone or self.ws.client_state == WebSocketState.DISCONNECTED
 
-    async def receive(self, timeout: float | None) -> Incoming:
-        """Next data message; ``TimeoutError`` after ``timeout`` seconds."""
-        if self.closed:
-            return Incoming("closed")
+    async def _read(self) -> None:
+        while True:
+            incoming = await self._receive_one()
+            if incoming.kind in ("closed", "error"):
+                self._gone = True
+            self._inbox.put_nowait(incoming)
+            if self._gone:
+                return
+
+    async def _receive_one(self) -> Incoming:
         try:
-            message = await asyncio.wait_for(self.ws.receive(), timeout)
-        except (asyncio.TimeoutError, TimeoutError):
-            raise
-        except Exception as e:  # noqa: BLE001 - a broken connection ends the session
-            self._closed = True
+            message = await self.ws.receive()
+        except Exception as e:  # noqa: BLE001 - a broken connection (e.g. a dead proxy) ends the session
             return Incoming("error", repr(e))
         if message["type"] == "websocket.disconnect":
-            self._closed = True
             return Incoming("closed")
         data = message.get("bytes")
         if data is not None:
@@ -99,12 +108,26 @@ class StarletteTransport:
             return Incoming("too_big", f"{len(text)} characters")
         return Incoming("text", text)
 
+    async def receive(self, timeout: float | None) -> Incoming:
+        """Next data message; ``TimeoutError`` after ``timeout`` seconds."""
+        if self._closed or (self._gone and self._inbox.empty()):
+            return Incoming("closed")
+        incoming = await asyncio.wait_for(self._inbox.get(), timeout)
+        if incoming.kind in ("closed", "error"):
+            self._closed = True
+        return incoming
+
+    def stop_reading(self) -> None:
+        """Stop the reader task (the session is over)."""
+        self._reader.cancel()
+
     async def send_text(self, text: str) -> None:
         """Send a text message."""
         await self.ws.send_text(text)
 
     async def close(self, code: int, reason: str) -> None:
         """Close with ``code`` (idempotent)."""
+        self.stop_reading()
         if self.closed:
             self._closed = True
             return
@@ -123,47 +146,163 @@ def _replica_id() -> str:
         return f"pid-{os.getpid()}"
 
 
+# ---- Serve's "graceful shutdown started" flag: the one reach into Ray's internals ----------------------------
+
+
+def serve_shutdown_probe() -> Callable[[], bool] | None:
+    """A probe that turns True once Serve starts this replica's graceful shutdown (redeploy, downscale).
+
+    Serve tells a replica nothing until every request has ended: it stops routing to it, waits for ongoing
+    requests (our sessions, which last a call) up to ``graceful_shutdown_timeout_s``, then calls ``__del__``
+    and kills it. So a replica reads Serve's own flag, ``ReplicaBase._shutting_down`` ("flipped to True once
+    graceful shutdown is initiated; may be used by replica subclass implementations", Ray 2.60), through the
+    worker's actor instance. Checked when the replica starts (:func:`drain_watcher` logs when it is missing).
+
+    Returns:
+        The probe, or None outside a Serve replica or where this Ray version lacks the flag.
+
+    """
+    try:
+        from ray._private import worker as ray_worker
+
+        actor = ray_worker.global_worker.actors.get(ray_worker.global_worker.actor_id)
+        impl = getattr(actor, "_replica_impl", None)
+    except Exception:  # noqa: BLE001 - another Ray layout: no probe
+        return None
+    if impl is None or not isinstance(getattr(impl, "_shutting_down", None), bool):
+        return None
+    return lambda: bool(impl._shutting_down)
+
+
+async def drain_watcher(service: ASRService, probe: Callable[[], bool], period_s: float = 0.25) -> None:
+    """Drain ``service`` once ``probe`` says Serve is shutting the replica down.
+
+    New sessions get 4503; running ones get ``drain_timeout_s`` to end, then the ``going_away`` error and 1001,
+    inside Serve's ``graceful_shutdown_timeout_s`` (set ``DRAIN_MARGIN_S`` above the drain).
+    """
+    while not probe():  # noqa: ASYNC110 - Serve sets the flag on its own loop: nothing to await here
+        await asyncio.sleep(period_s)
+    from loguru import logger
+
+    logger.info(f"Serve is shutting replica {service.server_id} down: draining its {len(service.sessions)} session(s)")
+    await service.stop()
+
+
+#: ``drain_timeout_s`` of a replica started by :func:`app_builder`, s (``ServerConfig``'s default).
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+
+#: Serve's ``graceful_shutdown_timeout_s`` exceeds the server's ``drain_timeout_s`` by this much, s: detecting
+#: the shutdown (0.25 s), closing the sessions (up to 5 s) and Serve's wait loop (1 s).
+DRAIN_MARGIN_S = 10.0
+
+
+def cluster_gpus() -> float | None:
+    """GPUs of the Ray cluster this process is connected to; without a connection, of this machine (None: unknown)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return float(ray.cluster_resources().get("GPU", 0.0))
+        import torch
+
+        return float(torch.cuda.device_count())
+    except Exception:  # noqa: BLE001 - unknown: let Ray decide
+        return None
+
+
+def resolve_gpus_per_replica(gpus_per_replica: float | None, device: str) -> float:
+    """GPUs per replica: as given, or (None) 1 where the cluster has a GPU.
+
+    Raises:
+        ValueError: None was given, the device is not the CPU, and the cluster has no GPU: a replica asking for a
+            GPU would wait for ever (Ray logs only ``No available node types can fulfill resource request``).
+
+    """
+    if gpus_per_replica is not None:
+        if gpus_per_replica < 0:
+            raise ValueError(f"gpus_per_replica must be >= 0, got {gpus_per_replica}")
+        if gpus_per_replica > 0 and cluster_gpus() == 0:
+            from loguru import logger
+
+            logger.warning(
+                f"gpus_per_replica={gpus_per_replica:g} but the Ray cluster has no GPU: the replicas wait for a GPU "
+                "node (autoscaling); pass gpus_per_replica=0 (device='cpu') to serve on CPU"
+            )
+        return gpus_per_replica
+    if device == "cpu":
+        return 0.0
+    gpus = cluster_gpus()
+    if gpus is None or gpus > 0:
+        return 1.0
+    raise ValueError(
+        "no GPU in the Ray cluster (or on this machine, before Ray starts), so a replica asking for one would "
+        "wait for ever: pass gpus_per_replica=0 "
+        "(and device='cpu') to serve on CPU, or gpus_per_replica=1 to wait for an autoscaled GPU node"
+    )
+
+
 def build_app(
     engine_config: EngineConfig,
     server_config: ServerConfig,
     *,
     num_replicas: int = 1,
-    gpus_per_replica: float = 1.0,
+    gpus_per_replica: float | None = None,
     cpus_per_replica: float = 1.0,
-    max_queued_requests: int = 1,
+    cpu_threads: int | None = None,
+    max_queued_requests: int | None = None,
     name: str = "nemotron-asr",
 ) -> Application:
     """Build the Serve application (one engine per replica).
 
     Args:
         engine_config: Engine of every replica (``max_streams`` = sessions per replica; ``device="auto"`` uses
-            the GPU Ray assigned to the replica).
-        server_config: Limits and security (``host``/``port`` are ignored: Serve's proxy listens).
+            the GPU Ray assigned to the replica, or the CPU).
+        server_config: Limits and security (``host``/``port`` are ignored: Serve's proxy listens);
+            ``drain_timeout_s`` is the drain on redeploy and downscale.
         num_replicas: Replicas (one per GPU).
-        gpus_per_replica: GPUs Ray reserves per replica (0 for CPU-only tests).
+        gpus_per_replica: GPUs Ray reserves per replica; None: 1 where the cluster has a GPU, 0 for
+            ``device="cpu"``, else a ``ValueError`` naming the fix (0 for CPU serving).
         cpus_per_replica: CPUs Ray reserves per replica.
-        max_queued_requests: Connections the router may hold while every replica is full (beyond that the
-            proxy answers HTTP 503 and clients retry with backoff; -1: unlimited, connections wait for a slot).
+        cpu_threads: torch intra-op threads (and ``OMP_NUM_THREADS``) of each replica; None: ``cpus_per_replica``
+            rounded down, at least 1 (oversubscribed OpenMP threads made CPU steps ~10x slower).
+        max_queued_requests: Connections Serve's router may hold while it places them; None: the deployment's
+            session capacity, so a burst of bots starting together is admitted (beyond it: HTTP 500, see
+            docs/DEPLOYMENT.md); -1: unlimited.
         name: Deployment name.
 
     Returns:
         The application to pass to ``serve.run`` (with ``route_prefix="/"``).
 
+    Raises:
+        ValueError: No GPU in the cluster and ``gpus_per_replica`` not given, or a value out of range.
+
     """
     from ray import serve
 
+    gpus = resolve_gpus_per_replica(gpus_per_replica, engine_config.device)
+    threads = cpu_threads if cpu_threads is not None else max(1, int(cpus_per_replica))
+    if threads < 1:
+        raise ValueError(f"cpu_threads must be >= 1, got {threads}")
     max_sessions = min(server_config.max_sessions or engine_config.max_streams, engine_config.max_streams)
+    # Each replica admits or refuses for itself (4013 when full, 4503 while draining): Serve's per-replica cap
+    # only needs room for them plus the connections still authenticating or being refused.
+    headroom = server_config.max_pending_auth or max(16, max_sessions)
+    queued = max_queued_requests if max_queued_requests is not None else num_replicas * max_sessions
 
     @serve.deployment(
         name=name,
         num_replicas=num_replicas,
-        ray_actor_options={"num_gpus": gpus_per_replica, "num_cpus": cpus_per_replica},
-        max_ongoing_requests=max_sessions,  # one request per session: the router fills free slots
-        max_queued_requests=max_queued_requests,
+        ray_actor_options={
+            "num_gpus": gpus,
+            "num_cpus": cpus_per_replica,
+            "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+        },
+        max_ongoing_requests=max_sessions + headroom,
+        max_queued_requests=queued,
         health_check_period_s=10,
         health_check_timeout_s=30,
-        graceful_shutdown_timeout_s=server_config.drain_timeout_s + 5,
-        graceful_shutdown_wait_loop_s=2,
+        graceful_shutdown_timeout_s=server_config.drain_timeout_s + DRAIN_MARGIN_S,
+        graceful_shutdown_wait_loop_s=1,
     )
     @serve.ingress()
     class NemotronASRDeployment:
@@ -171,11 +310,25 @@ def build_app(
 
         async def __init__(self, engine_config: EngineConfig, server_config: ServerConfig) -> None:
             # Imported here: this class is pickled by value, and the driver's logger sinks may not pickle.
+            import torch
             from loguru import logger
 
+            torch.set_num_threads(threads)
             self.service = ASRService(server_config, engine_config, server_id=_replica_id())
             await self.service.start()
-            logger.info(f"Nemotron ASR replica {self.service.server_id} ready ({max_sessions} sessions)")
+            probe = serve_shutdown_probe()
+            self._drain: asyncio.Task[None] | None = None
+            if probe is None:
+                logger.warning(
+                    "this Ray version has no replica shutdown flag: on redeploy or downscale, sessions get no "
+                    "drain, only a lost connection when Serve's graceful_shutdown_timeout_s ends"
+                )
+            else:
+                self._drain = asyncio.get_running_loop().create_task(drain_watcher(self.service, probe))
+            logger.info(
+                f"Nemotron ASR replica {self.service.server_id} ready ({max_sessions} sessions, "
+                f"{threads} CPU thread(s))"
+            )
 
         def __serve_build_asgi_app__(self) -> Any:
             # Built on the replica (an app object built on the driver would have to be pickled).
@@ -187,6 +340,11 @@ def build_app(
                 raise RuntimeError(f"ASR engine failed: {self.service.load_error or 'scheduler crashed'}")
 
         async def __del__(self) -> None:
+            if self._drain is not None and (self._drain.done() or self.service.draining):
+                await self._drain  # drained, or draining with its sessions gone: it ends with the engine stopped
+                return
+            if self._drain is not None:
+                self._drain.cancel()
             await self.service.stop(drain_timeout_s=0)
 
     return NemotronASRDeployment.bind(engine_config, server_config)
@@ -202,13 +360,17 @@ def starlette_app(service: ASRService) -> Any:
     async def session(ws: WebSocket) -> None:
         requested = ws.scope.get("subprotocols") or []
         await ws.accept(subprotocol=PROTOCOL_VERSION if PROTOCOL_VERSION in requested else None)
-        await service.serve(
-            StarletteTransport(ws, service.config.max_message_bytes),
-            origin=ws.headers.get("origin"),
-            authorization=Secret.of(ws.headers.get("authorization")),
-            remote=remote_of(tuple(ws.client) if ws.client else None),
-            peer=ws.client.host if ws.client else "?",
-        )
+        transport = StarletteTransport(ws, service.config.max_message_bytes)
+        try:
+            await service.serve(
+                transport,
+                origin=ws.headers.get("origin"),
+                authorization=Secret.of(ws.headers.get("authorization")),
+                remote=remote_of(tuple(ws.client) if ws.client else None),
+                peer=ws.client.host if ws.client else "?",
+            )
+        finally:
+            transport.stop_reading()
 
     async def healthz(request: Request) -> JSONResponse:
         ok = service.alive
@@ -247,9 +409,18 @@ def app_builder(args: dict[str, Any]) -> Application:
     """Entry point for ``serve run pipecat_nemotron.server.ray_serve:app_builder key=value ...``.
 
     Keys: ``model``, ``device`` (default auto), ``max_sessions`` (default 64), ``num_replicas`` (default 1),
-    ``gpus_per_replica`` (default 1), ``insecure`` (loopback only). Tokens come from ``NEMOTRON_ASR_TOKENS``, the
-    ``/metrics`` token (optional) from ``NEMOTRON_ASR_METRICS_TOKEN``.
+    ``gpus_per_replica`` (default: 1 where the cluster has a GPU; 0 for CPU), ``cpus_per_replica`` (default 1),
+    ``cpu_threads`` (default: ``cpus_per_replica``), ``max_queued_requests`` (default: the sessions of all
+    replicas), ``drain_timeout_s`` (default 30), ``insecure`` (loopback only). Tokens come from
+    ``NEMOTRON_ASR_TOKENS``, the ``/metrics`` token (optional) from ``NEMOTRON_ASR_METRICS_TOKEN``.
     """
+    known = {
+        "model", "device", "max_sessions", "max_batch_size", "num_replicas", "gpus_per_replica",
+        "cpus_per_replica", "cpu_threads", "max_queued_requests", "drain_timeout_s", "insecure",
+    }  # fmt: skip
+    unknown = sorted(set(args) - known)
+    if unknown:
+        raise ValueError(f"unknown app_builder argument(s) {unknown}; known: {sorted(known)}")
     max_sessions = int(args.get("max_sessions", 64))
     engine_config = EngineConfig(
         model=str(args.get("model", EngineConfig().model)),
@@ -264,10 +435,18 @@ def app_builder(args: dict[str, Any]) -> Application:
         metrics_token=os.environ.get("NEMOTRON_ASR_METRICS_TOKEN") or None,
         insecure=insecure,
         max_sessions=max_sessions,
+        drain_timeout_s=float(args.get("drain_timeout_s", DEFAULT_DRAIN_TIMEOUT_S)),
     )
+
+    def number(key: str, kind: type) -> Any:
+        return kind(args[key]) if key in args else None
+
     return build_app(
         engine_config,
         server_config,
         num_replicas=int(args.get("num_replicas", 1)),
-        gpus_per_replica=float(args.get("gpus_per_replica", 1.0)),
+        gpus_per_replica=number("gpus_per_replica", float),
+        cpus_per_replica=float(args.get("cpus_per_replica", 1.0)),
+        cpu_threads=number("cpu_threads", int),
+        max_queued_requests=number("max_queued_requests", int),
     )

@@ -1,0 +1,190 @@
+"""The server client's reconnect policy (``pipecat_nemotron.server_stt_reconnect``) against a real ASR server.
+
+A :class:`fault_proxy.FaultProxy` on loopback sits between ``NemotronServerSTTService`` and a real
+``ASRServer`` (tiny trained model on CPU) and refuses, drops or ends sessions on cue.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from fault_proxy import FaultProxy
+from helpers import audio_frames, one_torch_thread, turn
+from loguru import logger
+from pipecat.frames.frames import (
+    ErrorFrame,
+    MetricsFrame,
+    TranscriptionFrame,
+    VADUserStartedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.tests.utils import SleepFrame, run_test
+from processes import free_port
+
+from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
+from pipecat_nemotron.server.app import ASRServer, ServerConfig
+from pipecat_nemotron.server_stt import NemotronServerSTTService
+from pipecat_nemotron.server_stt_reconnect import ASRReconnectMetricsData, ReconnectPolicy
+from pipecat_nemotron.wav_input import read_pcm16
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+SYNC = pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")
+TOKEN = "test-token-0123456789abcdef"
+FAST = {"reconnect_backoff_min_wait": 0.02, "reconnect_backoff_max_wait": 0.1}
+
+
+def demo(name: str) -> bytes:
+    return read_pcm16(DEMO_AUDIO_DIR / name, convert=True).tobytes()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine() -> AsyncIterator[NemotronEngine]:
+    with one_torch_thread():
+        eng = NemotronEngine(EngineConfig(model=str(TINY_MODEL_PATH), device="cpu", max_streams=4, max_batch_size=4))
+        await eng.start()
+        yield eng
+        await eng.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def server(engine: NemotronEngine) -> AsyncIterator[ASRServer]:
+    srv = ASRServer(engine, ServerConfig(port=0, tokens=(TOKEN,), max_sessions=4))
+    await srv.start()
+    yield srv
+    await srv.stop(drain_timeout_s=0)
+
+
+def finals(frames: list) -> list[str]:
+    return [f.text for f in frames if isinstance(f, TranscriptionFrame)]
+
+
+def errors(frames: list) -> list[str]:
+    return [f.error for f in frames if isinstance(f, ErrorFrame)]
+
+
+# ---- the policy -------------------------------------------------------------------------------------------------
+
+
+@SYNC
+def test_policy_waits_grow_jittered_up_to_the_cap_and_bad_values_name_the_field() -> None:
+    policy = ReconnectPolicy(min_wait_s=0.25, max_wait_s=5.0, jitter=0.5)
+    rng = random.Random(7)
+    for attempt in range(1, 40):
+        base = min(5.0, 0.25 * 2 ** (attempt - 2)) if attempt > 1 else 0.125
+        low = 0.0 if attempt == 1 else base * 0.5
+        for _ in range(20):
+            assert low <= policy.wait_s(attempt, rng) <= base
+    # Clients displaced together spread out: their first and capped waits differ.
+    firsts = {round(policy.wait_s(1, random.Random(seed)), 6) for seed in range(50)}
+    capped = {round(policy.wait_s(12, random.Random(seed)), 6) for seed in range(50)}
+    assert len(firsts) == 50 and len(capped) == 50
+    assert ReconnectPolicy().timeout_s is None  # as long as the pipeline runs
+    for field, value in [("min_wait_s", 0), ("jitter", 1.0), ("timeout_s", 0), ("max_quick_failures", 0)]:
+        with pytest.raises(ValueError, match=field):
+            ReconnectPolicy(**{field: value})
+    with pytest.raises(ValueError, match="max_wait_s"):
+        ReconnectPolicy(min_wait_s=2, max_wait_s=1)
+
+
+# ---- against a server --------------------------------------------------------------------------------------------
+
+
+async def test_refusals_and_sessions_lost_at_once_do_not_stop_the_client(
+    server: ASRServer, engine: NemotronEngine
+) -> None:
+    """Twelve refused handshakes (HTTP 500/503, 4013, 4503) and three sessions cut right after opening (1006):
+    Pipecat's loop gave up after 10 attempts, or after 3 connections under 5 s; the call's final must arrive."""
+    pcm = demo("demo_weather.wav")
+    expected = (await engine.transcribe(pcm)).text
+    refusals = ["http500", "http503", "close4013", "close4503"] * 3
+    async with FaultProxy(server.url, [*refusals, "drop", "drop", "drop"], drop_after_bytes=8000) as proxy:
+        stt = NemotronServerSTTService(url=proxy.url, token=TOKEN, final_timeout_s=60, **FAST)
+        down, up = await run_test(stt, frames_to_send=[SleepFrame(sleep=0.2), *turn(pcm, wait=1.0)], start_timeout=5)
+    assert finals(down) == [expected]
+    assert stt.is_usable and proxy.done[:15] == [*refusals, "drop", "drop", "drop"]
+    assert stt.keeper.reconnects and stt.keeper.reconnects[-1].replayed_s == pytest.approx(len(pcm) / 32000, abs=1e-6)
+    assert not [e for e in errors(up) if "for good" in e or "could not reconnect" in e]
+
+
+async def test_a_permanent_refusal_stops_at_once(server: ASRServer) -> None:
+    async with FaultProxy(server.url, ["http401"]) as proxy:
+        stt = NemotronServerSTTService(url=proxy.url, token=TOKEN, **FAST)
+        _, up = await run_test(stt, frames_to_send=[SleepFrame(sleep=0.5)], start_timeout=5)
+    assert proxy.done == ["http401"] and not stt.is_usable
+    assert any("HTTP 401" in e and "for good" in e for e in errors(up)), errors(up)
+
+
+async def test_sessions_the_server_ends_at_once_stop_after_max_quick_failures(server: ASRServer) -> None:
+    async with FaultProxy(server.url, ["end4500"] * 5, drop_after_bytes=3200) as proxy:
+        stt = NemotronServerSTTService(
+            url=proxy.url, token=TOKEN, reconnect=ReconnectPolicy(min_wait_s=0.02, max_wait_s=0.1, max_quick_failures=3)
+        )
+        frames = [SleepFrame(sleep=0.2), VADUserStartedSpeakingFrame(), *audio_frames(demo("demo_math.wav"))]
+        _, up = await run_test(stt, frames_to_send=[*frames, SleepFrame(sleep=2.0)], start_timeout=5)
+    assert proxy.done == ["end4500"] * 3 and not stt.is_usable
+    assert any("ended 3 sessions in a row" in e and "4500" in e for e in errors(up)), errors(up)
+
+
+async def test_by_default_sessions_the_server_ends_at_once_are_retried(server: ASRServer, engine: NemotronEngine) -> None:
+    """A replica short of engine slots for a moment answered 4500 three times in a row (the Ray fault test)."""
+    pcm = demo("demo_math.wav")
+    expected = (await engine.transcribe(pcm)).text
+    async with FaultProxy(server.url, ["end4500"] * 4, drop_after_bytes=3200) as proxy:
+        stt = NemotronServerSTTService(url=proxy.url, token=TOKEN, final_timeout_s=60, **FAST)
+        down, _ = await run_test(stt, frames_to_send=[SleepFrame(sleep=0.2), *turn(pcm, wait=1.0)], start_timeout=5)
+    assert proxy.done[:5] == ["end4500"] * 4 + ["forward"] and stt.is_usable
+    assert finals(down) == [expected]
+
+
+async def test_the_time_budget_ends_an_outage_with_a_permanent_error() -> None:
+    url = f"ws://127.0.0.1:{free_port()}/v1/asr"  # nothing listens
+    with pytest.raises(ValueError, match="timeout_s"):
+        NemotronServerSTTService(url=url, max_reconnect_attempts=10)  # its replacement is named
+    stt = NemotronServerSTTService(url=url, reconnect=ReconnectPolicy(min_wait_s=0.05, max_wait_s=0.1, timeout_s=0.5))
+    _, up = await run_test(stt, frames_to_send=[SleepFrame(sleep=1.5)], start_timeout=5)
+    assert not stt.is_usable
+    assert any("within 0.5 s" in e for e in errors(up)), errors(up)
+
+
+async def test_the_replay_buffer_is_bounded_and_what_it_dropped_is_reported(
+    server: ASRServer, engine: NemotronEngine
+) -> None:
+    pcm = demo("demo_timer.wav")
+    async with FaultProxy(server.url, ["drop", "http503", "http503", "http503"], drop_after_bytes=9600) as proxy:
+        stt = NemotronServerSTTService(url=proxy.url, token=TOKEN, replay_max_s=0.5, final_timeout_s=60, **FAST)
+        frames = [
+            SleepFrame(sleep=0.2),
+            VADUserStartedSpeakingFrame(),
+            *audio_frames(pcm),
+            VADUserStoppedSpeakingFrame(stop_secs=0.2),
+            SleepFrame(sleep=1.0),
+        ]
+        down, up = await run_test(stt, frames_to_send=frames, start_timeout=5)
+    assert len(stt.keeper.reconnects) == 1, stt.keeper.reconnects
+    rec = stt.keeper.reconnects[0]
+    assert rec.attempts == 4 and rec.replayed_s <= 0.5
+    assert rec.dropped_s > 0 and rec.replayed_s + rec.dropped_s == pytest.approx(len(pcm) / 32000, abs=1e-6)
+    reported = [e for e in errors(up) if "dropped from the replay buffer" in e]
+    assert len(reported) == 1 and f"{rec.dropped_s:.2f} s" in reported[0]
+    metrics = [d for f in down if isinstance(f, MetricsFrame) for d in f.data if isinstance(d, ASRReconnectMetricsData)]
+    assert len(metrics) == 1 and metrics[0].dropped_s == rec.dropped_s and metrics[0].attempts == 4
+
+
+async def test_a_client_refused_for_a_bad_token_ends_cleanly_without_owing_finals(server: ASRServer) -> None:
+    """Issue 22: a bad token logged ``finals still owed 5 s after the end of the session`` at the end."""
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="DEBUG")
+    try:
+        stt = NemotronServerSTTService(url=server.url, token="wrong-token-0123456789", **FAST)
+        _, up = await run_test(
+            stt, frames_to_send=[SleepFrame(sleep=0.3), *turn(demo("demo_math.wav"), wait=0.2)], start_timeout=5
+        )
+    finally:
+        logger.remove(sink)
+    assert any("4001" in e for e in errors(up)) and not stt.is_usable
+    assert not [line for line in lines if re.search("finals still owed", line)]
