@@ -84,7 +84,7 @@ async def test_server_stt_wait_until_ready_raises_when_the_server_is_unreachable
     from pipecat_nemotron.server_stt import NemotronServerSTTService
 
     url = f"ws://127.0.0.1:{free_port()}/v1/asr"  # nothing listens there
-    stt = NemotronServerSTTService(url=url, token="t" * 16, connect_timeout_s=2.0, max_reconnect_attempts=0)
+    stt = NemotronServerSTTService(url=url, token="t" * 16, connect_timeout_s=2.0)
     outcome: list[BaseException] = []
 
     async def wait() -> None:
