@@ -113,6 +113,19 @@ async def test_language_the_model_lacks_is_refused_with_the_models_list(server: 
     with contextlib.suppress(ConnectionClosed):
         await asyncio.wait_for(ws.recv(), 5)
     assert ws.close_code == CloseCode.PROTOCOL_ERROR
+    # A locale the model lacks is refused too, not mapped to another locale of its language (en-US here).
+    ws, answer = await open_session(server.url, ConfigMessage(language="en-GB"))
+    assert isinstance(answer, ErrorMessage) and answer.code == CloseCode.PROTOCOL_ERROR and answer.fatal
+    assert "'en-GB'" in answer.message and "['en-US', 'es-ES', 'de-DE'] or auto" in answer.message
+    with contextlib.suppress(ConnectionClosed):
+        await asyncio.wait_for(ws.recv(), 5)
+    ws, answer = await open_session(server.url, ConfigMessage(language="en-XX-\x1b]0;pwned\x07"))
+    assert isinstance(answer, ErrorMessage) and answer.code == CloseCode.PROTOCOL_ERROR
+    with contextlib.suppress(ConnectionClosed):
+        await asyncio.wait_for(ws.recv(), 5)
+    ws, ready = await open_session(server.url, ConfigMessage(language="en"))  # a bare language: its locale
+    assert isinstance(ready, ReadyMessage) and ready.language == "en-US"
+    await ws.close()
     ws, answer = await open_session(server.url, ConfigMessage(latency_ms=240))
     assert isinstance(answer, ErrorMessage) and "[80, 160, 320, 560, 1120]" in answer.message
     ws, ready = await open_session(server.url, ConfigMessage())  # no language: the server's default

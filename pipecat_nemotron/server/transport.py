@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from pipecat_nemotron.server.close_codes import ABNORMAL_CLOSURE
+
 IncomingKind = Literal["text", "binary", "closed", "too_big", "error"]
 
 
@@ -72,3 +74,13 @@ def remote_of(peer: object) -> str:
     if isinstance(peer, tuple) and len(peer) >= 2:
         return f"{peer[0]}:{peer[1]}"
     return str(peer) if peer else "?"
+
+
+def peer_close_code(transport: Transport) -> int:
+    """The code a transport's client closed with, for logs (``peer_close_code``, where the transport has it).
+
+    1006 when the client left without a close frame, or with one still unread: while a session's reads are
+    paused, its client's close frame sits behind audio the server has not read.
+    """
+    code = getattr(transport, "peer_close_code", None)
+    return int(code) if code is not None else ABNORMAL_CLOSURE
