@@ -19,8 +19,8 @@ from pipecat_nemotron.engine.config import MULTILINGUAL_MODEL
 #: Prompt key of the language-agnostic prompt ("work out the language yourself").
 AUTO = "auto"
 
-#: A normalised language code: a 2-3 letter language, then subtags of 1-8 letters or digits (BCP 47's shape).
-_CODE = re.compile(r"[a-z]{2,3}(-[a-z0-9]{1,8})*")
+#: A normalised language code: a language of 2-8 letters, then subtags of 1-8 letters or digits (BCP 47's shape).
+_CODE = re.compile(r"[a-z]{2,8}(-[a-z0-9]{1,8})*")
 
 
 def language_code(language: Any) -> str:
