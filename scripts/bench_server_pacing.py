@@ -32,6 +32,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -64,7 +65,8 @@ def start_server(port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]
     ]  # fmt: skip
     if args.max_speed is not None:
         cmd += ["--max-speed", str(args.max_speed)]
-    proc = subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    # Not from the checkout: ``python -m`` puts the working directory first on sys.path, and PYTHONPATH must win.
+    proc = subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=tempfile.gettempdir())
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
