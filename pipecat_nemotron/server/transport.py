@@ -77,10 +77,14 @@ def remote_of(peer: object) -> str:
 
 
 def peer_close_code(transport: Transport) -> int:
-    """The code a transport's client closed with, for logs (``peer_close_code``, where the transport has it).
+    """The code a transport's client closed with, for logs.
 
-    1006 when the client left without a close frame, or with one still unread: while a session's reads are
-    paused, its client's close frame sits behind audio the server has not read.
+    A transport that tracks it has a ``peer_close_code`` attribute: None (read as 1006) until the client's close
+    frame is read, so 1006 also when the client left without one, or with one still unread (while a session's
+    reads are paused, its client's close frame sits behind audio the server has not read). A transport without
+    the attribute reports 1000.
     """
-    code = getattr(transport, "peer_close_code", None)
+    if not hasattr(transport, "peer_close_code"):
+        return 1000
+    code = transport.peer_close_code
     return int(code) if code is not None else ABNORMAL_CLOSURE
