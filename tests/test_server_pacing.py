@@ -63,11 +63,21 @@ async def test_peeks_pending_together_cost_one_engine_peek_and_each_gets_its_ans
         ws, _ = await open_session(srv.url)
         # 1.01 s: not a whole number of chunks, so a peek has a tail to flush (one model step).
         await send_all(ws, clip()[: 2 * 16160])
-        session = next(iter(srv.service.sessions.values()))
-        await wait_for(lambda: session.backlog_ms < 160 and not session.stream.in_flight, what="decoding")
-        await asyncio.sleep(0.2)  # nothing else is pending in the engine
+        last_step = [time.monotonic()]
+
+        def stamp(_: StepStats) -> None:
+            last_step[0] = time.monotonic()
+
         engine.add_step_listener(steps.append)
+        engine.add_step_listener(stamp)
         try:
+            # Every chunk of the audio is decoded: the engine has been idle for a while.
+            session = next(iter(srv.service.sessions.values()))
+            await wait_for(
+                lambda: session.backlog_ms < 160 and time.monotonic() - last_step[0] > 0.5,
+                what="the audio to be decoded",
+            )
+            steps.clear()
             for _ in range(5):
                 await ws.send(PEEK)
             answers = []
@@ -78,6 +88,7 @@ async def test_peeks_pending_together_cost_one_engine_peek_and_each_gets_its_ans
                         answers.append(message)
         finally:
             engine.remove_step_listener(steps.append)
+            engine.remove_step_listener(stamp)
         await ws.send(FINALIZE)
         await ws.send(CLOSE)
         finals = [m for m in await raw_messages(ws) if m["type"] == "final"]
