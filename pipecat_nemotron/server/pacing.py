@@ -27,6 +27,12 @@ GONE_POLL_S = 0.05
 #: :data:`LOAD_WINDOW_S`: sessions that are behind may then read faster than real time (``max_speed``).
 SPARE_BUSY_FRACTION = 0.5
 
+#: Control messages a ``peek`` counts as in a session's control budget: a peek costs a model step (a flush of
+#: up to one chunk, batched with every session's chunks), a ``keepalive`` nothing. With the default budget
+#: (20 a second after a burst of 100) a session may peek 4 times a second, 20 at once: an eager end of turn
+#: peeks about once per pause.
+PEEK_CONTROL_COST = 5.0
+
 #: Shortfalls below which a bucket counts as refilled (a timer may fire a clock tick early), ms and messages.
 _CREDIT_SLACK_MS = 1.0
 _CREDIT_SLACK = 0.001

@@ -32,7 +32,7 @@ from pipecat_nemotron.engine import (
     StreamFailedError,
 )
 from pipecat_nemotron.server.errors import ClientGone, SessionError
-from pipecat_nemotron.server.pacing import Pacer
+from pipecat_nemotron.server.pacing import PEEK_CONTROL_COST, Pacer
 from pipecat_nemotron.server.peeks import PeekReplies
 from pipecat_nemotron.server.positions import AudioPositions
 from pipecat_nemotron.server.protocol import (
@@ -325,6 +325,7 @@ class Session:
         elif isinstance(msg, SetLanguageMessage):
             await self._send(language_reply(self.service.engine, self.stream, msg.language))  # type: ignore[arg-type]
         elif isinstance(msg, PeekMessage):
+            self._pacer.control_credit -= PEEK_CONTROL_COST - 1.0
             self._peeks.request(self.stream, (self._audio_bytes, self.finals_requested))  # type: ignore[arg-type]
         elif isinstance(msg, CloseMessage):
             await self._close_gracefully()
