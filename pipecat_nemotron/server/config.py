@@ -74,7 +74,8 @@ class ServerConfig:
             time; a busy engine reads every session at real time at most. Above 1 a client that sent audio far
             ahead catches up (its finals stop lagging) instead of staying behind for the rest of its session.
         max_control_rate: Sustained rate of JSON control messages (finalize, set_latency, keepalive) allowed
-            per session, messages per second (reads are paused beyond it).
+            per session, messages per second (reads are paused beyond it). A ``peek`` counts as
+            :data:`~pipecat_nemotron.server.pacing.PEEK_CONTROL_COST` messages.
         control_burst: Control messages a session may send at once before the rate applies.
         max_backlog_ms: Pause reading a session while the engine holds more of its audio than this, ms.
         backlog_timeout_s: Drop a session with 4029 after its backlog stayed above ``max_backlog_ms`` this long, s.
