@@ -164,6 +164,8 @@ _LIMIT_FLAGS: dict[str, str | None] = {
     "in this time, s",
     "keepalive_timeout_s": "close an idle HTTP keep-alive connection, s",
     "burst_ms": "audio a client may send ahead of real time, ms",
+    "max_speed": "x real time a client ahead of real time is read at while the engine has spare capacity "
+    "(it catches up); 1: never faster than real time",
     "max_control_rate": "control messages (finalize, set_latency, keepalive) per second per session before "
     "reads pause",
     "control_burst": "control messages allowed at once",

@@ -46,6 +46,7 @@ from pipecat.transcriptions.language import Language
 from processes import free_port
 from test_stt import finals_of, latency_change_turns
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 from ws_client import raw_messages, stream
 
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
@@ -316,6 +317,15 @@ async def test_english_model_messages_carry_no_language_and_refuse_other_languag
     ws, ready = await open_session(server.url, ConfigMessage(language="es"))
     assert isinstance(ready, ErrorMessage) and "English only" in ready.message
     await expect_close(ws, CloseCode.PROTOCOL_ERROR)
+    # Not a language code at all (a control character in it): refused like a language the model lacks.
+    ws, ready = await open_session(server.url, ConfigMessage(language="en-XX-\x1b[31m"))
+    assert isinstance(ready, ErrorMessage) and ready.code == CloseCode.PROTOCOL_ERROR
+    assert "a code such as" in ready.message
+    await expect_close(ws, CloseCode.PROTOCOL_ERROR)
+    for english in ("auto", "en-GB"):  # PROTOCOL.md: the English model accepts auto and English codes
+        ws, ready = await open_session(server.url, ConfigMessage(language=english))
+        assert isinstance(ready, ReadyMessage) and ready.language is None
+        await ws.close()
     ws, ready = await open_session(server.url, ConfigMessage(language="en-US", word_timings=True))
     assert isinstance(ready, ReadyMessage) and ready.languages == () and ready.language is None
     assert ready.latency_modes == (80, 160, 560, 1120) and "language" in ready.features
@@ -353,7 +363,14 @@ async def test_auth_and_origin_are_enforced(server: ASRServer, engine: NemotronE
     ws = await connect(server.url, token="wrong-token-0123456789")
     messages = await expect_close(ws, CloseCode.UNAUTHORIZED)
     assert messages[0].code == 4001
-    assert refused.labels("unauthorized")._value.get() == before + 2
+    # PROTOCOL.md: the handshake succeeds and the refusal follows, so a client may meet it as a failed send.
+    ws = await connect(server.url, token="wrong-token-0123456789")
+    await wait_for(lambda: ws.state is State.CLOSED, what="the refusal")
+    with pytest.raises(ConnectionClosed) as refusal:
+        await ws.send(ConfigMessage().to_json())
+    assert refusal.value.rcvd.code == CloseCode.UNAUTHORIZED
+    assert isinstance(parse_server_message(await ws.recv()), ErrorMessage)  # its error is still readable
+    assert refused.labels("unauthorized")._value.get() == before + 3
     # A browser-style client may send the token in its config instead of a header.
     ws, ready = await open_session(server.url, ConfigMessage(token=TOKEN), token=None)
     assert isinstance(ready, ReadyMessage)
@@ -481,8 +498,8 @@ async def test_health_readiness_metrics_and_info(server: ASRServer) -> None:
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{server.http_url}/healthz") as r:
             assert r.status == 200 and (await r.json())["status"] == "ok"
-        async with http.get(f"{server.http_url}/readyz") as r:
-            assert r.status == 200 and (await r.json())["free_sessions"] == 4
+        async with http.get(f"{server.http_url}/readyz") as r:  # open: the status only (PROTOCOL.md)
+            assert r.status == 200 and await r.json() == {"status": "ready"}
         # /v1/info and /metrics need a bearer token on a server with tokens (the session tokens by default).
         async with http.get(f"{server.http_url}/metrics") as r:
             assert r.status == 401
@@ -490,6 +507,7 @@ async def test_health_readiness_metrics_and_info(server: ASRServer) -> None:
         async with http.get(f"{server.http_url}/v1/info", headers=auth) as r:
             info = await r.json()
             assert info["protocol"] == PROTOCOL_VERSION and info["capacity"] == 4 and info["device"] == "cpu"
+            assert info["active_sessions"] == 0
         async with http.get(f"{server.http_url}/metrics", headers=auth) as r:
             text = await r.text()
             assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")

@@ -113,6 +113,19 @@ async def test_language_the_model_lacks_is_refused_with_the_models_list(server: 
     with contextlib.suppress(ConnectionClosed):
         await asyncio.wait_for(ws.recv(), 5)
     assert ws.close_code == CloseCode.PROTOCOL_ERROR
+    # A locale the model lacks is refused too, not mapped to another locale of its language (en-US here).
+    ws, answer = await open_session(server.url, ConfigMessage(language="en-GB"))
+    assert isinstance(answer, ErrorMessage) and answer.code == CloseCode.PROTOCOL_ERROR and answer.fatal
+    assert "'en-GB'" in answer.message and "['en-US', 'es-ES', 'de-DE'] or auto" in answer.message
+    with contextlib.suppress(ConnectionClosed):
+        await asyncio.wait_for(ws.recv(), 5)
+    ws, answer = await open_session(server.url, ConfigMessage(language="en-XX-\x1b]0;pwned\x07"))
+    assert isinstance(answer, ErrorMessage) and answer.code == CloseCode.PROTOCOL_ERROR
+    with contextlib.suppress(ConnectionClosed):
+        await asyncio.wait_for(ws.recv(), 5)
+    ws, ready = await open_session(server.url, ConfigMessage(language="en"))  # a bare language: its locale
+    assert isinstance(ready, ReadyMessage) and ready.language == "en-US"
+    await ws.close()
     ws, answer = await open_session(server.url, ConfigMessage(latency_ms=240))
     assert isinstance(answer, ErrorMessage) and "[80, 160, 320, 560, 1120]" in answer.message
     ws, ready = await open_session(server.url, ConfigMessage())  # no language: the server's default
@@ -143,3 +156,19 @@ async def test_pipecat_client_language_and_settings_update(server: ASRServer, en
     down, _ = await run_language_switches(stt, engine, start_sleep=0.3)
     interims = [f for f in down if isinstance(f, InterimTranscriptionFrame)]
     assert interims and interims[0].language == Language.ES_ES
+
+
+@pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")
+def test_language_codes_are_checked_for_shape_before_the_models_languages() -> None:
+    """Every Pipecat ``Language`` is a code; text that is not one is refused, never mapped to a locale."""
+    from pipecat_nemotron.engine.languages import LanguagePrompts, language_code
+
+    assert all(language_code(language) for language in Language)
+    for garbage in ("en-XX-\x1b[31m", "en US", "", "e", "en--us", "x" * 9, "fr-\n"):
+        with pytest.raises(ValueError, match="a code such as"):
+            language_code(garbage)
+    prompts = LanguagePrompts.from_keys(list(LANGUAGES))
+    assert prompts.resolve("ES") == "es-ES" and prompts.resolve(Language.EN) == "en-US"
+    for lacking in ("en-GB", Language.ES_MX, "fr"):
+        with pytest.raises(ValueError, match="not one of this model's languages"):
+            prompts.resolve(lacking)

@@ -9,6 +9,7 @@ language-agnostic prompt. Nothing here imports torch or NeMo.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,16 +19,24 @@ from pipecat_nemotron.engine.config import MULTILINGUAL_MODEL
 #: Prompt key of the language-agnostic prompt ("work out the language yourself").
 AUTO = "auto"
 
+#: A normalised language code: a language of 2-8 letters, then subtags of 1-8 letters or digits (BCP 47's shape).
+_CODE = re.compile(r"[a-z]{2,8}(-[a-z0-9]{1,8})*")
+
 
 def language_code(language: Any) -> str:
     """A language given as a string or a ``str`` enum (Pipecat's ``Language``) as its normalised code.
 
     ``"es_ES"``, ``"ES-es"`` and ``Language.ES_ES`` all become ``"es-es"`` (compare case-insensitively).
+
+    Raises:
+        ValueError: Not shaped like a language code (BCP 47: ``"es"``, ``"es-ES"``, ``"zh-Hans-CN"``) nor ``"auto"``.
+
     """
     value = getattr(language, "value", language)
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"a language must be a code such as 'es-ES', 'es' or 'auto', got {language!r}")
-    return value.strip().replace("_", "-").lower()
+    code = value.strip().replace("_", "-").lower() if isinstance(value, str) else ""
+    if code != AUTO and not _CODE.fullmatch(code):
+        raise ValueError(f"a language must be a code such as 'es-ES', 'es' or 'auto', got {language!r:.60}")
+    return code
 
 
 def is_english(language: Any) -> bool:
@@ -93,6 +102,8 @@ class LanguagePrompts:
 
         An exact locale wins (case and ``_``/``-`` ignored); a bare language (``"es"``, ``Language.ES``) takes
         the locale of the same name (``es-ES``, and ``en-US`` for English) or else the first of that language.
+        A locale the model lacks (``"en-GB"`` on a model with only ``en-US``) is refused, not mapped to another
+        locale of its language: the caller asked for that locale, and the model's locales are listed to it.
 
         Raises:
             ValueError: The model has no such language (the message lists the model's).
@@ -104,7 +115,7 @@ class LanguagePrompts:
             return by_code[code]
         base = code.split("-")[0]
         same = [k for k in self.languages if k.lower().split("-")[0] == base]
-        if same:
+        if same and code == base:
             preferred = {f"{base}-{base}", "en-us"}
             return next((k for k in same if k.lower() in preferred), same[0])
         raise ValueError(

@@ -64,6 +64,8 @@ class AiohttpTransport:
     def __init__(self, ws: web.WebSocketResponse, request: web.BaseRequest) -> None:
         self.ws = ws
         self.request = request
+        #: The close code the client sent (None until its close frame is read; 1006 if it left without one).
+        self.peer_close_code: int | None = None
 
     @property
     def closed(self) -> bool:
@@ -87,6 +89,11 @@ class AiohttpTransport:
             if isinstance(exc, WebSocketError) and exc.code == WSCloseCode.MESSAGE_TOO_BIG:
                 return Incoming("too_big", str(exc))
             return Incoming("error", repr(exc))
+        if msg.type is WSMsgType.CLOSE and isinstance(msg.data, int):
+            self.peer_close_code = msg.data
+        elif self.peer_close_code is None:
+            # aiohttp reports a connection that ended without a close frame (TCP FIN) as 1000; it is 1006.
+            self.peer_close_code = WSCloseCode.ABNORMAL_CLOSURE
         return Incoming("closed")
 
     async def send_text(self, text: str) -> None:
@@ -246,9 +253,7 @@ class ASRServer:
         svc = self.service
         full = self.config.unready_when_full and svc.active_sessions >= svc.max_sessions
         if svc.ready and svc.alive and not full:
-            return web.json_response(
-                {"status": "ready", "free_sessions": svc.max_sessions - svc.active_sessions}
-            )
+            return web.json_response({"status": "ready"})  # unauthenticated: the status only (load: /v1/info)
         status = "draining" if svc.draining else ("full" if full else "loading")
         return web.json_response({"status": status}, status=503)
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+#: WebSocket close code of a connection that ended without a close frame (RFC 6455 7.1.5): logged, never sent.
+ABNORMAL_CLOSURE = 1006
+
 
 class CloseCode(IntEnum):
     """WebSocket close codes the server uses (4000-4999 are application codes, RFC 6455 section 7.4.2).

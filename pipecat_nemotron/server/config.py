@@ -69,9 +69,13 @@ class ServerConfig:
         keepalive_timeout_s: Close an HTTP keep-alive connection idle this long after a response, s.
         heartbeat_s: WebSocket ping interval that detects dead peers, s (None: off).
         burst_ms: Audio a client may send ahead of real time before its reads are paused, ms.
-        max_speed: Sustained audio rate allowed, x real time (reads are paused beyond it).
+        max_speed: Audio rate allowed to a session that is ahead of real time (sent more than ``burst_ms`` at
+            once) while the engine has spare capacity (its steps took less than half of the last second), x real
+            time; a busy engine reads every session at real time at most. Above 1 a client that sent audio far
+            ahead catches up (its finals stop lagging) instead of staying behind for the rest of its session.
         max_control_rate: Sustained rate of JSON control messages (finalize, set_latency, keepalive) allowed
-            per session, messages per second (reads are paused beyond it).
+            per session, messages per second (reads are paused beyond it). A ``peek`` counts as
+            :data:`~pipecat_nemotron.server.pacing.PEEK_CONTROL_COST` messages.
         control_burst: Control messages a session may send at once before the rate applies.
         max_backlog_ms: Pause reading a session while the engine holds more of its audio than this, ms.
         backlog_timeout_s: Drop a session with 4029 after its backlog stayed above ``max_backlog_ms`` this long, s.
@@ -107,7 +111,7 @@ class ServerConfig:
     keepalive_timeout_s: float = 15.0
     heartbeat_s: float | None = 20.0
     burst_ms: float = 10_000.0
-    max_speed: float = 1.0
+    max_speed: float = 4.0
     max_control_rate: float = 20.0
     control_burst: int = 100
     max_backlog_ms: float = 5_000.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -15,11 +16,61 @@ from pipecat_nemotron.server.errors import ClientGone, SessionError
 from pipecat_nemotron.server.protocol import CloseCode
 
 if TYPE_CHECKING:
+    from pipecat_nemotron.engine import StepStats
     from pipecat_nemotron.server.service import ASRService
     from pipecat_nemotron.server.transport import Transport
 
 #: How often a session whose reads are paused checks that its client is still connected, s.
 GONE_POLL_S = 0.05
+
+#: The engine has spare capacity while its model steps took less than this share of the last
+#: :data:`LOAD_WINDOW_S`: sessions that are behind may then read faster than real time (``max_speed``).
+SPARE_BUSY_FRACTION = 0.5
+
+#: Control messages a ``peek`` counts as in a session's control budget: a peek costs a model step (a flush of
+#: up to one chunk, batched with every session's chunks), a ``keepalive`` nothing. With the default budget
+#: (20 a second after a burst of 100) a session may peek 4 times a second, 20 at once: an eager end of turn
+#: peeks about once per pause.
+PEEK_CONTROL_COST = 5.0
+
+#: Shortfalls below which a bucket counts as refilled (a timer may fire a clock tick early), ms and messages.
+_CREDIT_SLACK_MS = 1.0
+_CREDIT_SLACK = 0.001
+
+#: Window over which the engine's busy share is measured, s.
+LOAD_WINDOW_S = 1.0
+
+
+class EngineLoad:
+    """The share of recent wall time the engine spent in model steps (a step listener feeds it)."""
+
+    def __init__(self, window_s: float = LOAD_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._steps: deque[tuple[float, float]] = deque()  # (end time, duration), s
+        self._busy_s = 0.0
+
+    def observe_step(self, stats: StepStats) -> None:
+        """Engine step listener: record one step's duration."""
+        now = time.monotonic()
+        duration = stats.step_ms / 1000.0
+        self._steps.append((now, duration))
+        self._busy_s += duration
+        self._expire(now)
+
+    def busy_fraction(self) -> float:
+        """Share of the last ``window_s`` spent in model steps, 0 to 1."""
+        self._expire(time.monotonic())
+        return min(1.0, self._busy_s / self.window_s)
+
+    def spare(self) -> bool:
+        """True while the engine's steps took less than :data:`SPARE_BUSY_FRACTION` of the window."""
+        return self.busy_fraction() < SPARE_BUSY_FRACTION
+
+    def _expire(self, now: float) -> None:
+        while self._steps and self._steps[0][0] < now - self.window_s:
+            self._busy_s -= self._steps.popleft()[1]
+        if not self._steps:
+            self._busy_s = 0.0
 
 
 class Pacer:
@@ -47,28 +98,20 @@ class Pacer:
     async def pace(self) -> None:
         """Pause reading (TCP backpressure throttles the client) while it is ahead of its allowance or backlogged.
 
-        Two token buckets: audio may run ``burst_ms`` ahead of real time, refilled at ``max_speed`` x real time;
-        JSON control messages may come ``control_burst`` at once, refilled at ``max_control_rate`` per second
-        (each ``finalize`` and ``set_latency`` costs engine and event-loop time, so a flood of them would delay
+        Two token buckets: audio may run ``burst_ms`` ahead of real time, refilled at real time, and at
+        ``max_speed`` x real time while the engine has spare capacity (:class:`EngineLoad`), so a client that
+        sent audio far ahead catches up instead of staying behind for the rest of its session. JSON control
+        messages may come ``control_burst`` at once, refilled at ``max_control_rate`` per second (each ``finalize`` and ``set_latency`` costs engine and event-loop time, so a flood of them would delay
         every other session's results). Separately, reading pauses while the engine holds more than
         ``max_backlog_ms`` of this session's audio, and the session is dropped (4029) if that lasts
         ``backlog_timeout_s``. A paused session costs no engine time, so it never slows the others; it polls
         its connection and ends at once if the client has gone (raising :class:`ClientGone`).
         """
         cfg = self.service.config
-        now = time.monotonic()
-        elapsed_s = now - self._credit_at
-        self._credit_at = now
-        self.credit_ms = min(cfg.burst_ms, self.credit_ms + elapsed_s * 1000.0 * cfg.max_speed)
-        self.control_credit = min(
-            float(cfg.control_burst), self.control_credit + elapsed_s * cfg.max_control_rate
-        )
-        wait_s = 0.0
-        if self.credit_ms < 0:
-            wait_s = -self.credit_ms / (1000.0 * cfg.max_speed)
-        if self.control_credit < 1.0:
-            wait_s = max(wait_s, (1.0 - self.control_credit) / cfg.max_control_rate)
-        if wait_s > 0:
+        while True:
+            wait_s = self._refill()
+            if wait_s <= 0:
+                break
             self.service.metrics.throttled_seconds.inc(wait_s)
             await self.sleep_unless_gone(wait_s)
         if self._backlog_ms() > cfg.max_backlog_ms:
@@ -85,6 +128,27 @@ class Pacer:
                     )
                 await self.sleep_unless_gone(0.02)
             self.service.metrics.throttled_seconds.inc(time.monotonic() - started)
+
+    def _refill(self) -> float:
+        """Refill both buckets for the time since the last call; how long to wait before the next read, s.
+
+        The wait is at most :data:`GONE_POLL_S` at a time: the audio refill rate follows the engine's load.
+        """
+        cfg = self.service.config
+        now = time.monotonic()
+        elapsed_s = now - self._credit_at
+        self._credit_at = now
+        speed = cfg.max_speed if self.service.load.spare() else min(1.0, cfg.max_speed)
+        self.credit_ms = min(cfg.burst_ms, self.credit_ms + elapsed_s * 1000.0 * speed)
+        self.control_credit = min(
+            float(cfg.control_burst), self.control_credit + elapsed_s * cfg.max_control_rate
+        )
+        wait_s = 0.0
+        if self.credit_ms < -_CREDIT_SLACK_MS:
+            wait_s = min(-self.credit_ms / (1000.0 * speed), GONE_POLL_S)
+        if self.control_credit < 1.0 - _CREDIT_SLACK:
+            wait_s = max(wait_s, (1.0 - self.control_credit) / cfg.max_control_rate)
+        return wait_s
 
     async def sleep_unless_gone(self, seconds: float) -> None:
         """Sleep ``seconds``, checking the connection every ``GONE_POLL_S``; raise ``ClientGone`` when it is gone."""

@@ -15,6 +15,7 @@ import socket
 import time
 import uuid
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 from loguru import logger
@@ -22,6 +23,7 @@ from loguru import logger
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.server.config import ServerConfig
 from pipecat_nemotron.server.metrics import ServerMetrics
+from pipecat_nemotron.server.pacing import EngineLoad
 from pipecat_nemotron.server.protocol import (
     AUTH_BACKOFF_REASON,
     PROTOCOL_VERSION,
@@ -67,6 +69,8 @@ class ASRService:
         self._owns_engine = isinstance(engine, EngineConfig)
         self.engine = NemotronEngine(engine) if isinstance(engine, EngineConfig) else engine
         self.metrics = metrics or ServerMetrics()
+        #: How busy the engine is (sessions that are behind read faster than real time while it has room).
+        self.load = EngineLoad()
         self.sessions: dict[str, Session] = {}
         self.ready = False
         self.draining = False
@@ -94,6 +98,18 @@ class ASRService:
         )
         self.metrics.set_stream_source(lambda: float(self.engine.open_streams))
         self.metrics.capacity.set(self.max_sessions)
+
+    @property
+    def model_name(self) -> str:
+        """The served model's name for clients (``ready.model``): a hub id as given, a local file's name only.
+
+        A client learns which model it talks to, never where the server keeps it (an absolute install path names
+        users and directories of the host).
+        """
+        model = self.engine.config.model
+        if model.endswith(".nemo") or os.path.isabs(model) or model.startswith(("~", ".")) or Path(model).exists():
+            return Path(model).name or model
+        return model
 
     @property
     def max_sessions(self) -> int:
@@ -137,6 +153,7 @@ class ASRService:
             self.load_error = e
             raise
         self.engine.add_step_listener(self.metrics.observe_step)
+        self.engine.add_step_listener(self.load.observe_step)
         info = self.engine.info
         self.metrics.info.info(
             {

@@ -32,7 +32,7 @@ from pipecat_nemotron.engine import (
     StreamFailedError,
 )
 from pipecat_nemotron.server.errors import ClientGone, SessionError
-from pipecat_nemotron.server.pacing import Pacer
+from pipecat_nemotron.server.pacing import PEEK_CONTROL_COST, Pacer
 from pipecat_nemotron.server.peeks import PeekReplies
 from pipecat_nemotron.server.positions import AudioPositions
 from pipecat_nemotron.server.protocol import (
@@ -61,7 +61,7 @@ from pipecat_nemotron.server.stream_settings import (
     partial_message,
     with_language,
 )
-from pipecat_nemotron.server.transport import Incoming, Transport, remote_of
+from pipecat_nemotron.server.transport import Incoming, Transport, peer_close_code, remote_of
 
 if TYPE_CHECKING:
     from pipecat_nemotron.server.service import ASRService
@@ -100,6 +100,7 @@ class Session:
         self.stream: ASRStream | None = None
         self.opened_at = time.monotonic()
         self.audio_ms = 0.0
+        self._audio_bytes = 0
         self.finals_requested = 0
         self.finals_sent = 0
         self.end_how = "disconnect"
@@ -139,7 +140,7 @@ class Session:
                 ReadyMessage(
                     session_id=self.session_id,
                     server_id=self.service.server_id,
-                    model=engine.config.model,
+                    model=self.service.model_name,
                     latency_ms=self.stream.latency_ms,
                     latency_modes=engine.info.latency_modes,
                     chunk_ms=self.stream.chunk_ms,
@@ -161,7 +162,7 @@ class Session:
             await self._read_loop()
         except ClientGone:
             if self.close_code is None:
-                self.close_code = CloseCode.NORMAL
+                self.close_code = peer_close_code(self.transport)
         except SessionError as e:
             await self.fail(e.code, e.message)
         except asyncio.CancelledError:
@@ -290,6 +291,8 @@ class Session:
                     f"no message for {cfg.idle_timeout_s:g} s; send audio or a keepalive message",
                 ) from None
             if incoming.kind == "closed":
+                if self.close_code is None:
+                    self.close_code = peer_close_code(self.transport)
                 return
             if incoming.kind == "too_big":
                 raise SessionError(CloseCode.MESSAGE_TOO_BIG, self._too_big_message())
@@ -322,7 +325,8 @@ class Session:
         elif isinstance(msg, SetLanguageMessage):
             await self._send(await language_reply(self.service.engine, self.stream, msg.language))  # type: ignore[arg-type]
         elif isinstance(msg, PeekMessage):
-            self._peeks.request(self.stream)  # type: ignore[arg-type]
+            self._pacer.control_credit -= PEEK_CONTROL_COST - 1.0
+            self._peeks.request(self.stream, (self._audio_bytes, self.finals_requested))  # type: ignore[arg-type]
         elif isinstance(msg, CloseMessage):
             await self._close_gracefully()
             return True
@@ -336,6 +340,7 @@ class Session:
             return
         ms = len(data) / self.config.bytes_per_ms
         self.audio_ms += ms
+        self._audio_bytes += len(data)
         self._pacer.credit_ms -= ms
         self.service.metrics.audio_seconds.inc(ms / 1000.0)
         try:
@@ -351,6 +356,7 @@ class Session:
 
     def _on_finalize(self) -> None:
         assert self.stream is not None
+        self._peeks.before_finalize()  # peeks waiting to be issued are about the utterance ending here
         try:
             future = self.stream.finalize_nowait()
         except StreamFailedError as e:
@@ -363,9 +369,11 @@ class Session:
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _close_gracefully(self) -> None:
-        """After a client ``close``: send the finals still owed (bounded wait), then close with 1000."""
+        """After a client ``close``: send the finals and peek answers still owed (bounded wait), then close with 1000."""
         timeout = self.service.config.close_timeout_s
         deadline = time.monotonic() + timeout
+        if not await self._peeks.wait_answered(timeout):
+            logger.warning(f"ASR session {self.session_id}: {self._peeks.owed} peek(s) unanswered {timeout:g} s after close")
         while self.finals_sent < self.finals_requested and self.close_code is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -480,7 +488,9 @@ class Session:
             await self._close_transport(CloseCode.NORMAL, "normal")
         duration = time.monotonic() - self.opened_at
         logger.info(
-            f"ASR session {self.session_id} ended ({self.end_how}, code {self.close_code}) after {duration:.1f} s, "
+            f"ASR session {self.session_id} ended ({self.end_how}, "
+            + ("client's " if self.end_how == "disconnect" else "")
+            + f"code {self.close_code}) after {duration:.1f} s, "
             f"{self.audio_ms / 1000.0:.1f} s of audio, {self.finals_sent} final(s)"
             + (f", dropped {dropped_ms / 1000.0:.1f} s of undecoded audio" if dropped_ms >= 50.0 else "")
         )

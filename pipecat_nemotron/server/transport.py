@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from pipecat_nemotron.server.close_codes import ABNORMAL_CLOSURE
+
 IncomingKind = Literal["text", "binary", "closed", "too_big", "error"]
 
 
@@ -72,3 +74,17 @@ def remote_of(peer: object) -> str:
     if isinstance(peer, tuple) and len(peer) >= 2:
         return f"{peer[0]}:{peer[1]}"
     return str(peer) if peer else "?"
+
+
+def peer_close_code(transport: Transport) -> int:
+    """The code a transport's client closed with, for logs.
+
+    A transport that tracks it has a ``peer_close_code`` attribute: None (read as 1006) until the client's close
+    frame is read, so 1006 also when the client left without one, or with one still unread (while a session's
+    reads are paused, its client's close frame sits behind audio the server has not read). A transport without
+    the attribute reports 1000.
+    """
+    if not hasattr(transport, "peer_close_code"):
+        return 1000
+    code = transport.peer_close_code
+    return int(code) if code is not None else ABNORMAL_CLOSURE
