@@ -88,6 +88,11 @@ class ServerMetrics:
             "Time sessions' reads were paused for sending audio ahead of real time, control messages above "
             "their rate, or for engine backlog, seconds.",
         )
+        self.caught_up_seconds = self._counter(
+            "caught_up_seconds",
+            "Audio read from sessions that were ahead of real time faster than real time (up to max_speed, while "
+            "the engine had spare capacity), seconds of audio.",
+        )
 
     def _declare_steps(self) -> None:
         """The engine's batched model steps and what sessions wait for."""

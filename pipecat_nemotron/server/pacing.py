@@ -139,7 +139,10 @@ class Pacer:
         elapsed_s = now - self._credit_at
         self._credit_at = now
         speed = cfg.max_speed if self.service.load.spare() else min(1.0, cfg.max_speed)
-        self.credit_ms = min(cfg.burst_ms, self.credit_ms + elapsed_s * 1000.0 * speed)
+        refilled_ms = min(cfg.burst_ms, self.credit_ms + elapsed_s * 1000.0 * speed) - self.credit_ms
+        if refilled_ms > elapsed_s * 1000.0:
+            self.service.metrics.caught_up_seconds.inc((refilled_ms - elapsed_s * 1000.0) / 1000.0)
+        self.credit_ms += refilled_ms
         self.control_credit = min(
             float(cfg.control_burst), self.control_credit + elapsed_s * cfg.max_control_rate
         )
