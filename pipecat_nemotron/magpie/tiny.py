@@ -44,6 +44,8 @@ class MagpieShape:
         lt_width: Local transformer width.
         baked_context_frames: Frames of each baked speaker context.
         max_len: Causal-mask length (bounds context + frames).
+        decoder_kernel: Decoder feed-forward kernel, in frames (1 in the released model; wider is not supported by
+            the fast step, so a tiny model with 3 exercises the fallback to NeMo's step).
 
     """
 
@@ -56,6 +58,7 @@ class MagpieShape:
     lt_width: int
     baked_context_frames: int
     max_len: int
+    decoder_kernel: int = 1
 
 
 TINY_SHAPE = MagpieShape(32, 1, 2, 2, None, True, 32, 10, 512)
@@ -172,7 +175,7 @@ def _magpie_config(codec_path: str, shape: MagpieShape = TINY_SHAPE) -> dict[str
             shape.decoder_layers,
             causal=True,
             xattn=True,
-            kernel_size=1,
+            kernel_size=shape.decoder_kernel,
             max_len=shape.max_len,
             shape=shape,
             pos_emb=shape.decoder_pos_emb,
