@@ -196,3 +196,21 @@ def test_greedy_codes_equal_generate_speech(tiny_model: Any, family_model: Any, 
                 assert torch.equal(fast_greedy(model, ids, use_cfg=True), ref)
     finally:
         set_end_of_speech_bias(model, -30.0 if which == "tiny" else 0.0)
+
+
+@pytest.mark.gpu
+def test_fast_step_on_cuda_matches_nemo_on_cuda(tiny_magpie: tuple[Path, Path]) -> None:
+    """On CUDA (fp32), teacher-forced logits of our step follow NeMo's cached generate_speech on the same device."""
+    magpie, codec = tiny_magpie
+    model = load_magpie_model(str(magpie), "cuda", str(codec))
+    text = tokens(model, TEXTS[0]).cuda()
+    with inference(model, max_decoder_steps=30):
+        codes, logits = nemo_run(model, text, use_cfg=True, kv_cache=True)
+        step = FastMagpieStep(model)
+        row = step.add_row(text, 2, RowSampling(0.7, 80, True, torch.Generator(device="cuda").manual_seed(0)))
+        worst = 0.0
+        for k in range(30):
+            out = step.forward()
+            worst = max(worst, float((out.logits[0] - logits[k]).abs().max()))
+            step.advance(out, forced={id(row): codes[:, k]})
+    assert worst < 1e-3, worst

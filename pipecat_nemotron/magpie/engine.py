@@ -161,19 +161,34 @@ class MagpieEngine:
             timeout: Seconds to wait; None waits as long as loading takes.
 
         Raises:
-            MagpieEngineError: Loading failed (the cause is chained) or the engine was closed.
+            MagpieEngineError: Loading failed (the cause is chained), or the worker thread stopped before the model
+                was ready (it is checked every 0.25 s, so a dead worker never leaves a waiter hanging).
             TimeoutError: Still loading after ``timeout`` seconds.
 
         """
-        if not self._ready.wait(timeout):
-            raise TimeoutError(f"{self}: model still loading after {timeout} s")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._ready.is_set():
+            left = 0.25 if deadline is None else min(0.25, deadline - time.monotonic())
+            if left <= 0:
+                raise TimeoutError(f"{self}: model still loading after {timeout} s")
+            if self._ready.wait(left):
+                break
+            if not self._thread.is_alive() and not self._ready.is_set():
+                raise MagpieEngineError(
+                    f"{self}: the engine's worker thread stopped before the model was loaded"
+                )
         if self._load_error is not None:
             raise MagpieEngineError(f"{self}: loading failed: {self._load_error}") from self._load_error
 
     async def wait_ready(self) -> None:
-        """Wait, without blocking the event loop, until the model is loaded (see :meth:`wait_until_ready`)."""
+        """Wait, without blocking the event loop, until the model is loaded (see :meth:`wait_until_ready`).
+
+        Raises:
+            MagpieEngineError: Loading failed, or the worker thread stopped before the model was loaded.
+
+        """
         if not self._ready.is_set():
-            await asyncio.to_thread(self._ready.wait)
+            await asyncio.to_thread(self.wait_until_ready)
         self.wait_until_ready(0)
 
     @property

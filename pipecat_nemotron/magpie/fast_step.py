@@ -31,10 +31,10 @@ from pipecat_nemotron.magpie.step_state import (
     MIN_CAPACITY,
     Row,
     RowSampling,
+    RowsPicker,
     SlotCache,
     StepOutput,
     eos_method,
-    pick_codes,
     unsupported_reason,
 )
 
@@ -76,6 +76,8 @@ class FastMagpieStep:
         self._prior_layers = set(
             range(n) if self.params.apply_prior_to_layers is None else self.params.apply_prior_to_layers
         )
+        self._index_key: tuple[tuple[int, int], ...] | None = None
+        self._index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._use_lt = str(getattr(model.local_transformer_type, "value", "none")) == "autoregressive"
 
     # Joining and leaving.
@@ -319,11 +321,20 @@ class FastMagpieStep:
 
     def _combine(self, rows: list[Row], per_slot: torch.Tensor, scale: float) -> torch.Tensor:
         """Per-row logits from per-slot ones: NeMo's ``(1 - s) * uncond + s * cond`` for CFG rows."""
-        cond = per_slot[[r.slot for r in rows]]
-        cfg = [i for i, r in enumerate(rows) if r.uncond_slot >= 0]
-        if cfg:
-            uncond = per_slot[[rows[i].uncond_slot for i in cfg]]
-            cond[cfg] = (1 - scale) * uncond + scale * cond[cfg]
+        key = tuple((r.slot, r.uncond_slot) for r in rows)
+        if self._index_key != key:
+            cfg = [i for i, r in enumerate(rows) if r.uncond_slot >= 0]
+            self._index = (
+                torch.tensor([r.slot for r in rows], device=self.device),
+                torch.tensor(cfg, device=self.device, dtype=torch.long),
+                torch.tensor([rows[i].uncond_slot for i in cfg], device=self.device, dtype=torch.long),
+            )
+            self._index_key = key
+        cond_index, cfg_rows, uncond_index = self._index
+        cond = per_slot.index_select(0, cond_index)
+        if cfg_rows.numel():
+            uncond = per_slot.index_select(0, uncond_index)
+            cond.index_copy_(0, cfg_rows, (1 - scale) * uncond + scale * cond.index_select(0, cfg_rows))
         return cond
 
     @torch.inference_mode()
@@ -344,8 +355,10 @@ class FastMagpieStep:
             for row in rows:
                 self._align(row, out.scores)
         flags = [self._row_flags(row) for row in rows]
-        codes = self._sample(out, flags) if forced is None or len(forced) < len(rows) else None
-        argmax = pick_codes(out.logits.clone(), model, flags, None)
+        draw = forced is None or len(forced) < len(rows)
+        picker = RowsPicker(model, rows, flags, draw)
+        codes = self._sample(out, picker) if draw else None
+        argmax = picker.argmax(out.logits.clone())
         method = eos_method(params.eos_detection_method)
         finished = []
         for i, row in enumerate(rows):
@@ -402,11 +415,12 @@ class FastMagpieStep:
         )
         row.prior = prior[:, 0, :]
 
-    def _sample(self, out: StepOutput, flags: list[tuple[bool, bool, bool]]) -> torch.Tensor:
+    def _sample(self, out: StepOutput, picker: RowsPicker) -> torch.Tensor:
         """Every row's next frame ``(rows, num_codebooks)``: the local transformer over all slots, or the logits."""
         model = self.model
         if not self._use_lt:
-            return pick_codes(out.logits.clone(), model, flags, out.rows)
+            view = out.logits.view(len(out.rows), model.num_audio_codebooks, -1)
+            return torch.stack([picker.sample(view[:, c].clone(), c) for c in range(view.shape[1])], dim=1)
         helper = model._lt_helper
         lt = helper.local_transformer
         lt.reset_cache(use_cache=self.params.use_LT_kv_cache)
@@ -424,7 +438,7 @@ class FastMagpieStep:
                 h = helper.local_transformer_audio_out_projection(h[:, -1, :])
                 per_slot = helper.local_transformer_out_projections[codebook](h)
                 logits = self._combine(out.rows, per_slot, self.params.cfg_scale)
-                pred = pick_codes(logits, model, flags, out.rows, codebooks=1)[:, 0]
+                pred = picker.sample(logits, codebook)
                 preds.append(pred)
                 nxt = helper.audio_embeddings[codebook](pred[slot_rows]).unsqueeze(1)
                 nxt = helper.local_transformer_in_projection(helper.audio_in_projection(nxt))

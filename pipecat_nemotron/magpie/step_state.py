@@ -179,50 +179,81 @@ def eos_method(name: str) -> Any:
     return EOSDetectionMethod(name)
 
 
-def pick_codes(
-    logits: torch.Tensor,
-    model: Any,
-    flags: list[tuple[bool, bool, bool]],
-    rows: list[Row] | None,
-    codebooks: int | None = None,
-) -> torch.Tensor:
-    """Choose one code per codebook and row, as NeMo's samplers do (``rows`` None: argmax, for EOS detection).
+class RowsPicker:
+    """Chooses one code per codebook for every row of a step, batched, as NeMo's samplers do.
 
-    Args:
-        logits: ``(rows, codebooks * tokens)``, modified in place.
-        model: The model (token ids and sizes).
-        flags: Per row: forbid EOS (too early), forbid EOS (text unfinished), force EOS (text finished).
-        rows: The rows whose sampling settings and generators to use; None takes the argmax.
-        codebooks: Codebooks in ``logits`` (default: all of the model's).
-
+    NeMo's rules: forbid special tokens but EOS; forbid EOS early (``min_generated_frames``) and for unfinished
+    text, force it for finished text; keep the top-k logits; sample at the temperature. Sampling draws, per row
+    and frame, one uniform number per codebook from the row's own generator and inverts the row's cumulative
+    distribution, so a row's codes depend on its logits and its generator only (never on its batch).
     """
-    from nemo.collections.tts.modules.magpietts_modules import SpecialAudioToken
 
-    tokens = model.num_all_tokens_per_codebook
-    count = codebooks or model.num_audio_codebooks
-    view = logits.view(logits.shape[0], count, tokens)
-    eos = model.audio_eos_id
-    forbidden = SpecialAudioToken.get_forbidden_tokens(model.codebook_size, forbid_audio_eos=False)
-    view[:, :, forbidden] = float("-inf")
-    for i, (early, unfinished, finished) in enumerate(flags):
-        if unfinished:
-            view[i, :, eos] = float("-inf")
-        if finished:
-            view[i] = float("-inf")
-            view[i, :, eos] = 0.0
-        if early:
-            view[i, :, eos] = float("-inf")
-    if rows is None:
+    def __init__(self, model: Any, rows: list[Row], flags: list[tuple[bool, bool, bool]], draw: bool) -> None:
+        """Prepare the per-row masks, top-k, temperatures and (if ``draw``) this frame's uniform numbers.
+
+        Args:
+            model: The model (token ids and sizes).
+            rows: The step's rows.
+            flags: Per row: forbid EOS (too early), forbid EOS (text unfinished), force EOS (text finished).
+            draw: Draw the rows' random numbers (False when no row samples this step: teacher forcing).
+
+        """
+        from nemo.collections.tts.modules.magpietts_modules import SpecialAudioToken
+
+        self.tokens = int(model.num_all_tokens_per_codebook)
+        self.eos = int(model.audio_eos_id)
+        device = next(model.parameters()).device
+        self.forbidden = torch.tensor(
+            SpecialAudioToken.get_forbidden_tokens(model.codebook_size, forbid_audio_eos=False), device=device
+        )
+        flag = torch.tensor(flags, dtype=torch.bool, device=device).reshape(len(rows), 3)
+        self.no_eos, self.force_eos = flag[:, 0], flag[:, 2]
+        self.unfinished = flag[:, 1]
+        self.any_flag = bool(flag.any())
+        self.topk = torch.tensor([min(r.sampling.topk, self.tokens) for r in rows], device=device)
+        self.kmax = int(self.topk.max()) if rows else 1
+        temps = [r.sampling.temperature for r in rows]
+        self.greedy = torch.tensor([t <= 0 or r.sampling.topk == 1 for t, r in zip(temps, rows, strict=True)])
+        self.temperature = torch.tensor([t if t > 0 else 1.0 for t in temps], device=device)[:, None]
+        codebooks = int(model.num_audio_codebooks)
+        self.uniform = None
+        if draw and not bool(self.greedy.all()):
+            self.uniform = torch.stack([_uniform(codebooks, r.sampling.generator).to(device) for r in rows])
+
+    def mask(self, view: torch.Tensor) -> torch.Tensor:
+        """Apply the token rules to ``view (rows, codebooks, tokens)`` in place; return it."""
+        view[:, :, self.forbidden] = float("-inf")
+        if self.any_flag:
+            eos = view[:, :, self.eos]
+            eos.masked_fill_(self.unfinished[:, None], float("-inf"))
+            view.masked_fill_(self.force_eos[:, None, None], float("-inf"))
+            eos = eos.masked_fill(self.force_eos[:, None], 0.0)
+            view[:, :, self.eos] = eos.masked_fill(self.no_eos[:, None], float("-inf"))
+        return view
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """Codes ``(rows, codebooks)`` of the most likely allowed tokens (NeMo's EOS check)."""
+        view = self.mask(logits.view(logits.shape[0], -1, self.tokens))
         return view.argmax(dim=-1)
-    picks = []
-    for i, row in enumerate(rows):
-        s = row.sampling
-        row_logits = view[i]
-        top = torch.topk(row_logits, min(s.topk, tokens), dim=-1)[0][:, -1:]
-        row_logits = row_logits.masked_fill(row_logits < top, float("-inf"))
-        if s.temperature <= 0 or s.topk == 1:
-            picks.append(row_logits.argmax(dim=-1))
-            continue
-        probs = torch.softmax(row_logits / s.temperature, dim=-1)
-        picks.append(torch.multinomial(probs, 1, generator=s.generator)[:, 0])
-    return torch.stack(picks)
+
+    def sample(self, logits: torch.Tensor, codebook: int) -> torch.Tensor:
+        """Codes ``(rows,)`` for one codebook from ``logits (rows, tokens)`` (modified in place)."""
+        view = self.mask(logits.view(logits.shape[0], 1, self.tokens))[:, 0]
+        values = torch.topk(view, self.kmax, dim=-1)[0]
+        threshold = values.gather(1, (self.topk - 1)[:, None])
+        view = view.masked_fill(view < threshold, float("-inf"))
+        picks = view.argmax(dim=-1)
+        if self.uniform is None:
+            return picks
+        probs = torch.softmax(view / self.temperature, dim=-1)
+        cdf = probs.cumsum(dim=-1)
+        target = self.uniform[:, codebook : codebook + 1] * cdf[:, -1:]
+        sampled = (cdf < target).sum(dim=-1).clamp_(max=self.tokens - 1)
+        return torch.where(self.greedy.to(picks.device), picks, sampled)
+
+
+def _uniform(count: int, generator: torch.Generator | None) -> torch.Tensor:
+    """``count`` uniform numbers in [0, 1) from ``generator`` (on its own device), or torch's global one."""
+    if generator is None:
+        return torch.rand(count)
+    return torch.rand(count, generator=generator, device=generator.device)
