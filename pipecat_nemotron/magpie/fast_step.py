@@ -76,6 +76,9 @@ class FastMagpieStep:
         self._prior_layers = set(
             range(n) if self.params.apply_prior_to_layers is None else self.params.apply_prior_to_layers
         )
+        self._uncond_prefill: tuple[int, torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]] | None = (
+            None
+        )
         self._index_key: tuple[tuple[int, int], ...] | None = None
         self._index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._use_lt = str(getattr(model.local_transformer_type, "value", "none")) == "autoregressive"
@@ -130,13 +133,22 @@ class FastMagpieStep:
         row.slot = slots[0]
         row.uncond_slot = slots[1] if len(slots) > 1 else -1
         self._cache.grow(row.prefix_len + MIN_CAPACITY, cond[0].shape[1])
-        x = torch.cat(prefix, 0)
-        memory = torch.cat(cond, 0)
         xmask = torch.cat(cond_mask, 0).bool()
         slot_index = torch.tensor(slots, device=self.device)
         self._cache.xmask[slot_index] = False
         self._cache.xmask[slot_index, : xmask.shape[1]] = xmask
-        row.pending = self._prefill(x, memory, slot_index)
+        cached = self._uncond_prefill if sampling.use_cfg else None
+        if cached is not None and cached[0] == row.prefix_len:
+            out, scores = self._prefill(prefix[0], cond[0], slot_index[:1])
+            row.pending = (torch.cat([out, cached[1]]), [scores[0], cached[2]])
+            self._cache.restore_prefix(int(slot_index[1]), cached[3])
+        else:
+            out, scores = self._prefill(torch.cat(prefix, 0), torch.cat(cond, 0), slot_index)
+            row.pending = (out, list(scores))
+            if sampling.use_cfg:
+                # The unconditional row sees zero context and zero text: the same prefill for every request.
+                saved = self._cache.save_prefix(row.uncond_slot, row.prefix_len)
+                self._uncond_prefill = (row.prefix_len, out[1:], scores[1], saved)
         self.rows.append(row)
         return row
 
@@ -315,7 +327,7 @@ class FastMagpieStep:
                 for i, slot in enumerate(s for s in (row.slot, row.uncond_slot) if s >= 0):
                     dec_out[slot] = out[i]
                     scores[slot] = 0.0
-                    scores[slot, : row_scores.shape[1]] = row_scores[i]
+                    scores[slot, : row_scores[i].shape[0]] = row_scores[i]
         logits = self.model.final_proj(dec_out)
         return StepOutput(rows, dec_out, self._combine(rows, logits, self.params.cfg_scale), scores)
 

@@ -90,7 +90,9 @@ class Row:
     finished_counter: dict[int, int] = field(default_factory=dict)
     end_indices: dict[int, int] = field(default_factory=dict)
     prior: torch.Tensor | None = None  # (1 or 2, text_len) for the next step; None before the first.
-    pending: tuple[torch.Tensor, torch.Tensor] | None = None  # Prefill output and scores, not sampled yet.
+    pending: tuple[torch.Tensor, list[torch.Tensor]] | None = (
+        None  # Prefill outputs and scores, not sampled yet.
+    )
     last_codes: torch.Tensor | None = None  # The frame fed to the decoder at the next step.
 
     @property
@@ -145,6 +147,29 @@ class SlotCache:
             self.xmask = torch.cat(
                 [self.xmask, self.xmask.new_zeros(self.xmask.shape[0], text_len - self.xmask.shape[1])], 1
             )
+
+    def save_prefix(self, slot: int, length: int) -> list[dict[str, torch.Tensor]]:
+        """Copies of one slot's first ``length`` self-attention positions and its first text position, per layer."""
+        return [
+            {
+                "k": c["k"][slot, :, :length].clone(),
+                "v": c["v"][slot, :, :length].clone(),
+                "xk": c["xk"][slot, :, :1].clone(),
+                "xv": c["xv"][slot, :, :1].clone(),
+            }
+            for c in self.layers
+        ]
+
+    def restore_prefix(self, slot: int, saved: list[dict[str, torch.Tensor]]) -> None:
+        """Write :meth:`save_prefix` copies into ``slot`` (the rest of its text positions zeroed)."""
+        for cache, layer in zip(self.layers, saved, strict=True):
+            length = layer["k"].shape[1]
+            cache["k"][slot, :, :length] = layer["k"]
+            cache["v"][slot, :, :length] = layer["v"]
+            cache["xk"][slot] = 0.0
+            cache["xv"][slot] = 0.0
+            cache["xk"][slot, :, :1] = layer["xk"]
+            cache["xv"][slot, :, :1] = layer["xv"]
 
     def move(self, src: int, dst: int) -> None:
         """Copy slot ``src`` into slot ``dst`` (compaction when a row leaves)."""
