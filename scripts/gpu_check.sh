@@ -99,7 +99,7 @@ step time-to-final 60 "${BENCH[@]}" time-to-final "${COMMON[@]}" --model "$MODEL
 step concurrency 75 "${BENCH[@]}" concurrency "${COMMON[@]}" --model "$MODEL" --latency 160 --keep-going "${CONC_ARGS[@]}"
 
 # 6. Magpie TTS: our KV-cached step vs NeMo's generate_speech (357M shape, random weights), batched requests.
-step tts 90 "${BENCH[@]}" tts "${COMMON[@]}" "${TTS_ARGS[@]}"
+step tts 150 "${BENCH[@]}" tts "${COMMON[@]}" "${TTS_ARGS[@]}"
 
 # 7. GPU-marked tests, if any (exit 5: none collected), including the fast Magpie step on CUDA.
 if [[ "$DRY" != "1" ]]; then
