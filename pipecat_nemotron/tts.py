@@ -92,11 +92,10 @@ class MagpieTTSService(TTSService):
     never runs on the event loop. Services naming the same (model, device, codec) share one engine and one copy of
     the model through ``shared_magpie_engines`` (reference-counted; the model stays loaded between sessions unless
     ``shared_magpie_engines.unload_when_unused`` is set), or pass ``engine=`` explicitly.
-    Requests from all sessions sharing an engine are served first-in first-out, one synthesis at a time: a session's
-    sentence waits for the sentences submitted before it.
+    Requests from all sessions sharing an engine are decoded together (continuous batching: each advances one codec
+    frame per decoder step, up to the engine's ``max_batch``; more wait first-in first-out).
 
-    Interruptions cancel the running request: synthesis stops at the next codec frame and the model moves on to the
-    next queued request.
+    Interruptions cancel the running request: synthesis stops at the next decoder step and its row is freed.
     """
 
     Settings = MagpieTTSSettings

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One prepared GPU check: every benchmark at GPU sizes inside ~8 minutes, then `pytest -m gpu` (CUDA graphs,
-# CUDA-graph decoder).
+# One prepared GPU check: every benchmark at GPU sizes inside ~8 minutes (the Magpie TTS one included), then
+# `pytest -m gpu` (CUDA graphs, CUDA-graph decoder, the fast Magpie step on CUDA).
 #
 #   bash scripts/gpu_check.sh                 # on a CUDA machine; results in $OUT if set, else bench_out/gpu
 #   GPU_CHECK_DRY=1 bash scripts/gpu_check.sh # rehearsal on a CPU machine: same steps, tiny sizes
@@ -29,6 +29,7 @@ if [[ "$DRY" == "1" ]]; then
   TTF_ARGS=(--lengths 1 5 --repeats 1 --short-repeats 2)
   CONC_ARGS=(--streams 1 2 --seconds 2 --step-batches 1 4 --step-modes 160 --step-seconds 1)
   STEP_ARGS=(--modes 160 --batches 1 4 --repeats 2)
+  TTS_ARGS=(--large small --large-frames 10 --tiny-frames 10 --tiny-counts 1 2)
   SOAK_STREAMS=2 SOAK_MAX_MIN=0.3
 else
   MODEL=600m DEVICE=cuda BUILD_MODEL=600m
@@ -36,6 +37,7 @@ else
   TTF_ARGS=(--lengths 1 5 20 60 --repeats 2 --short-repeats 8)
   CONC_ARGS=(--streams 1 128 512 768 --seconds 5 --step-batches 1 4 16 64 --step-seconds 2)
   STEP_ARGS=(--modes 160 560 --batches 1 4 16 64 --repeats 5)
+  TTS_ARGS=(--large 357m --large-frames 60 --tiny-frames 43 --tiny-counts 1 4 16)
   SOAK_STREAMS=127 SOAK_MAX_MIN=3
 fi
 
@@ -96,12 +98,15 @@ step time-to-final 60 "${BENCH[@]}" time-to-final "${COMMON[@]}" --model "$MODEL
 # 5. Real-time streams at 160 ms and the batched step cost (BRIEF: 560 streams/H100 at 320 ms chunks).
 step concurrency 75 "${BENCH[@]}" concurrency "${COMMON[@]}" --model "$MODEL" --latency 160 --keep-going "${CONC_ARGS[@]}"
 
-# 6. GPU-marked tests, if any (exit 5: none collected).
+# 6. Magpie TTS: our KV-cached step vs NeMo's generate_speech (357M shape, random weights), batched requests.
+step tts 150 "${BENCH[@]}" tts "${COMMON[@]}" "${TTS_ARGS[@]}"
+
+# 7. GPU-marked tests, if any (exit 5: none collected), including the fast Magpie step on CUDA.
 if [[ "$DRY" != "1" ]]; then
   step pytest-gpu 40 "$PY" -m pytest -m gpu -q -p no:cacheprovider
 fi
 
-# 7. Soak at 560 ms (BRIEF: 127 clients x 3 min, no latency growth), shortened to what is left of the budget.
+# 8. Soak at 560 ms (BRIEF: 127 clients x 3 min, no latency growth), shortened to what is left of the budget.
 LEFT=$((BUDGET_S - ($(date +%s) - START)))
 SOAK_MIN=$("$PY" -c "print(round(max(0.2, min($SOAK_MAX_MIN, ($LEFT - 45) / 60)), 2))")
 step soak "$LEFT" "${BENCH[@]}" soak "${COMMON[@]}" --model "$MODEL" --streams "$SOAK_STREAMS" \

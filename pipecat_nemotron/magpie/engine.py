@@ -1,25 +1,20 @@
-"""The Magpie TTS engine: one loaded ``MagpieTTSModel``, one worker thread, a FIFO queue of synthesis requests.
+"""The Magpie TTS engine: one loaded ``MagpieTTSModel``, one worker thread, continuous batching of requests.
 
 Threading model:
 
-- The engine's worker thread owns the model. It loads it, warms it up, then takes requests from a FIFO queue and
-  synthesises them one at a time. Nothing else touches the model, so callers never block on it and an asyncio event
-  loop is never blocked by it.
+- The engine's worker thread owns the model. It loads it, warms it up, then serves requests. Nothing else touches
+  the model, so callers never block on it and an asyncio event loop is never blocked by it.
 - :meth:`MagpieEngine.submit` is thread-safe and returns at once with a :class:`SynthesisStream`, which yields
-  int16 audio chunks as codec frames are generated (iterate it with ``for`` from a thread, or ``async for`` from a
-  loop).
-- :meth:`SynthesisStream.cancel` aborts a request: a queued one is skipped, a running one stops at its next codec
-  frame (NeMo's decoding loop is left by raising from the per-frame hook), and the worker moves on to the next
-  request.
+  int16 audio chunks as codec frames are generated (``for`` from a thread, ``async for`` from a loop).
+- ``step="fast"`` (default): our own decoder step with a KV cache (:mod:`~pipecat_nemotron.magpie.fast_step`)
+  decodes up to ``max_batch`` requests together, each advancing one codec frame per step; requests join and leave
+  between steps (:mod:`~pipecat_nemotron.magpie.batcher`), later ones wait first-in first-out.
+- ``step="nemo"``: NeMo's ``generate_speech``, one request at a time, first-in first-out (for comparison, and the
+  fallback for a model the fast step does not support).
+- :meth:`SynthesisStream.cancel` aborts a request: a queued one is skipped, a running one stops at its next step.
 
-Several Pipecat sessions (or ``MagpieTTSService`` instances) can share one engine: requests are served strictly in
-the order they were submitted, one at a time, so a long sentence from one session delays the next session's first
-audio by its remaining synthesis time. :data:`shared_magpie_engines` shares engines process-wide by
+:data:`shared_magpie_engines` (in :mod:`~pipecat_nemotron.magpie.shared`) shares engines process-wide by
 (model, device, codec).
-
-Layout: the errors are in :mod:`~pipecat_nemotron.magpie.errors`, the request handle in
-:mod:`~pipecat_nemotron.magpie.stream`, the registry in :mod:`~pipecat_nemotron.magpie.shared`; this module holds
-:class:`MagpieEngine` and still re-exports those names for existing importers.
 """
 
 from __future__ import annotations
@@ -30,7 +25,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -50,6 +44,7 @@ from pipecat_nemotron.magpie.stream import AudioChunk, SynthesisStats, Synthesis
 from pipecat_nemotron.nemo_logs import quiet_nemo
 
 if TYPE_CHECKING:
+    from pipecat_nemotron.magpie.batcher import FastBatcher
     from pipecat_nemotron.magpie.streaming import StreamingDecoder
 
 # The request and error names stay importable from here (the registry is in ``magpie.shared``).
@@ -63,18 +58,14 @@ __all__ = [
 ]
 
 
-class _Abort(Exception):
-    """Raised from the frame hook to leave NeMo's decoding loop (cancelled, or the frame budget is spent)."""
-
-
 class MagpieEngine:
-    """One ``MagpieTTSModel`` served by one worker thread, with a FIFO queue of synthesis requests.
+    """One ``MagpieTTSModel`` served by one worker thread, decoding many synthesis requests together.
 
     Construction validates its arguments, then loads the model on the worker thread in the background (check with
     :meth:`wait_until_ready` or ``await`` :meth:`wait_ready`). Requests submitted meanwhile wait in the queue.
 
-    Fairness: requests are served first-in first-out, one at a time, whoever submitted them. Use
-    :data:`shared_magpie_engines` (or pass one engine around) to share a model between services in the process.
+    Fairness: up to ``max_batch`` requests advance together, one frame each per step; the rest are admitted
+    first-in first-out as rows free up (``stats.queue_wait_s`` says how long each waited).
     """
 
     def __init__(
@@ -85,6 +76,8 @@ class MagpieEngine:
         codec_model_path: str | None = None,
         decode_context_frames: int | None = None,
         warmup: bool = True,
+        step: str = "fast",
+        max_batch: int = 8,
     ) -> None:
         """Validate the arguments and start loading the model on the engine's worker thread.
 
@@ -97,6 +90,9 @@ class MagpieEngine:
                 decoder's receptive field at load time, which makes streamed audio equal the offline decode.
             warmup: Synthesise a short sentence after loading so the first real request is not slowed by lazy
                 initialisation.
+            step: ``"fast"``: our KV-cached step with continuous batching; ``"nemo"``: NeMo's ``generate_speech``,
+                one request at a time. A model the fast step does not support falls back to ``"nemo"`` (warning).
+            max_batch: Requests decoded together on the fast step (each takes two rows with CFG).
 
         Raises:
             ImportError: NeMo's TTS collection is missing (the message names the extra to install).
@@ -112,8 +108,15 @@ class MagpieEngine:
             raise ValueError(
                 f"decode_context_frames must be None or an integer >= 0, got {decode_context_frames!r}"
             )
+        if step not in ("fast", "nemo"):
+            raise ValueError(f'step must be "fast" or "nemo", got {step!r}')
+        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         self.model_name = model
         self.device = resolve_device(device)
+        self._step = step
+        self._max_batch = max_batch
+        self._batcher: FastBatcher | None = None
         self.codec_model_path = codec_model_path
         self._decode_context_frames = decode_context_frames
         self._warmup = warmup
@@ -132,7 +135,17 @@ class MagpieEngine:
         self._thread.start()
 
     def __repr__(self) -> str:
-        return f"MagpieEngine({self.model_name!r}, device={self.device!r})"
+        return f"MagpieEngine({self.model_name!r}, device={self.device!r}, step={self._step!r})"
+
+    @property
+    def step(self) -> str:
+        """The decoding step in use: ``"fast"`` or ``"nemo"`` (``"nemo"`` after a fallback, known once ready)."""
+        return self._step
+
+    @property
+    def max_batch(self) -> int:
+        """Requests decoded together on the fast step."""
+        return self._max_batch
 
     # Readiness.
 
@@ -148,19 +161,34 @@ class MagpieEngine:
             timeout: Seconds to wait; None waits as long as loading takes.
 
         Raises:
-            MagpieEngineError: Loading failed (the cause is chained) or the engine was closed.
+            MagpieEngineError: Loading failed (the cause is chained), or the worker thread stopped before the model
+                was ready (it is checked every 0.25 s, so a dead worker never leaves a waiter hanging).
             TimeoutError: Still loading after ``timeout`` seconds.
 
         """
-        if not self._ready.wait(timeout):
-            raise TimeoutError(f"{self}: model still loading after {timeout} s")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._ready.is_set():
+            left = 0.25 if deadline is None else min(0.25, deadline - time.monotonic())
+            if left <= 0:
+                raise TimeoutError(f"{self}: model still loading after {timeout} s")
+            if self._ready.wait(left):
+                break
+            if not self._thread.is_alive() and not self._ready.is_set():
+                raise MagpieEngineError(
+                    f"{self}: the engine's worker thread stopped before the model was loaded"
+                )
         if self._load_error is not None:
             raise MagpieEngineError(f"{self}: loading failed: {self._load_error}") from self._load_error
 
     async def wait_ready(self) -> None:
-        """Wait, without blocking the event loop, until the model is loaded (see :meth:`wait_until_ready`)."""
+        """Wait, without blocking the event loop, until the model is loaded (see :meth:`wait_until_ready`).
+
+        Raises:
+            MagpieEngineError: Loading failed, or the worker thread stopped before the model was loaded.
+
+        """
         if not self._ready.is_set():
-            await asyncio.to_thread(self._ready.wait)
+            await asyncio.to_thread(self.wait_until_ready)
         self.wait_until_ready(0)
 
     @property
@@ -190,13 +218,13 @@ class MagpieEngine:
 
     @property
     def pending(self) -> int:
-        """Requests waiting in the queue (not counting the running one)."""
-        return self._jobs.qsize()
+        """Requests waiting for a row (not counting the running ones)."""
+        return self._jobs.qsize() + (self._batcher.waiting if self._batcher is not None else 0)
 
     @property
     def busy(self) -> bool:
         """Whether a request is being synthesised right now."""
-        return self._current is not None
+        return self._current is not None or (self._batcher is not None and self._batcher.active > 0)
 
     # Requests.
 
@@ -320,11 +348,16 @@ class MagpieEngine:
                     f"{self}: could not bound the codec decoder's receptive field; each audio chunk decodes the "
                     "whole prefix (exact, but slower on long sentences). Set decode_context_frames to bound it."
                 )
+        self._choose_step(model)
         if self._warmup:
             warm = SynthesisStream(
                 _Request("Hello.", 0, "en", MagpieSynthesisOptions(max_duration_s=0.2), internal=True)
             )
-            _, error = self._synthesize(warm)
+            if self._batcher is not None:
+                self._batcher.run_until_idle(warm)
+                error = warm._error
+            else:
+                _, error = self._synthesize(warm)
             if error is not None:
                 raise MagpieEngineError(f"warm-up synthesis failed: {error}") from error
         logger.info(
@@ -332,7 +365,25 @@ class MagpieEngine:
             f"{self._samples_per_frame} samples/frame, decode context {self._decode_context_frames} frames)"
         )
 
+    def _choose_step(self, model: Any) -> None:
+        """Set up the fast step, or fall back to NeMo's (with a warning) when the model is not supported."""
+        from pipecat_nemotron.magpie.fast_step import unsupported_reason
+
+        if self._step != "fast":
+            return
+        reason = unsupported_reason(model)
+        if reason is not None:
+            logger.warning(f"{self}: the fast Magpie step does not support {reason}; using NeMo's step")
+            self._step = "nemo"
+            return
+        from pipecat_nemotron.magpie.batcher import FastBatcher
+
+        self._batcher = FastBatcher(self, max_batch=self._max_batch)
+
     def _serve(self) -> None:
+        if self._load_error is None and self._batcher is not None:
+            self._batcher.serve(self._jobs)
+            return
         while True:
             stream = self._jobs.get()
             if stream is None:
@@ -364,47 +415,35 @@ class MagpieEngine:
 
         return codes_to_audio(self._model, codes)
 
-    def _synthesize(self, stream: SynthesisStream) -> tuple[str, BaseException | None]:
-        """Run one request on the worker thread, streaming its chunks; return its final status and error."""
-        import torch
-
+    def _new_decoder(self, options: MagpieSynthesisOptions) -> StreamingDecoder:
+        """A streaming codec decoder for one request."""
         from pipecat_nemotron.magpie.streaming import StreamingDecoder
 
-        request = stream._request
-        options = request.options
-        stream.stats.started_at = time.perf_counter()
-        stream._status = "running"
-        max_frames = options.max_frames(self._sample_rate, self._samples_per_frame)
-        decoder = StreamingDecoder(
+        return StreamingDecoder(
             self._decode,
             samples_per_frame=self._samples_per_frame,
             context_frames=self._decode_context_frames,
             first_chunk_frames=options.first_chunk_frames,
             chunk_frames=options.chunk_frames,
         )
-        on_frames = self._frame_callback(stream, decoder, max_frames)
-        status = "completed"
-        try:
-            self._generate(request, on_frames)
-        except _Abort as abort:
-            status = str(abort)
-        except Exception as e:
-            logger.opt(exception=e).error(f"{self}: synthesis #{stream.id} failed: {e}")
-            return "failed", e
-        if status == "cancelled":
-            return status, None
-        try:
-            with torch.inference_mode():
-                self._emit(stream, decoder, decoder.flush())
-        except Exception as e:
-            logger.opt(exception=e).error(f"{self}: decoding #{stream.id} failed: {e}")
-            return "failed", e
-        if status == "truncated" and not request.internal:
-            logger.warning(
-                f"{self}: synthesis #{stream.id} stopped at max_duration_s={options.max_duration_s} "
-                "without the model ending the speech"
-            )
-        return status, None
+
+    def _text_chunks(self, request: _Request) -> list[Any]:
+        """The request's text as token chunks, split as NeMo's ``do_tts`` splits it."""
+        from nemo.collections.tts.parts.utils.tts_dataset_utils import (
+            chunk_text_for_inference,
+            get_tokenizer_for_language,
+        )
+
+        model = self._model
+        tokenizer_name = get_tokenizer_for_language(request.language, list(model.tokenizer.tokenizers.keys()))
+        chunks, chunk_lens, _ = chunk_text_for_inference(
+            text=request.text,
+            language=request.language,
+            tokenizer_name=tokenizer_name,
+            text_tokenizer=model.tokenizer,
+            eos_token_id=model.eos_id,
+        )
+        return [tokens[: int(length)] for tokens, length in zip(chunks, chunk_lens, strict=True)]
 
     def _emit(self, stream: SynthesisStream, decoder: StreamingDecoder, audio: np.ndarray | None) -> None:
         """Hand one decoded chunk (None: nothing decoded yet) to the stream, counting it in its stats."""
@@ -418,61 +457,8 @@ class MagpieEngine:
         stats.chunks += 1
         stream._put(AudioChunk(audio, self._sample_rate, first_frame, num_frames))
 
-    def _frame_callback(
-        self, stream: SynthesisStream, decoder: StreamingDecoder, max_frames: int
-    ) -> Callable[[Any], None]:
-        """The per-frame hook: decode audio frames as they come; raise :class:`_Abort` on cancel or budget spent."""
-        model = self._model
-        stats = stream.stats
+    def _synthesize(self, stream: SynthesisStream) -> tuple[str, BaseException | None]:
+        """Run one request through NeMo's step (see :mod:`~pipecat_nemotron.magpie.nemo_step`)."""
+        from pipecat_nemotron.magpie.nemo_step import synthesize
 
-        def on_frames(frames: Any) -> None:
-            if stream.cancelled:
-                raise _Abort("cancelled")
-            for i in range(frames.shape[-1]):
-                frame = frames[:, i]
-                if bool((frame >= model.codebook_size).any()):
-                    continue  # Special tokens (end of speech) carry no audio.
-                stats.frames += 1
-                self._emit(stream, decoder, decoder.push(frame))
-                if stats.frames >= max_frames:
-                    raise _Abort("truncated")
-
-        return on_frames
-
-    def _generate(self, request: _Request, on_frames: Callable[[Any], None]) -> None:
-        """Split the text as NeMo's ``do_tts`` does and generate it chunk by chunk; ``on_frames`` sees each frame."""
-        import torch
-        from nemo.collections.tts.parts.utils.tts_dataset_utils import (
-            chunk_text_for_inference,
-            get_tokenizer_for_language,
-        )
-
-        from pipecat_nemotron.magpie._nemo_private import frame_hook
-
-        model = self._model
-        tokenizer_name = get_tokenizer_for_language(request.language, list(model.tokenizer.tokenizers.keys()))
-        chunks, chunk_lens, _ = chunk_text_for_inference(
-            text=request.text,
-            language=request.language,
-            tokenizer_name=tokenizer_name,
-            text_tokenizer=model.tokenizer,
-            eos_token_id=model.eos_id,
-        )
-        use_local_transformer = str(getattr(model.local_transformer_type, "value", "none")) != "none"
-        device = next(model.parameters()).device
-        with torch.inference_mode(), frame_hook(model, on_frames):
-            chunk_state = model.create_chunk_state(batch_size=1)
-            for index, (tokens, tokens_len) in enumerate(zip(chunks, chunk_lens, strict=True)):
-                batch = {
-                    "text": tokens.unsqueeze(0).to(device),
-                    "text_lens": torch.tensor([tokens_len], device=device, dtype=torch.long),
-                    "speaker_indices": request.speaker_index,
-                }
-                model.generate_speech(
-                    batch,
-                    chunk_state=chunk_state,
-                    end_of_text=[index == len(chunks) - 1],
-                    beginning_of_text=index == 0,
-                    use_cfg=request.options.use_cfg,
-                    use_local_transformer_for_inference=use_local_transformer,
-                )
+        return synthesize(self, stream)

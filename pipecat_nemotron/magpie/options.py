@@ -74,6 +74,8 @@ class MagpieSynthesisOptions:
         chunk_frames: Codec frames per later audio chunk. Each chunk costs one codec decode call.
         use_cfg: Classifier-free guidance, as NeMo's ``do_tts`` uses by default (better quality, about twice the
             decoder compute).
+        seed: Seed of the request's own random generator (None: a fresh random seed). On the fast step a seeded
+            request gives the same audio whichever requests share its batch.
 
     """
 
@@ -81,6 +83,7 @@ class MagpieSynthesisOptions:
     first_chunk_frames: int = 2
     chunk_frames: int = 4
     use_cfg: bool = True
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.max_duration_s, (int, float)) and math.isfinite(self.max_duration_s)) or (
@@ -89,6 +92,10 @@ class MagpieSynthesisOptions:
             raise ValueError(
                 f"max_duration_s must be a positive number of seconds, got {self.max_duration_s!r}"
             )
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0
+        ):
+            raise ValueError(f"seed must be None or an integer >= 0, got {self.seed!r}")
         for name in ("first_chunk_frames", "chunk_frames"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -10,6 +10,7 @@ is ~1.7M parameters and says nothing intelligible. Nothing is downloaded.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,47 @@ TINY_NUM_SPEAKERS = 5
 
 _FSQ_LEVELS = [8, 7, 6, 6]  # 8 * 7 * 6 * 6 = 2,016 codes per codebook, as in the real codec.
 _NUM_CODEBOOKS = 8
-_WIDTH = 32
-_BAKED_CONTEXT_FRAMES = 10
+
+
+@dataclass(frozen=True)
+class MagpieShape:
+    """Sizes of a random ``decoder_ce`` Magpie (the codec is always the tiny one).
+
+    Attributes:
+        width: ``d_model`` of the encoder and decoder.
+        encoder_layers: Text encoder layers (non-causal, kernel 3 in the released model).
+        decoder_layers: Decoder layers (causal, kernel 1, cross-attention to the text).
+        heads: Self-attention heads.
+        xa_head_dim: Cross-attention head size (one head), None: ``width``.
+        decoder_pos_emb: Whether the decoder adds learnable position embeddings.
+        lt_width: Local transformer width.
+        baked_context_frames: Frames of each baked speaker context.
+        max_len: Causal-mask length (bounds context + frames).
+        decoder_kernel: Decoder feed-forward kernel, in frames (1 in the released model; wider is not supported by
+            the fast step, so a tiny model with 3 exercises the fallback to NeMo's step).
+
+    """
+
+    width: int
+    encoder_layers: int
+    decoder_layers: int
+    heads: int
+    xa_head_dim: int | None
+    decoder_pos_emb: bool
+    lt_width: int
+    baked_context_frames: int
+    max_len: int
+    decoder_kernel: int = 1
+
+
+TINY_SHAPE = MagpieShape(32, 1, 2, 2, None, True, 32, 10, 512)
+"""The tiny test model (~1.7M parameters)."""
+
+RELEASED_SHAPE = MagpieShape(768, 6, 12, 12, 128, False, 256, 110, 2048)
+"""The shape of ``nvidia/magpie_tts_multilingual_357m`` (its text vocabulary and codec differ: random weights)."""
+
+SMALL_RELEASED_FAMILY_SHAPE = MagpieShape(64, 2, 3, 4, 16, False, 32, 12, 512)
+"""A small model of the released shape family (no decoder position embeddings, a narrow cross-attention head)."""
 
 
 def _codec_config() -> dict[str, Any]:
@@ -68,13 +108,20 @@ def _codec_config() -> dict[str, Any]:
 
 
 def _transformer(
-    n_layers: int, *, causal: bool, xattn: bool, kernel_size: int, max_len: int
+    n_layers: int,
+    *,
+    causal: bool,
+    xattn: bool,
+    kernel_size: int,
+    max_len: int,
+    shape: MagpieShape = TINY_SHAPE,
+    pos_emb: bool = True,
 ) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "n_layers": n_layers,
-        "d_model": _WIDTH,
-        "d_ffn": _WIDTH * 4,
-        "sa_n_heads": 2,
+        "d_model": shape.width,
+        "d_ffn": shape.width * 4,
+        "sa_n_heads": shape.heads,
         "kernel_size": kernel_size,
         "p_dropout": 0.0,
         "p_dropout_out": 0.0,
@@ -82,18 +129,21 @@ def _transformer(
         "is_causal": causal,
         "apply_norm_out": True,
         "max_length_causal_mask": max_len,
-        "use_learnable_pos_emb": True,
+        "use_learnable_pos_emb": pos_emb,
     }
     if xattn:
-        cfg.update({"xa_d_memory": _WIDTH, "xa_n_heads": 1, "apply_norm_to_cond": True})
+        cfg.update({"xa_d_memory": shape.width, "xa_n_heads": 1, "apply_norm_to_cond": True})
+        if shape.xa_head_dim is not None:
+            cfg["xa_d_head"] = shape.xa_head_dim
     return cfg
 
 
-def _magpie_config(codec_path: str) -> dict[str, Any]:
+def _magpie_config(codec_path: str, shape: MagpieShape = TINY_SHAPE) -> dict[str, Any]:
+    tiny = shape == TINY_SHAPE
     return {
         "model_type": "decoder_ce",
         "codecmodel_path": codec_path,
-        "embedding_dim": _WIDTH,
+        "embedding_dim": shape.width,
         "use_text_conditioning_encoder": False,
         "context_duration_min": 1.0,
         "context_duration_max": 1.0,
@@ -105,7 +155,7 @@ def _magpie_config(codec_path: str) -> dict[str, Any]:
         "local_transformer_type": "autoregressive",
         "local_transformer_n_layers": 1,
         "local_transformer_n_heads": 1,
-        "local_transformer_hidden_dim": _WIDTH,
+        "local_transformer_hidden_dim": shape.lt_width,
         "text_tokenizers": {
             "english": {
                 "_target_": "nemo.collections.common.tokenizers.text_to_speech.tts_tokenizers.EnglishCharsTokenizer",
@@ -115,9 +165,21 @@ def _magpie_config(codec_path: str) -> dict[str, Any]:
             }
         },
         # Small causal-mask lengths keep the .nemo small: the mask buffers are saved with the weights.
-        "encoder": _transformer(1, causal=True, xattn=False, kernel_size=3, max_len=256),
-        "context_encoder": _transformer(1, causal=False, xattn=False, kernel_size=3, max_len=256),
-        "decoder": _transformer(2, causal=True, xattn=True, kernel_size=1, max_len=512),
+        "encoder": _transformer(
+            shape.encoder_layers, causal=tiny, xattn=False, kernel_size=3, max_len=256, shape=shape
+        ),
+        "context_encoder": _transformer(
+            1, causal=False, xattn=False, kernel_size=3, max_len=256, shape=shape
+        ),
+        "decoder": _transformer(
+            shape.decoder_layers,
+            causal=True,
+            xattn=True,
+            kernel_size=shape.decoder_kernel,
+            max_len=shape.max_len,
+            shape=shape,
+            pos_emb=shape.decoder_pos_emb,
+        ),
         "optim": {"_target_": "torch.optim.AdamW", "lr": 1e-4},
     }
 
@@ -146,7 +208,11 @@ def set_end_of_speech_bias(model: Any, bias: float) -> None:
 
 
 def build_tiny_magpie(
-    out_dir: str | Path, *, seed: int = 0, end_of_speech_bias: float = -30.0
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    end_of_speech_bias: float = -30.0,
+    shape: MagpieShape = TINY_SHAPE,
 ) -> tuple[Path, Path]:
     """Build, save and return a tiny random Magpie TTS model and its codec.
 
@@ -155,6 +221,7 @@ def build_tiny_magpie(
         seed: Torch seed for the random weights.
         end_of_speech_bias: See :func:`set_end_of_speech_bias`; the default makes a model that never ends speech on
             its own, so runs are bounded by ``max_duration_s`` and reproducible in length.
+        shape: The model's sizes (default: the tiny one; :data:`RELEASED_SHAPE` builds the released 357M shape).
 
     Returns:
         ``(magpie_path, codec_path)``. The Magpie ``.nemo`` stores ``codec_path`` as its ``codecmodel_path``;
@@ -176,9 +243,9 @@ def build_tiny_magpie(
         codec = AudioCodecModel(cfg=OmegaConf.create(_codec_config()))
         codec.save_to(str(codec_path))
 
-        model = MagpieTTSModel(cfg=OmegaConf.create(_magpie_config(str(codec_path))))
+        model = MagpieTTSModel(cfg=OmegaConf.create(_magpie_config(str(codec_path), shape)))
         # Baked speaker contexts stand in for the context encoder, as in the released checkpoint.
-        set_baked_speakers(model, torch.randn(TINY_NUM_SPEAKERS, _BAKED_CONTEXT_FRAMES, _WIDTH))
+        set_baked_speakers(model, torch.randn(TINY_NUM_SPEAKERS, shape.baked_context_frames, shape.width))
         set_end_of_speech_bias(model, end_of_speech_bias)
         model.save_to(str(magpie_path))
     return magpie_path, codec_path

@@ -1,0 +1,460 @@
+"""Our own Magpie decoder step: a per-layer KV cache and many sequences (rows) advancing one frame per call.
+
+NeMo 3.0's ``MagpieTTSModel.generate_speech`` re-embeds and re-runs the whole decoder over every frame generated so
+far at each step (O(n^2) in the sentence length), and decodes one batch that starts and ends together. This module
+runs the same weights (the model's own ``nn.Module`` layers, called piecewise) on the new frame only:
+
+- self-attention keys/values are cached per layer in a slot tensor ``(slots, heads, time, head_dim)``; active
+  sequences keep slots ``0..n-1`` (a leaving one is replaced by the last), so each step reads a view, never a copy;
+- the text encoder output and each layer's cross-attention keys/values are computed once when a sequence joins;
+- classifier-free guidance is a second slot per sequence (NeMo's zero conditioning, its own KV cache);
+- the local transformer (NeMo's module and its cache) samples the codebooks of all rows at once;
+- the attention prior, alignment tracking and end-of-speech detection call NeMo's own public methods per row
+  (``get_most_attended_text_timestep``, ``construct_inference_prior``, ``detect_eos``), with one row's state each.
+
+Semantics: those of ``generate_speech`` for one text chunk (``beginning_of_text=True``, ``end_of_text=True``) with the
+decoder in NeMo's own KV-cache mode (``decoder.reset_cache(use_cache=True)``, what ``infer_batch`` uses with
+``use_kv_cache_for_inference``): a frame's cross-attention is computed once, under the attention prior of its own
+step. NeMo's cache-less loop re-applies the newest prior to every past frame at each step, which no cache can
+reproduce; the two agree wherever the prior is off (``apply_attention_prior=False``, or text of 5 tokens or fewer).
+Sampling uses one ``torch.Generator`` per row, so a row's codes do not depend on the other rows; the end-of-speech
+check takes the argmax where NeMo samples at temperature 0.01 with top-k 1 (the same token but on exact ties).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pipecat_nemotron.magpie.step_state import (
+    MIN_CAPACITY,
+    Row,
+    RowSampling,
+    RowsPicker,
+    SlotCache,
+    StepOutput,
+    eos_method,
+    unsupported_reason,
+)
+
+__all__ = ["FastMagpieStep", "Row", "RowSampling", "StepOutput", "unsupported_reason"]
+
+
+class FastMagpieStep:
+    """Decodes many Magpie sequences together, one frame each per :meth:`step`, with a KV cache.
+
+    Not thread-safe: one owner thread (the engine's scheduler) calls everything, between steps.
+    """
+
+    def __init__(self, model: Any, *, max_slots: int = 32) -> None:
+        """Bind to a loaded model (see :func:`unsupported_reason`).
+
+        Args:
+            model: A loaded ``MagpieTTSModel`` in eval mode.
+            max_slots: Slots allocated up front (a CFG row takes two); more are added on demand.
+
+        Raises:
+            ValueError: The model is not supported (the message says why).
+
+        """
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"the fast Magpie step does not support this model: {reason}")
+        self.model = model
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.params = model.inference_parameters
+        self._cache = SlotCache(model, max_slots, self.device, self.dtype)
+        self._slots: list[Row | None] = []  # slot -> row (compact: active slots are 0..n-1)
+        self.rows: list[Row] = []
+        xlayers = set(model.transcript_decoder_layers)
+        if self.params.estimate_alignment_from_layers is not None:
+            xlayers &= set(self.params.estimate_alignment_from_layers)
+        self._align_layers = sorted(xlayers)
+        n = model.decoder.n_layers
+        self._prior_layers = set(
+            range(n) if self.params.apply_prior_to_layers is None else self.params.apply_prior_to_layers
+        )
+        self._uncond_prefill: tuple[int, torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]] | None = (
+            None
+        )
+        self._index_key: tuple[tuple[int, int], ...] | None = None
+        self._index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._use_lt = str(getattr(model.local_transformer_type, "value", "none")) == "autoregressive"
+
+    # Joining and leaving.
+
+    @torch.inference_mode()
+    def add_row(self, text: torch.Tensor, speaker_index: int, sampling: RowSampling) -> Row:
+        """Encode one text chunk, prefill its decoder context and return its row (its first frame comes next step).
+
+        Args:
+            text: Token ids ``(T,)`` of one chunk (as ``chunk_text_for_inference`` makes them).
+            speaker_index: Baked speaker index.
+            sampling: Sampling settings and generator.
+
+        """
+        model = self.model
+        batch = {
+            "text": text.unsqueeze(0).to(self.device),
+            "text_lens": torch.tensor([text.shape[0]], device=self.device, dtype=torch.long),
+            "speaker_indices": speaker_index,
+        }
+        ctx = model.prepare_context_tensors(batch)
+        bos = torch.full(
+            (1, model.num_audio_codebooks, 1), model.audio_bos_id, device=self.device, dtype=torch.long
+        )
+        bos_emb, _ = model.embed_audio_tokens(bos, torch.ones(1, device=self.device, dtype=torch.long))
+        cond, cond_mask = [ctx.cond], [ctx.cond_mask]
+        prefix = [
+            bos_emb
+            if ctx.additional_decoder_input is None
+            else torch.cat([ctx.additional_decoder_input, bos_emb], 1)
+        ]
+        if sampling.use_cfg:
+            dummy_cond, dummy_mask, dummy_add, _, _ = model.prepare_dummy_cond_for_cfg(
+                ctx.cond, ctx.cond_mask, ctx.additional_decoder_input, ctx.additional_decoder_mask
+            )
+            cond.append(dummy_cond)
+            cond_mask.append(dummy_mask)
+            prefix.append(bos_emb if dummy_add is None else torch.cat([dummy_add, bos_emb], 1))
+        if ctx.additional_decoder_mask is not None and not bool(ctx.additional_decoder_mask.all()):
+            raise ValueError("the fast Magpie step needs a fully valid decoder context")
+        text_len = int(ctx.text_lens[0])
+        row = Row(
+            sampling=sampling,
+            text_len=text_len,
+            prefix_len=prefix[0].shape[1],
+            max_steps=int(self.params.max_decoder_steps),
+            memory_len=cond[0].shape[1],
+        )
+        slots = [self._take_slot(row) for _ in prefix]
+        row.slot = slots[0]
+        row.uncond_slot = slots[1] if len(slots) > 1 else -1
+        self._cache.grow(row.prefix_len + MIN_CAPACITY, cond[0].shape[1])
+        xmask = torch.cat(cond_mask, 0).bool()
+        slot_index = torch.tensor(slots, device=self.device)
+        self._cache.xmask[slot_index] = False
+        self._cache.xmask[slot_index, : xmask.shape[1]] = xmask
+        cached = self._uncond_prefill if sampling.use_cfg else None
+        if cached is not None and cached[0] == row.prefix_len:
+            out, scores = self._prefill(prefix[0], cond[0], slot_index[:1])
+            row.pending = (torch.cat([out, cached[1]]), [scores[0], cached[2]])
+            self._cache.restore_prefix(int(slot_index[1]), cached[3])
+        else:
+            out, scores = self._prefill(torch.cat(prefix, 0), torch.cat(cond, 0), slot_index)
+            row.pending = (out, list(scores))
+            if sampling.use_cfg:
+                # The unconditional row sees zero context and zero text: the same prefill for every request.
+                saved = self._cache.save_prefix(row.uncond_slot, row.prefix_len)
+                self._uncond_prefill = (row.prefix_len, out[1:], scores[1], saved)
+        self.rows.append(row)
+        return row
+
+    @torch.inference_mode()
+    def remove_row(self, row: Row) -> None:
+        """Free a row's slots (a finished or cancelled sequence). Idempotent."""
+        if row not in self.rows:
+            return
+        self.rows.remove(row)
+        for slot in sorted((s for s in (row.slot, row.uncond_slot) if s >= 0), reverse=True):
+            last = len(self._slots) - 1
+            if slot != last:
+                moved = self._slots[last]
+                self._cache.move(last, slot)
+                assert moved is not None
+                if moved.slot == last:
+                    moved.slot = slot
+                else:
+                    moved.uncond_slot = slot
+                self._slots[slot] = moved
+            self._slots.pop()
+        row.slot = row.uncond_slot = -1
+
+    def _take_slot(self, row: Row) -> int:
+        slot = len(self._slots)
+        self._slots.append(row)
+        if slot >= self._cache.xmask.shape[0]:
+            for cache in self._cache.layers:
+                for name, tensor in cache.items():
+                    cache[name] = torch.cat([tensor, torch.zeros_like(tensor)], 0)
+            self._cache.xmask = torch.cat([self._cache.xmask, torch.zeros_like(self._cache.xmask)], 0)
+        return slot
+
+    # The decoder on new positions.
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor,
+        scale: float,
+        prior: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """NeMo's ``Attention.attn_naive`` (eval mode): ``q (B,H,T,dh)``, ``k``/``v (B,H,S,dh)``, ``mask (B,1,T|1,S)``."""
+        score = torch.matmul(q, k.transpose(2, 3)) * scale
+        score = score.masked_fill(~mask, float("-inf"))
+        prob = torch.softmax(score, dim=-1)
+        if prior is not None:
+            prob = prob * (prior[:, None, None, :] + torch.finfo(prior.dtype).tiny)
+            prob = prob / prob.sum(dim=-1, keepdim=True)
+        prob = prob.masked_fill(~mask, 0.0)
+        y = torch.matmul(prob, v)
+        return y.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1), prob
+
+    def _run_layers(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        self_mask: torch.Tensor,
+        length: int,
+        prior: torch.Tensor | None,
+        read: Any = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the decoder on ``x (B, T, d)`` at ``positions (B, T)``, writing K/V to ``slots``; read ``length``.
+
+        ``read`` selects the slots to read (a slice gives views, not copies; default ``slots``). Returns the last
+        position's output ``(B, d)`` and its alignment scores ``(B, X)`` (NeMo's
+        ``get_cross_attention_scores``: mean over heads, then over the alignment layers).
+        """
+        decoder, cache = self.model.decoder, self._cache
+        if decoder.use_learnable_pos_emb:
+            x = x + decoder.position_embeddings(positions)
+        batch, steps = x.shape[:2]
+        read = slots if read is None else read
+        xmask = cache.xmask[read][:, None, None, :]
+        scores = []
+        for index, layer in enumerate(decoder.layers):
+            kv = cache.layers[index]
+            sa, xa = layer.self_attention, layer.cross_attention
+            qkv = sa.qkv_net(layer.norm_self(x)).reshape(batch, steps, 3, sa.n_heads, sa.d_head)
+            q, k, v = (t.squeeze(2).transpose(1, 2) for t in qkv.chunk(3, dim=2))
+            rows = slots[:, None].expand(batch, steps)
+            kv["k"][rows, :, positions] = k.transpose(1, 2)
+            kv["v"][rows, :, positions] = v.transpose(1, 2)
+            keys, values = kv["k"][read, :, :length], kv["v"][read, :, :length]
+            y, _ = self._attend(q, keys, values, self_mask, sa.scale, None)
+            x = x + sa.o_net(y)
+            xq = (
+                xa.q_net(layer.norm_xattn_query(x))
+                .reshape(batch, steps, xa.n_heads, xa.d_head)
+                .transpose(1, 2)
+            )
+            y, prob = self._attend(
+                xq,
+                kv["xk"][read],
+                kv["xv"][read],
+                xmask,
+                xa.scale,
+                prior if index in self._prior_layers else None,
+            )
+            x = x + xa.o_net(y)
+            if index in self._align_layers:
+                scores.append(prob[:, :, -1, :].mean(dim=1))
+            x = x + layer.pos_ff(layer.norm_pos_ff(x), torch.ones(batch, steps, device=x.device))
+        out = decoder.norm_out(x)[:, -1, :]
+        return out, torch.stack(scores, 1).mean(dim=1)
+
+    def _prefill(
+        self, x: torch.Tensor, memory: torch.Tensor, slots: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        steps = x.shape[1]
+        for index, layer in enumerate(self.model.decoder.layers):
+            xa, kv = layer.cross_attention, self._cache.layers[index]
+            mem = layer.norm_xattn_memory(memory)
+            kvx = xa.kv_net(mem).reshape(mem.shape[0], mem.shape[1], 2, xa.n_heads, xa.d_head)
+            kx, vx = (t.squeeze(2).transpose(1, 2) for t in kvx.chunk(2, dim=2))
+            kv["xk"][slots] = 0.0
+            kv["xv"][slots] = 0.0
+            kv["xk"][slots, :, : mem.shape[1]] = kx
+            kv["xv"][slots, :, : mem.shape[1]] = vx
+        positions = torch.arange(steps, device=self.device).expand(x.shape[0], steps)
+        causal = torch.ones(steps, steps, dtype=torch.bool, device=self.device).tril()[None, None]
+        return self._run_layers(x, positions, slots, causal, steps, None)
+
+    # One step for every row.
+
+    @torch.inference_mode()
+    def forward(self) -> StepOutput:
+        """Run the decoder for every row's newest frame (rows that just joined reuse their prefill).
+
+        Returns:
+            The step's decoder outputs, CFG-combined logits and alignment scores, for :meth:`advance`.
+
+        """
+        rows, n = list(self.rows), len(self._slots)
+        need = max((r.position + 1 for r in rows), default=1)
+        if need > self._cache.capacity:
+            self._cache.grow(need, 0)
+        decoding = [r for r in rows if r.pending is None]
+        width = self.model.decoder.layers[0].norm_self.normalized_shape[0]
+        dec_out = torch.zeros(n, width, device=self.device, dtype=self.dtype)
+        scores = torch.zeros(n, self._cache.xmask.shape[1], device=self.device, dtype=self.dtype)
+        if decoding:
+            codes = torch.zeros(n, self.model.num_audio_codebooks, 1, dtype=torch.long, device=self.device)
+            positions = torch.zeros(n, 1, dtype=torch.long, device=self.device)
+            prior = torch.ones(n, self._cache.xmask.shape[1], device=self.device, dtype=self.dtype)
+            has_prior = False
+            for row in rows:
+                for slot, index in ((row.slot, 0), (row.uncond_slot, 1)):
+                    if slot < 0:
+                        continue
+                    positions[slot, 0] = row.position
+                    if row.pending is None:
+                        codes[slot, :, 0] = row.last_codes
+                        if row.prior is not None:
+                            prior[slot, : row.prior.shape[1]] = row.prior[index]
+                            has_prior = True
+            emb, _ = self.model.embed_audio_tokens(codes, torch.ones(n, device=self.device, dtype=torch.long))
+            length = int(positions.max()) + 1
+            keys = torch.arange(length, device=self.device)
+            self_mask = (keys[None, :] <= positions)[:, None, None, :]
+            dec_out, scores = self._run_layers(
+                emb,
+                positions,
+                torch.arange(n, device=self.device),
+                self_mask,
+                length,
+                prior if has_prior else None,
+                read=slice(0, n),
+            )
+        for row in rows:
+            if row.pending is not None:
+                out, row_scores = row.pending
+                for i, slot in enumerate(s for s in (row.slot, row.uncond_slot) if s >= 0):
+                    dec_out[slot] = out[i]
+                    scores[slot] = 0.0
+                    scores[slot, : row_scores[i].shape[0]] = row_scores[i]
+        logits = self.model.final_proj(dec_out)
+        return StepOutput(rows, dec_out, self._combine(rows, logits, self.params.cfg_scale), scores)
+
+    def _combine(self, rows: list[Row], per_slot: torch.Tensor, scale: float) -> torch.Tensor:
+        """Per-row logits from per-slot ones: NeMo's ``(1 - s) * uncond + s * cond`` for CFG rows."""
+        key = tuple((r.slot, r.uncond_slot) for r in rows)
+        if self._index_key != key:
+            cfg = [i for i, r in enumerate(rows) if r.uncond_slot >= 0]
+            self._index = (
+                torch.tensor([r.slot for r in rows], device=self.device),
+                torch.tensor(cfg, device=self.device, dtype=torch.long),
+                torch.tensor([rows[i].uncond_slot for i in cfg], device=self.device, dtype=torch.long),
+            )
+            self._index_key = key
+        cond_index, cfg_rows, uncond_index = self._index
+        cond = per_slot.index_select(0, cond_index)
+        if cfg_rows.numel():
+            uncond = per_slot.index_select(0, uncond_index)
+            cond.index_copy_(0, cfg_rows, (1 - scale) * uncond + scale * cond.index_select(0, cfg_rows))
+        return cond
+
+    @torch.inference_mode()
+    def advance(self, out: StepOutput, forced: dict[int, torch.Tensor] | None = None) -> list[Row]:
+        """Sample every row's next frame, update its alignment and end-of-speech state; return the finished rows.
+
+        Each row's new frame (unless it is the end of speech) is appended to ``row.codes``. Finished rows stay in
+        :attr:`rows` until :meth:`remove_row`.
+
+        Args:
+            out: This step's :meth:`forward` output.
+            forced: Teacher forcing (tests): ``id(row)`` -> codes ``(num_codebooks,)`` fed instead of sampling.
+
+        """
+        model, params = self.model, self.params
+        rows = out.rows
+        if params.apply_attention_prior:
+            for row in rows:
+                self._align(row, out.scores)
+        flags = [self._row_flags(row) for row in rows]
+        draw = forced is None or len(forced) < len(rows)
+        picker = RowsPicker(model, rows, flags, draw)
+        codes = self._sample(out, picker) if draw else None
+        argmax = picker.argmax(out.logits.clone())
+        method = eos_method(params.eos_detection_method)
+        finished = []
+        for i, row in enumerate(rows):
+            frame = forced[id(row)].to(self.device) if forced and id(row) in forced else codes[i]
+            eos = model.detect_eos(frame[:, None], argmax[i][:, None], method)
+            row.pending = None
+            row.last_codes = frame
+            row.step += 1
+            if eos != float("inf"):
+                row.ended = True
+                row.end_indices[0] = row.step - 1
+            else:
+                row.codes.append(frame)
+            if row.done:
+                finished.append(row)
+        return finished
+
+    def _row_flags(self, row: Row) -> tuple[bool, bool, bool]:
+        """(forbid EOS now: too early, text unfinished; force EOS: text finished) as ``generate_speech`` decides."""
+        params, config = self.params, self.model.chunked_inference_config
+        early = row.step < params.min_generated_frames
+        if params.ignore_finished_sentence_tracking:
+            return early, False, False
+        unfinished = bool(row.unfinished.get(0, False))
+        finished = row.finished_counter.get(0, -1) >= config.finished_limit_first_chunk
+        return early, unfinished, finished
+
+    def _align(self, row: Row, scores: torch.Tensor) -> None:
+        """NeMo's alignment tracking and next-step prior for one row (``beginning_of_text=True``)."""
+        model, params = self.model, self.params
+        slots = [s for s in (row.slot, row.uncond_slot) if s >= 0]
+        row_scores = scores[slots, : row.memory_len]
+        text_lens = torch.tensor([row.text_len], device=self.device)
+        attended, row.counter = model.get_most_attended_text_timestep(
+            alignment_attention_scores=row_scores,
+            last_attended_timesteps=row.last_attended,
+            text_lens=text_lens,
+            lookahead_window_size=params.attention_prior_lookahead_window,
+            attended_timestep_counter=row.counter,
+            batch_size=1,
+        )
+        row.last_attended = [attended]
+        prior, row.unfinished, row.finished_counter = model.construct_inference_prior(
+            prior_epsilon=params.attention_prior_epsilon,
+            cross_attention_scores=row_scores,
+            text_lens=text_lens,
+            text_time_step_attended=attended,
+            attended_timestep_counter=row.counter,
+            unfinished_texts=row.unfinished,
+            finished_texts_counter=row.finished_counter,
+            end_indices=row.end_indices,
+            lookahead_window_size=params.attention_prior_lookahead_window,
+            batch_size=1,
+        )
+        row.prior = prior[:, 0, :]
+
+    def _sample(self, out: StepOutput, picker: RowsPicker) -> torch.Tensor:
+        """Every row's next frame ``(rows, num_codebooks)``: the local transformer over all slots, or the logits."""
+        model = self.model
+        if not self._use_lt:
+            view = out.logits.view(len(out.rows), model.num_audio_codebooks, -1)
+            return torch.stack([picker.sample(view[:, c].clone(), c) for c in range(view.shape[1])], dim=1)
+        helper = model._lt_helper
+        lt = helper.local_transformer
+        lt.reset_cache(use_cache=self.params.use_LT_kv_cache)
+        x = helper.local_transformer_in_projection(out.dec_out.unsqueeze(1))
+        slot_rows = torch.zeros(out.dec_out.shape[0], dtype=torch.long, device=self.device)
+        for i, row in enumerate(out.rows):
+            for slot in (row.slot, row.uncond_slot):
+                if slot >= 0:
+                    slot_rows[slot] = i
+        preds = []
+        try:
+            for codebook in range(model.num_audio_codebooks):
+                mask = torch.ones(x.shape[0], x.shape[1], device=self.device)
+                h = lt(x, mask)["output"]
+                h = helper.local_transformer_audio_out_projection(h[:, -1, :])
+                per_slot = helper.local_transformer_out_projections[codebook](h)
+                logits = self._combine(out.rows, per_slot, self.params.cfg_scale)
+                pred = picker.sample(logits, codebook)
+                preds.append(pred)
+                nxt = helper.audio_embeddings[codebook](pred[slot_rows]).unsqueeze(1)
+                nxt = helper.local_transformer_in_projection(helper.audio_in_projection(nxt))
+                x = torch.cat([x, nxt], dim=1)
+        finally:
+            lt.reset_cache(use_cache=False)
+        return torch.stack(preds, dim=1)

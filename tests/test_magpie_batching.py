@@ -1,0 +1,172 @@
+"""Continuous batching in MagpieEngine (fast step) on the tiny random Magpie: joins, leaves, seeds, FIFO waits."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import one_torch_thread
+
+from pipecat_nemotron.magpie import MagpieEngine, MagpieEngineError, MagpieSynthesisOptions, SynthesisStream
+
+SAMPLES_PER_FRAME = 1024
+CODEC_RATE = 22050
+
+
+def frames_options(frames: int, **kwargs) -> MagpieSynthesisOptions:
+    """Options allowing exactly ``frames`` codec frames (the tiny model never ends speech on its own)."""
+    return MagpieSynthesisOptions(max_duration_s=(frames - 0.5) * SAMPLES_PER_FRAME / CODEC_RATE, **kwargs)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    with one_torch_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_magpie: tuple[Path, Path]):
+    magpie, codec = tiny_magpie
+    engine = MagpieEngine(str(magpie), device="cpu", codec_model_path=str(codec), max_batch=4)
+    engine.wait_until_ready(timeout=300)
+    assert engine.step == "fast"
+    yield engine
+    engine.close()
+
+
+def collect(stream: SynthesisStream) -> np.ndarray:
+    chunks = [chunk.audio for chunk in stream]
+    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
+
+
+def test_constructor_validates_step_and_batch(tiny_magpie: tuple[Path, Path]) -> None:
+    magpie, codec = tiny_magpie
+    with pytest.raises(ValueError, match="step must be"):
+        MagpieEngine(str(magpie), codec_model_path=str(codec), step="faster")
+    with pytest.raises(ValueError, match="max_batch"):
+        MagpieEngine(str(magpie), codec_model_path=str(codec), max_batch=0)
+    with pytest.raises(ValueError, match="seed"):
+        MagpieSynthesisOptions(seed=-1)
+
+
+def test_requests_advance_together_one_frame_per_step(engine: MagpieEngine) -> None:
+    """Two 12-frame requests submitted together take about 12 steps, not 24 (one frame each per step)."""
+    before = engine._batcher.steps
+    streams = [engine.submit(f"Session {name}.", options=frames_options(12)) for name in ("one", "two")]
+    audio = [collect(s) for s in streams]
+    assert [len(a) for a in audio] == [12 * SAMPLES_PER_FRAME] * 2
+    steps = engine._batcher.steps - before
+    assert 12 <= steps <= 18, steps  # 12, plus a few if the second joined late (one at a time would take 24).
+    first, second = (s.stats for s in streams)
+    assert second.started_at < first.finished_at and first.started_at < second.finished_at
+
+
+def test_seeded_request_is_the_same_alone_and_in_a_batch_joining_at_different_times(
+    engine: MagpieEngine,
+) -> None:
+    options = frames_options(16, seed=1234)
+    alone = collect(engine.submit("The seeded sentence.", options=options))
+
+    others = [engine.submit("Another voice, first.", options=frames_options(30, seed=1))]
+    next(iter(others[0]))  # It is running; the next ones join at different steps.
+    others.append(engine.submit("A second one.", options=frames_options(25)))
+    next(iter(others[1]))
+    seeded = engine.submit("The seeded sentence.", options=options)
+    others.append(engine.submit("A third one joins with it.", options=frames_options(20)))
+    in_batch = collect(seeded)
+    for other in others:
+        collect(other)
+    assert np.array_equal(alone, in_batch)
+    different = collect(engine.submit("The seeded sentence.", options=dataclasses.replace(options, seed=99)))
+    assert not np.array_equal(alone, different)
+
+
+def test_cancelling_mid_batch_leaves_the_other_rows_unchanged(engine: MagpieEngine) -> None:
+    texts = ["First of three.", "Second of three, the cancelled one.", "Third of three."]
+    options = [frames_options(20, seed=10 + i) for i in range(3)]
+    alone = [collect(engine.submit(t, options=o)) for t, o in zip(texts, options, strict=True)]
+
+    streams = [engine.submit(t, options=o) for t, o in zip(texts, options, strict=True)]
+    victim = iter(streams[1])
+    next(victim)
+    streams[1].cancel()
+    audio = [collect(s) for s in streams]
+    assert streams[1].status == "cancelled" and len(audio[1]) < len(alone[1])
+    assert np.array_equal(audio[0], alone[0]) and np.array_equal(audio[2], alone[2])
+    assert not engine.busy and engine.pending == 0
+
+
+def test_requests_over_max_batch_wait_fifo_and_report_their_wait(tiny_magpie: tuple[Path, Path]) -> None:
+    magpie, codec = tiny_magpie
+    engine = MagpieEngine(str(magpie), device="cpu", codec_model_path=str(codec), max_batch=2, warmup=False)
+    try:
+        engine.wait_until_ready(timeout=300)
+        streams = [engine.submit(f"Request {name}.", options=frames_options(8)) for name in "abcd"]
+        for stream in streams:
+            assert stream.wait(timeout=60) and stream.status == "truncated"
+        a, b, c, d = (s.stats for s in streams)
+        # The first two ran together; the third started only when a row freed up, the fourth after it.
+        assert a.started_at < b.finished_at and b.started_at < a.finished_at
+        assert c.started_at >= min(a.finished_at, b.finished_at)
+        assert d.started_at >= c.started_at
+        assert c.queue_wait_s > a.queue_wait_s and d.queue_wait_s > b.queue_wait_s
+    finally:
+        engine.close()
+
+
+def test_an_unsupported_model_warns_and_falls_back_to_nemos_step(tmp_path: Path) -> None:
+    from loguru import logger
+
+    from pipecat_nemotron.magpie.tiny import TINY_SHAPE, build_tiny_magpie
+
+    magpie, codec = build_tiny_magpie(tmp_path, shape=dataclasses.replace(TINY_SHAPE, decoder_kernel=3))
+    messages: list[str] = []
+    sink = logger.add(lambda m: messages.append(str(m)), level="WARNING")
+    engine = MagpieEngine(str(magpie), device="cpu", codec_model_path=str(codec), warmup=False)
+    try:
+        engine.wait_until_ready(timeout=300)
+        assert engine.step == "nemo"
+        assert any("does not support" in m and "kernel" in m for m in messages)
+        assert (
+            len(collect(engine.submit("Still speaks.", options=frames_options(3)))) == 3 * SAMPLES_PER_FRAME
+        )
+    finally:
+        logger.remove(sink)
+        engine.close()
+
+
+# A load that fails must end every wait with an error (issue 22, item 1).
+
+
+async def test_wait_ready_raises_when_loading_fails(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.nemo"
+    bad.write_bytes(b"not a nemo archive")
+    engine = MagpieEngine(str(bad), device="cpu", warmup=False)
+    with pytest.raises(MagpieEngineError, match="loading failed"):
+        await asyncio.wait_for(engine.wait_ready(), timeout=120)
+    engine.close()
+
+
+async def test_wait_ready_raises_when_the_worker_dies_before_loading(
+    tiny_magpie: tuple[Path, Path], monkeypatch
+) -> None:
+    """A worker thread that stops before the model is ready (here: its log filter fails) must not hang waiters."""
+    import contextlib
+
+    from pipecat_nemotron.magpie import engine as engine_module
+
+    @contextlib.contextmanager
+    def broken_quiet_nemo(level: int):
+        raise RuntimeError("log setup failed")
+        yield
+
+    monkeypatch.setattr(engine_module, "quiet_nemo", broken_quiet_nemo)
+    magpie, codec = tiny_magpie
+    engine = MagpieEngine(str(magpie), device="cpu", codec_model_path=str(codec), warmup=False)
+    with pytest.raises(MagpieEngineError, match="worker thread stopped"):
+        await asyncio.wait_for(engine.wait_ready(), timeout=20)
+    with pytest.raises(MagpieEngineError, match="worker thread stopped"):
+        engine.wait_until_ready(timeout=20)
