@@ -487,6 +487,9 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
 
     async def _on_final(self, msg: FinalMessage) -> None:
         if msg.forced:  # split at the server's longest utterance: the turn goes on, no finalize is answered
+            # Its audio leaves the replay buffer: a reconnect must not transcribe those words again.
+            cut = 2 * round(msg.utterance_audio_ms * self._bytes_per_ms / 2)
+            self._replay.cut_oldest(cut)
             await self._push_forced_final(TranscriptResult.from_message(msg))
             return
         seg = self._replay.confirm()
