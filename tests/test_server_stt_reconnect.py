@@ -30,6 +30,7 @@ from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.server.app import ASRServer, ServerConfig
 from pipecat_nemotron.server_stt import NemotronServerSTTService
 from pipecat_nemotron.server_stt_reconnect import ASRReconnectMetricsData, ReconnectPolicy
+from pipecat_nemotron.stt_replay import Segment
 from pipecat_nemotron.wav_input import read_pcm16
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -89,6 +90,19 @@ def test_policy_waits_grow_jittered_up_to_the_cap_and_bad_values_name_the_field(
             ReconnectPolicy(**{field: value})
     with pytest.raises(ValueError, match="max_wait_s"):
         ReconnectPolicy(min_wait_s=2, max_wait_s=1)
+
+
+@SYNC
+def test_a_forced_final_cut_counts_from_the_utterance_start_the_server_saw() -> None:
+    """The cut is on the server's clock: audio already trimmed from the front (preroll) still counts."""
+    seg = Segment()
+    for chunk in (b"a" * 100, b"b" * 100, b"c" * 100):
+        seg.append(chunk)
+    seg.drop_front(100)  # the preroll trim between turns: the server has it, the buffer no longer does
+    seg.cut(150)
+    assert b"".join(seg.chunks) == b"b" * 50 + b"c" * 100 and seg.nbytes == seg.received == 150
+    seg.cut(1000)
+    assert seg.nbytes == seg.received == 0 and not seg.chunks
 
 
 # ---- against a server --------------------------------------------------------------------------------------------
