@@ -19,6 +19,11 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipecat_nemotron.engine import EngineConfig
+    from pipecat_nemotron.server.config import ServerConfig
 
 #: Environment variable with the accepted bearer tokens (comma separated).
 TOKENS_ENV = "NEMOTRON_ASR_TOKENS"
@@ -60,9 +65,19 @@ def _config_flags(group: argparse._ArgumentGroup, flags: dict[str, str | None]) 
             group.add_argument(flag, type=type(default), default=default, help=help_text or "")
 
 
+def _seconds_or_none(value: str) -> float | None:
+    """A ``--max-utterance-s`` value: seconds, or ``none`` for no limit (bounds checked by ``EngineConfig``)."""
+    if value.strip().lower() == "none":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'none', got {value!r}") from None
+
+
 def _model_options(group: argparse._ArgumentGroup) -> None:
-    """The engine: model, device, dtype, capacity, latency and finalize defaults, CPU threads."""
-    from pipecat_nemotron.engine.config import DEFAULT_MODEL
+    """The engine: model, device, dtype, capacity, latency and finalize defaults, longest utterance, CPU threads."""
+    from pipecat_nemotron.engine.config import DEFAULT_MODEL, EngineConfig
 
     group.add_argument(
         "--model", default=os.environ.get("NEMOTRON_ASR_MODEL", DEFAULT_MODEL), help="model id or .nemo path"
@@ -96,6 +111,13 @@ def _model_options(group: argparse._ArgumentGroup) -> None:
         choices=("soft", "hard"),
         default="soft",
         help="soft: context carries over between utterances; hard: each decoded as a clip of its own",
+    )
+    group.add_argument(
+        "--max-utterance-s",
+        type=_seconds_or_none,
+        default=EngineConfig.max_utterance_s,
+        help="longest utterance without a finalize, s: longer speech is split between two words into a forced "
+        "final (final.forced, ready.limits.max_utterance_s); 'none' for no limit",
     )
     group.add_argument(
         "--cpu-threads",
@@ -227,14 +249,30 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     from loguru import logger
 
-    from pipecat_nemotron.engine import EngineConfig
-    from pipecat_nemotron.server.config import ServerConfig, tokens_from
     from pipecat_nemotron.server.run import run_server
 
     logger.remove()
     # diagnose=False: loguru would otherwise print the values of the variables on every line of a crash's
     # traceback (a config, a request, a message), which is how secrets and client data leak into logs.
     logger.add(sys.stderr, level=args.log_level.upper(), diagnose=False)
+    try:
+        engine_config, config = serve_configs(args)
+    except ValueError as e:
+        print(f"pipecat-nemotron serve: {e}", file=sys.stderr)
+        return 2
+    return asyncio.run(run_server(engine_config, config))
+
+
+def serve_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
+    """The engine and server configs of parsed ``serve`` arguments (tokens read from the environment and files).
+
+    Raises:
+        ValueError: A value is out of range, or more than one metrics token was given (the message names it).
+
+    """
+    from pipecat_nemotron.engine import EngineConfig
+    from pipecat_nemotron.server.config import ServerConfig, tokens_from
+
     sources = [os.environ.get(TOKENS_ENV, "")]
     if args.token_file is not None:
         sources.append(args.token_file.read_text())
@@ -243,44 +281,43 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_sources.append(args.metrics_token_file.read_text())
     metrics_tokens = tokens_from(metrics_sources)
     if len(metrics_tokens) > 1:
-        print(
-            f"pipecat-nemotron serve: give one metrics token ({METRICS_TOKEN_ENV} or the file), not several",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        config = ServerConfig(
-            tokens=tokens_from(sources),
-            metrics_token=metrics_tokens[0] if metrics_tokens else None,
-            allowed_origins=tuple(args.allowed_origin),
-            max_sessions=args.max_sessions,
-            **{name: getattr(args, name) for name in _PLAIN_CONFIG_FLAGS},
-        )
-        engine_config = EngineConfig(
-            model=args.model,
-            model_revision=args.model_revision,
-            device=args.device,
-            dtype=args.dtype,
-            max_streams=args.max_sessions,
-            max_batch_size=args.max_batch_size or args.max_sessions,
-            default_latency_ms=args.default_latency_ms,
-            default_language=args.default_language,
-            finalize_mode=args.finalize_mode,
-            cpu_threads=args.cpu_threads,
-        )
-    except ValueError as e:
-        print(f"pipecat-nemotron serve: {e}", file=sys.stderr)
-        return 2
-    return asyncio.run(run_server(engine_config, config))
+        raise ValueError(f"give one metrics token ({METRICS_TOKEN_ENV} or the file), not several")
+    config = ServerConfig(
+        tokens=tokens_from(sources),
+        metrics_token=metrics_tokens[0] if metrics_tokens else None,
+        allowed_origins=tuple(args.allowed_origin),
+        max_sessions=args.max_sessions,
+        **{name: getattr(args, name) for name in _PLAIN_CONFIG_FLAGS},
+    )
+    engine_config = EngineConfig(
+        model=args.model,
+        model_revision=args.model_revision,
+        device=args.device,
+        dtype=args.dtype,
+        max_streams=args.max_sessions,
+        max_batch_size=args.max_batch_size or args.max_sessions,
+        default_latency_ms=args.default_latency_ms,
+        default_language=args.default_language,
+        finalize_mode=args.finalize_mode,
+        max_utterance_s=args.max_utterance_s,
+        cpu_threads=args.cpu_threads,
+    )
+    return engine_config, config
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Console script ``pipecat-nemotron``; returns the exit status."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``pipecat-nemotron`` argument parser (its ``serve`` subcommand)."""
     parser = argparse.ArgumentParser(
         prog="pipecat-nemotron", description="Nemotron speech tools for Pipecat."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _serve_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console script ``pipecat-nemotron``; returns the exit status."""
+    parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.command is None:
         parser.print_help()

@@ -60,10 +60,11 @@ from pipecat_nemotron.server.protocol import (
     parse_server_message,
 )
 from pipecat_nemotron.server.security import MaskedHeaders, Secret
+from pipecat_nemotron.server_stt_finals import ServerFinalsMixin
 from pipecat_nemotron.server_stt_handshake import ServerRefusedError, audio_message_bytes, receive_ready
 from pipecat_nemotron.server_stt_reconnect import ReconnectPolicy, ReconnectRecord, SessionKeeper, SessionLost
 from pipecat_nemotron.server_stt_settings import ServerSettingsMixin
-from pipecat_nemotron.stt_base import NemotronSTTBase, NemotronSTTSettings, TranscriptResult
+from pipecat_nemotron.stt_base import NemotronSTTBase, NemotronSTTSettings
 from pipecat_nemotron.stt_replay import ReplayBuffer, pieces
 
 __all__ = [
@@ -85,7 +86,7 @@ TOKEN_ENV = "NEMOTRON_ASR_TOKEN"
 MAX_AUDIO_MESSAGE_BYTES = 65536
 
 
-class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketSTTService):
+class NemotronServerSTTService(ServerSettingsMixin, ServerFinalsMixin, NemotronSTTBase, WebsocketSTTService):
     """Remote NVIDIA Nemotron Speech streaming ASR: a Pipecat STT client of a ``pipecat-nemotron serve`` server.
 
     Use it instead of the in-process :class:`~pipecat_nemotron.stt.NemotronSTTService` when bots run on
@@ -430,13 +431,6 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
     def _is_keepalive_ready(self) -> bool:
         return self._ready is not None and self._websocket is not None and self._websocket.state is State.OPEN
 
-    def _trim_replay(self) -> None:
-        """Bound the replay buffer: preroll only between turns, ``replay_max_s`` in total."""
-        preroll = None if self._user_speaking else int(self._replay_preroll_s * 1000 * self._bytes_per_ms)
-        limit = int(self._replay_max_s * 1000 * self._bytes_per_ms)
-        if self._replay.trim(preroll_bytes=preroll, max_bytes=limit) and self._ready is None:
-            logger.debug(f"{self}: replay buffer full ({self._replay_max_s:g} s) while disconnected; oldest dropped")
-
     # ---- end of turn --------------------------------------------------------------------------------------
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
@@ -465,38 +459,3 @@ class NemotronServerSTTService(ServerSettingsMixin, NemotronSTTBase, WebsocketST
             answer = self._peeks.request()
             await ws.send(PeekMessage().to_json())
         return await asyncio.wait_for(answer, self._final_timeout_s)
-
-    async def _flush_finals(self) -> None:
-        """At the end of the session: finalize an unfinished utterance and wait for every final owed.
-
-        After a permanent refusal (already reported) nothing is owed any more: no session will deliver it.
-        """
-        if not self.is_usable:
-            return
-        if self._replay.open_segment.nbytes > 0 and self._ready is not None:
-            await self._finalize()
-        if self._replay.owes_finals:
-            try:
-                await asyncio.wait_for(self._replay.wait_for_finals(), self._final_timeout_s)
-            except (asyncio.TimeoutError, TimeoutError):
-                lost_s = sum(seg.nbytes for seg in self._replay if seg.finalized) / self._bytes_per_ms / 1000
-                await self.push_error(
-                    f"Nemotron ASR: finals still owed {self._final_timeout_s:g} s after the end of the session "
-                    f"({'connected' if self._ready else 'disconnected'}); {lost_s:.2f} s of audio lost"
-                )
-
-    async def _on_final(self, msg: FinalMessage) -> None:
-        if msg.forced:  # split at the server's longest utterance: the turn goes on, no finalize is answered
-            await self._push_forced_final(TranscriptResult.from_message(msg))
-            return
-        seg = self._replay.confirm()
-        if seg is None:
-            logger.warning(f"{self}: unexpected final for utterance {msg.utterance} (no finalize pending)")
-        elif seg.finalize_sent_at is not None:
-            self._finalize_rtts_ms.append((time.monotonic() - seg.finalize_sent_at) * 1000.0)
-        if await self._push_final(TranscriptResult.from_message(msg), msg.ttf_ms, self._settings.model):
-            rtt = f", round trip {self._finalize_rtts_ms[-1]:.1f} ms" if seg and seg.finalize_sent_at else ""
-            logger.info(
-                f"{self}: final for utterance {msg.utterance} in {msg.ttf_ms:.1f} ms on the server{rtt} "
-                f"({msg.latency_ms} ms mode)"
-            )

@@ -14,7 +14,6 @@ implements the transport: :meth:`NemotronSTTBase._finalize_p99_ms` (what the fin
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from typing import Any
 
 from loguru import logger
@@ -33,7 +32,7 @@ from pipecat.frames.frames import (
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
-from pipecat.services.settings import NOT_GIVEN, NotGiven, STTSettings, is_given
+from pipecat.services.settings import NOT_GIVEN, STTSettings, is_given
 from pipecat.services.stt_service import STTService
 from pipecat.transcriptions.language import Language
 from pipecat.turns.eager_end_of_turn_mixin import EagerEndOfTurnSTTServiceMixin
@@ -51,9 +50,10 @@ from pipecat_nemotron.eager import (
     ends_mid_sentence,
 )
 from pipecat_nemotron.engine.config import validate_latency_ms
-from pipecat_nemotron.engine.languages import AUTO, language_code
+from pipecat_nemotron.engine.languages import language_code
 from pipecat_nemotron.metrics import asr_finalize_metrics_frame
 from pipecat_nemotron.stt_ready import NemotronSTTUnavailableError, Readiness
+from pipecat_nemotron.stt_settings import NemotronSTTSettings, frame_language
 from pipecat_nemotron.stt_ttfs import NEMOTRON_TTFS_P99, TTFS_MARGIN, VAD_STOP_SECS, ttfs_p99_from_finalize_ms
 from pipecat_nemotron.transcript_result import TranscriptResult
 
@@ -67,39 +67,6 @@ __all__ = [
     "frame_language",
     "ttfs_p99_from_finalize_ms",
 ]
-
-def frame_language(language: str | None) -> Language | None:
-    """Pipecat's ``Language`` for a transcript decoded with the prompt ``language``.
-
-    None (an English-only model) is English; ``"auto"`` and a locale Pipecat does not know are None.
-    """
-    if language is None:
-        return Language.EN
-    if language == AUTO:
-        return None
-    try:
-        return Language(language)
-    except ValueError:
-        return None
-
-
-@dataclass
-class NemotronSTTSettings(STTSettings):
-    """Runtime-updatable settings of the Nemotron STT services (store and delta mode).
-
-    Parameters
-    ----------
-        latency_ms: Latency mode, one of the model's (the English model: 80, 160, 560 or 1120 ms; the
-            multilingual one adds 320). A change applies at once if the user is not mid-utterance, else at the
-            next utterance boundary. The weights are shared; nothing reloads.
-        language: (Pipecat's own field) the language of a multilingual model: Pipecat's ``Language``, a locale
-            string (``"es-ES"``), a bare language (``"es"``) or ``"auto"``; None: the model's default. Changes
-            apply at the next utterance boundary, like ``latency_ms``. An English-only model accepts English.
-
-    """
-
-    latency_ms: int | NotGiven = field(default_factory=lambda: NOT_GIVEN)
-
 
 class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
     """Base of the Nemotron STT services: settings, TTFS, interim and final frames, tracing, eager end of turn.

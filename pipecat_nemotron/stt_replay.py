@@ -35,6 +35,8 @@ class Segment:
         finalize_sent_at: ``time.monotonic()`` when its ``finalize`` was last sent, seconds (None: not sent).
         dropped: Audio dropped from its front to bound the buffer and not yet reported, bytes (lost if the
             utterance is replayed).
+        received: Audio of the utterance the current session's server has, bytes: ``nbytes`` plus what was
+            trimmed from the front since the session began it. A forced final's cut counts from its start.
 
     """
 
@@ -43,11 +45,33 @@ class Segment:
     finalized: bool = False
     finalize_sent_at: float | None = None
     dropped: int = 0
+    received: int = 0
 
     def append(self, audio: bytes) -> None:
         """Keep ``audio`` at the end of the utterance."""
         self.chunks.append(audio)
         self.nbytes += len(audio)
+        self.received += len(audio)
+
+    def cut(self, nbytes: int) -> None:
+        """The server split the utterance (a forced final) ``nbytes`` after its start: forget that audio.
+
+        The final covered it, so a replay must not send it again; the rest is the utterance the server goes on
+        decoding, and what was dropped of the covered part is no longer missing from any owed final.
+        """
+        front = self.received - self.nbytes  # trimmed before the first chunk held
+        keep = max(0, self.received - nbytes)
+        self.dropped = 0 if nbytes >= front else min(self.dropped, front - nbytes)
+        excess = self.nbytes - keep
+        while excess > 0 and self.chunks:
+            chunk = self.chunks.popleft()
+            if len(chunk) > excess:  # split a chunk at the cut
+                self.chunks.appendleft(chunk[excess:])
+                self.nbytes -= excess
+                break
+            self.nbytes -= len(chunk)
+            excess -= len(chunk)
+        self.received = keep
 
     def drop_front(self, nbytes: int) -> int:
         """Drop whole chunks from the front until at least ``nbytes`` are gone (or empty); return bytes dropped."""
@@ -116,6 +140,10 @@ class ReplayBuffer:
         self._finals_done.clear()
         return segment
 
+    def cut_oldest(self, nbytes: int) -> None:
+        """A forced final covered the first ``nbytes`` of the utterance the server decodes now (the oldest)."""
+        self._segments[0].cut(nbytes)
+
     def confirm(self) -> Segment | None:
         """A final arrived: forget the oldest finalized utterance and return it (None if none was owed)."""
         segment = self._segments.popleft() if self._segments[0].finalized else None
@@ -130,6 +158,7 @@ class ReplayBuffer:
         (the message text).
         """
         for seg in self._segments:
+            seg.received = seg.nbytes  # the new session's utterance starts at the first byte held
             for message in seg.messages(max_bytes):
                 await send(message)
             if seg.finalized:

@@ -7,6 +7,8 @@ Each new connection takes the next action of its plan (then ``forward`` for ever
   ``error`` message and close with that code (a server refusing the session);
 * ``drop``: forward the session, then cut the connection (no close frame: 1006) once the client has sent
   ``drop_after_bytes`` of audio;
+* ``dropforced``: forward the session, then cut the connection (1006) right after forwarding the first forced
+  ``final`` (an utterance split at the server's ``max_utterance_s``);
 * ``end4500``: forward the session, then close it with 4500 once ``drop_after_bytes`` were sent (the server
   ending a session on purpose);
 * ``forward``: a transparent proxy to the upstream server.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections import deque
 from http import HTTPStatus
 from typing import Any
@@ -88,6 +91,8 @@ class FaultProxy:
         async def server_to_client() -> None:
             async for message in up:
                 await ws.send(message)
+                if action == "dropforced" and isinstance(message, str) and json.loads(message).get("forced"):
+                    return
 
         tasks = [asyncio.create_task(client_to_server()), asyncio.create_task(server_to_client())]
         with contextlib.suppress(ConnectionClosed):
@@ -95,7 +100,7 @@ class FaultProxy:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if action == "drop":
+        if action in ("drop", "dropforced"):
             ws.transport.abort()  # no close frame: the client sees 1006
         elif action == "end4500":
             with contextlib.suppress(ConnectionClosed):

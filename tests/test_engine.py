@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -191,6 +192,88 @@ async def test_no_slot_leak_over_many_open_close_cycles(tiny_random_model) -> No
             await stream.close()
         assert eng.open_streams == 0
         assert eng.free_slots == 4
+
+
+async def test_slot_freed_when_a_stream_closes_in_the_step_that_gives_it_a_new_slot(tiny_random_model) -> None:
+    """A hard-finalized stream gets a new cache slot in the step that frees its old one; closing it during
+    that step must still free the new slot (else the slot leaks and a later stream fails with NeMo's
+    ``No free slots available`` while ``open_stream`` admitted it)."""
+    async with NemotronEngine(
+        EngineConfig(
+            model=str(tiny_random_model), device="cpu", max_streams=2, finalize_mode="hard", warmup=False
+        )
+    ) as eng:
+        loop = asyncio.get_running_loop()
+        stream = eng.open_stream(latency_ms=160)
+        armed = threading.Event()
+        close_started = threading.Event()
+        closing: list[asyncio.Task[None]] = []
+
+        def start_close() -> None:
+            closing.append(loop.create_task(stream.close()))
+            loop.call_soon(close_started.set)  # after the close task's first (synchronous) part
+
+        def hook(stream_ids: list[int], encoded: torch.Tensor, encoded_len: torch.Tensor) -> None:
+            # Runs on the model thread: close the stream while the step that re-slotted it is in flight.
+            if armed.is_set() and stream.stream_id in stream_ids and not close_started.is_set():
+                loop.call_soon_threadsafe(start_close)
+                close_started.wait(10)
+
+        eng.add_step_listener(lambda stats: armed.set() if stats.finals else None)
+        with eng.observe_encoder_output(hook):
+            await stream.push(to_pcm16(noise_clip(1.0, seed=21)))
+            final = asyncio.ensure_future(stream.finalize())
+            await asyncio.sleep(0)  # the finalize has marked its boundary
+            await stream.push(to_pcm16(noise_clip(1.0, seed=22)))  # the next utterance, ready at once
+            await final
+            await wait_for_closing(closing)
+        assert eng.open_streams == 0
+        assert eng.free_slots == 2
+        # Every admitted stream decodes: none fails for want of a cache slot.
+        streams = [eng.open_stream(latency_ms=160) for _ in range(2)]
+        for s in streams:
+            await s.push(to_pcm16(noise_clip(0.5, seed=23)))
+        finals = await asyncio.gather(*(s.finalize() for s in streams))
+        assert all(f.tokens for f in finals)
+        for s in streams:
+            await s.close()
+
+
+async def wait_for_closing(closing: list[asyncio.Task[None]]) -> None:
+    """Await the close task a hook started (it may not exist yet when the hook has not fired)."""
+    for _ in range(1000):
+        if closing:
+            await asyncio.wait_for(closing[0], 10)
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the stream was never closed mid-step")
+
+
+async def test_slot_taken_at_once_by_a_stream_opened_as_another_closes(tiny_random_model) -> None:
+    """All slots held, one stream closing: a stream opened in the same event-loop turn decodes (its slot is
+    the closed one's, freed before the next step's forwards), with no ``No free slots available``."""
+    async with NemotronEngine(
+        EngineConfig(model=str(tiny_random_model), device="cpu", max_streams=3, warmup=False)
+    ) as eng:
+        streams = [eng.open_stream(latency_ms=80) for _ in range(3)]
+        for s in streams:
+            await s.push(to_pcm16(noise_clip(0.5, seed=31)))
+        await asyncio.gather(*(wait_caught_up(s) for s in streams))
+        assert eng.free_slots == 0
+        for round_ in range(6):
+            old = streams.pop(0)
+            pushing = [asyncio.ensure_future(s.push(to_pcm16(noise_clip(0.3, seed=round_)))) for s in streams]
+            closing = asyncio.ensure_future(old.close())
+            await asyncio.sleep(0)  # the close has begun; its slot is freed by the next step
+            new = eng.open_stream(latency_ms=80)
+            await new.push(to_pcm16(noise_clip(0.5, seed=40 + round_)))
+            streams.append(new)
+            await asyncio.gather(closing, *pushing)
+        finals = await asyncio.gather(*(s.finalize() for s in streams))
+        assert all(f.tokens for f in finals)
+        for s in streams:
+            await s.close()
+        assert eng.free_slots == 3
 
 
 async def test_latency_change_applies_at_utterance_boundary(engine: NemotronEngine) -> None:

@@ -114,6 +114,34 @@ def test_split_point_is_the_longest_pause_near_the_limit() -> None:
     assert SPLIT_WINDOW_S == 5.0
 
 
+async def test_serve_max_utterance_s_flag_reaches_ready_limits(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipecat_nemotron.cli import build_parser, main, serve_configs
+
+    base = ["serve", "--model", str(TINY_MODEL_PATH), "--device", "cpu", "--insecure", "--host", "127.0.0.1"]
+    default_engine, _ = serve_configs(build_parser().parse_args(base))
+    assert default_engine.max_utterance_s == EngineConfig().max_utterance_s == 60.0
+    assert serve_configs(build_parser().parse_args([*base, "--max-utterance-s", "none"]))[0].max_utterance_s is None
+    with pytest.raises(ValueError, match="max_utterance_s"):
+        serve_configs(build_parser().parse_args([*base, "--max-utterance-s", "1"]))
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "--max-utterance-s" in capsys.readouterr().out
+    engine_config, server_config = serve_configs(
+        build_parser().parse_args([*base, "--max-utterance-s", "12.5", "--port", "0", "--max-sessions", "2"])
+    )
+    engine = NemotronEngine(replace(engine_config, warmup=False))
+    await engine.start()
+    server = ASRServer(engine, server_config)
+    await server.start()
+    try:
+        ws, ready = await open_session(server.url, ConfigMessage(latency_ms=1120))
+        await ws.close()
+    finally:
+        await server.stop(drain_timeout_s=0)
+        await engine.stop()
+    assert ready.limits["max_utterance_s"] == 12.5
+
+
 @pytest.mark.parametrize("value", [1.0, 0, -5, 4000.0, True, "60"])
 def test_max_utterance_s_is_validated(value) -> None:
     with pytest.raises(ValueError, match="max_utterance_s must be seconds from 2 to 3600"):

@@ -25,11 +25,12 @@ from pipecat.frames.frames import (
 from pipecat.tests.utils import SleepFrame, run_test
 from processes import free_port
 
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+from pipecat_nemotron.engine import EngineConfig, NemotronEngine, TranscriptUpdate
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.server.app import ASRServer, ServerConfig
 from pipecat_nemotron.server_stt import NemotronServerSTTService
 from pipecat_nemotron.server_stt_reconnect import ASRReconnectMetricsData, ReconnectPolicy
+from pipecat_nemotron.stt_replay import Segment
 from pipecat_nemotron.wav_input import read_pcm16
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -89,6 +90,19 @@ def test_policy_waits_grow_jittered_up_to_the_cap_and_bad_values_name_the_field(
             ReconnectPolicy(**{field: value})
     with pytest.raises(ValueError, match="max_wait_s"):
         ReconnectPolicy(min_wait_s=2, max_wait_s=1)
+
+
+@SYNC
+def test_a_forced_final_cut_counts_from_the_utterance_start_the_server_saw() -> None:
+    """The cut is on the server's clock: audio already trimmed from the front (preroll) still counts."""
+    seg = Segment()
+    for chunk in (b"a" * 100, b"b" * 100, b"c" * 100):
+        seg.append(chunk)
+    seg.drop_front(100)  # the preroll trim between turns: the server has it, the buffer no longer does
+    seg.cut(150)
+    assert b"".join(seg.chunks) == b"b" * 50 + b"c" * 100 and seg.nbytes == seg.received == 150
+    seg.cut(1000)
+    assert seg.nbytes == seg.received == 0 and not seg.chunks
 
 
 # ---- against a server --------------------------------------------------------------------------------------------
@@ -188,3 +202,49 @@ async def test_a_client_refused_for_a_bad_token_ends_cleanly_without_owing_final
         logger.remove(sink)
     assert any("4001" in e for e in errors(up)) and not stt.is_usable
     assert not [line for line in lines if re.search("finals still owed", line)]
+
+
+async def test_a_reconnect_after_a_forced_final_does_not_replay_its_words() -> None:
+    """A forced final (the server's ``max_utterance_s``) confirms the audio it covers: a reconnect replays only
+    the rest of the turn, so each word reaches the user once (before the fix, the forced final's words came
+    again after the reconnect)."""
+    clips = ("demo_weather.wav", "demo_timer.wav", "demo_math.wav")
+    pcm = b"".join(demo(name) for name in clips)  # about 8.4 s of speech without a pause longer than its own
+    with one_torch_thread():
+        engine = NemotronEngine(
+            EngineConfig(model=str(TINY_MODEL_PATH), device="cpu", max_streams=2, warmup=False, max_utterance_s=4.0)
+        )
+        await engine.start()
+        server = ASRServer(engine, ServerConfig(port=0, tokens=(TOKEN,), max_sessions=2))
+        await server.start()
+        try:
+            first, rest = await split_once(engine, pcm, latency_ms=1120)
+            async with FaultProxy(server.url, ["dropforced"]) as proxy:
+                stt = NemotronServerSTTService(url=proxy.url, token=TOKEN, latency_ms=1120, final_timeout_s=60, **FAST)
+                down, _ = await run_test(
+                    stt, frames_to_send=[SleepFrame(sleep=0.2), *turn(pcm, wait=3.0)], start_timeout=5
+                )
+        finally:
+            await server.stop(drain_timeout_s=0)
+            await engine.stop()
+    assert proxy.done[:2] == ["dropforced", "forward"] and len(stt.keeper.reconnects) == 1
+    frames = [f for f in down if isinstance(f, TranscriptionFrame)]
+    assert frames[0].text == first.text and not frames[0].finalized  # the forced final, then the reconnect
+    # The new session decoded exactly the audio after the cut (a fresh decode: its first words may differ from
+    # the same audio decoded with the cut's left context, so the reference is that audio alone).
+    assert " ".join(f.text for f in frames[1:] if f.text) == rest
+    assert stt.keeper.reconnects[0].replayed_s == pytest.approx(len(pcm) / 32000 - first.audio_ms / 1000, abs=1e-3)
+
+
+async def split_once(engine: NemotronEngine, pcm: bytes, latency_ms: int) -> tuple[TranscriptUpdate, str]:
+    """The first forced final of ``pcm`` decoded in process, and the text of the audio after its cut alone."""
+    stream = engine.open_stream(latency_ms=latency_ms)
+    try:
+        await stream.push(pcm)
+        await stream.finalize()
+    finally:
+        await stream.close()
+    first = next(u for u in [u async for u in stream.updates()] if u.is_final and u.forced)
+    cut = 2 * round((first.audio_ms or 0.0) * 16)
+    rest = await engine.transcribe(pcm[cut:], latency_ms=latency_ms)
+    return first, rest.text

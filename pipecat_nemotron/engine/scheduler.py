@@ -218,7 +218,8 @@ class Scheduler:
 
     def _plan(self) -> StepPlan:
         """Pick this step's work. Runs on the loop, between steps."""
-        releases = list(self._pending_releases) + sorted(self._reset_slots - set(self._pending_releases))
+        closing = list(self._pending_releases)
+        releases = closing + sorted(self._reset_slots - set(closing))
         self._reset_slots.clear()
         candidates: list[StepItem] = []
         immediate: list[StreamState] = []
@@ -240,7 +241,7 @@ class Scheduler:
             it.state.in_flight = True
             by_key.setdefault((it.state.latency_ms, it.first, it.num_frames), []).append(it)
         groups = [StepGroup(key[0], group) for key, group in by_key.items()]
-        return StepPlan(items, groups, immediate, releases)
+        return StepPlan(items, groups, immediate, releases, closing)
 
     def _next_item(self, state: StreamState) -> StepItem | StreamState | None:
         """The stream's next chunk if its audio is ready; the stream itself if a final needs no model step.
@@ -328,7 +329,7 @@ class Scheduler:
     def _resolve(self, plan: StepPlan, step_ms: float) -> None:
         """Deliver results and apply what happens between steps. Runs on the loop."""
         now = time.monotonic()
-        for sid in plan.releases:
+        for sid in plan.closing:  # not plan.releases: see StepPlan.closing
             for fut in self._pending_releases.pop(sid, []):
                 if not fut.done():
                     fut.set_result(None)

@@ -59,6 +59,9 @@ class StepPlan:
         groups: ``items`` split into batched forwards (same latency mode, chunk kind and length).
         immediate: Streams whose pending final has nothing left to decode: finished without the model.
         releases: Stream ids whose cache slots are zeroed and freed before the step's forwards.
+        closing: The ``releases`` of closed streams (the rest are resets of open streams): their close
+            futures resolve after this step. A stream closed while this step runs may take a new slot in it,
+            so its release waits for the next step's plan.
 
     """
 
@@ -66,6 +69,7 @@ class StepPlan:
     groups: list[StepGroup]
     immediate: list[StreamState]
     releases: list[int]
+    closing: list[int]
 
     @property
     def empty(self) -> bool:
