@@ -2,7 +2,7 @@
 
 Each session is a WAV of held-out speech (``tests/assets/heldout``) fed in real time through the whole local agent
 (:func:`~pipecat_nemotron.agent.build_voice_agent`, :func:`~pipecat_nemotron.wav_input.run_worker_on_wav`): Silero
-VAD → the Nemotron STT on one shared :class:`~pipecat_nemotron.engine.NemotronEngine` (tiny model) → a loopback
+VAD (its stop commits the turn, no Smart Turn, as ``eager``'s ``off``) → the Nemotron STT on one shared :class:`~pipecat_nemotron.engine.NemotronEngine` (tiny model) → a loopback
 OpenAI-compatible server (:mod:`pipecat_nemotron.testing.openai_server`) whose first token comes a fixed time after
 each request and whose reply is one sentence of about 2 s of speech → Magpie TTS on one shared
 :class:`~pipecat_nemotron.magpie.MagpieEngine` (tiny random model, which never ends a sentence early, so each reply
@@ -31,6 +31,7 @@ import numpy as np
 
 from pipecat_nemotron.bench import common, output
 from pipecat_nemotron.bench.audio import load_clips
+from pipecat_nemotron.bench.eager import _NEVER_MS as NEVER_MS
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.latency_stats import TurnLatency, percentile
 
@@ -111,7 +112,11 @@ async def run_session(
     from pipecat_nemotron.tts import MagpieTTSService
     from pipecat_nemotron.wav_input import run_worker_on_wav
 
-    stt = NemotronSTTService(engine=asr, latency_ms=args.latency)
+    # As the eager benchmark's ``off``: the STT owns turn detection (committed by the VAD stop) and never predicts,
+    # so Smart Turn's wait on clips it judges unfinished (up to 3 s) does not hide the TTS's share of the latency.
+    stt = NemotronSTTService(
+        engine=asr, latency_ms=args.latency, enable_eager_end_of_turn=True, eager_silence_ms=NEVER_MS
+    )
     observer = VoiceLatencyObserver(log_turns=False)
     agent = build_voice_agent(
         stt=stt,
