@@ -45,6 +45,8 @@ _CLIP_MIN_S, _CLIP_MAX_S = 1.0, 4.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of this benchmark."""
     common.add_common_args(parser, latency_default=160)
+    # Every session's ASR, VAD and the Magpie worker share the cores: one torch thread each avoids oversubscription.
+    parser.set_defaults(threads=1)
     parser.add_argument(
         "--sessions",
         type=int,
