@@ -50,7 +50,7 @@ def test_cli_lists_benchmarks() -> None:
         [sys.executable, "-m", "pipecat_nemotron.bench", "--help"], capture_output=True, text=True, cwd=REPO
     )
     assert proc.returncode == 0
-    for name in ("buffered-vs-cache-aware", "concurrency", "time-to-final", "soak"):
+    for name in ("buffered-vs-cache-aware", "concurrency", "time-to-final", "soak", "agent-load"):
         assert name in proc.stdout
 
 

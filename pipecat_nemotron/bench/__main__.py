@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "cold-start": "cold_start",
     "encoder-step": "encoder_step",
     "eager": "eager",
+    "agent-load": "agent_load",
     "multilingual": "multilingual",
     "tts": "tts",
     # The WebSocket server's load test (its own module and options).

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import random
 import sys
 import tempfile
 import wave
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -160,19 +159,6 @@ def write_session(turns: Sequence[tuple[np.ndarray, bool]], path: Path) -> Path:
 
 
 # ---- the agent --------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def loopback_llm_module() -> Iterator[Any]:
-    """The tests' loopback OpenAI-compatible server (``tests/openai_server.py``, from a repository checkout)."""
-    tests = str(common.REPO_ROOT / "tests")
-    sys.path.insert(0, tests)
-    try:
-        import openai_server
-
-        yield openai_server
-    finally:
-        sys.path.remove(tests)
 
 
 async def run_session(
@@ -317,7 +303,9 @@ async def bench(args: argparse.Namespace, result: dict[str, Any]) -> list[dict[s
     result["model"] = spec.as_dict()
     sessions, result["audio"] = make_sessions(args)
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp, loopback_llm_module() as llm:
+    from pipecat_nemotron.testing.openai_server import FakeOpenAIServer
+
+    with tempfile.TemporaryDirectory() as tmp:
         wavs = [write_session(s, Path(tmp) / f"session{i}.wav") for i, s in enumerate(sessions)]
         magpie_path, _ = build_tiny_magpie(Path(tmp) / "magpie", end_of_speech_bias=30.0)
         magpie = MagpieEngine(str(magpie_path), device="cpu")
@@ -327,7 +315,7 @@ async def bench(args: argparse.Namespace, result: dict[str, Any]) -> list[dict[s
             async with NemotronEngine(config) as asr:
                 for cfg in configs(args):
                     print(f"[bench] eager: {cfg.ttft_ms} ms TTFT, {cfg.label} ...", flush=True)
-                    runs.append(await run_config(cfg, wavs, asr, magpie, llm.FakeOpenAIServer, args))
+                    runs.append(await run_config(cfg, wavs, asr, magpie, FakeOpenAIServer, args))
         finally:
             magpie.close()
     return runs

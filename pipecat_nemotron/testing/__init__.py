@@ -1,0 +1,1 @@
+"""Real protocol peers on loopback for tests and benchmarks (no pytest needed)."""
