@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -174,3 +175,21 @@ async def stream_capturing_encoder_output(
     finally:
         await stream.close()
     return final, torch.cat(captured, dim=-1)
+
+
+#: The tiny Magpie codec's samples per frame and sample rate (``magpie.tiny``), Hz.
+MAGPIE_SAMPLES_PER_FRAME = 1024
+MAGPIE_CODEC_RATE = 22050
+
+
+def magpie_options_for(frames: int, **kwargs: Any) -> Any:
+    """Magpie options whose ``max_duration_s`` allows exactly ``frames`` codec frames (the tiny model never ends).
+
+    ceil((frames - 0.5) frames' worth of seconds x frame rate) == frames, clear of float rounding.
+    """
+    from pipecat_nemotron.magpie import MagpieSynthesisOptions
+
+    return MagpieSynthesisOptions(
+        max_duration_s=(frames - 0.5) * MAGPIE_SAMPLES_PER_FRAME / MAGPIE_CODEC_RATE, **kwargs
+    )
+

@@ -8,17 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import one_torch_thread
+from helpers import MAGPIE_SAMPLES_PER_FRAME, magpie_options_for, one_torch_thread
 
 from pipecat_nemotron.magpie import MagpieEngine, MagpieEngineError, MagpieSynthesisOptions, SynthesisStream
-
-SAMPLES_PER_FRAME = 1024
-CODEC_RATE = 22050
-
-
-def frames_options(frames: int, **kwargs) -> MagpieSynthesisOptions:
-    """Options allowing exactly ``frames`` codec frames (the tiny model never ends speech on its own)."""
-    return MagpieSynthesisOptions(max_duration_s=(frames - 0.5) * SAMPLES_PER_FRAME / CODEC_RATE, **kwargs)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -55,9 +47,9 @@ def test_constructor_validates_step_and_batch(tiny_magpie: tuple[Path, Path]) ->
 def test_requests_advance_together_one_frame_per_step(engine: MagpieEngine) -> None:
     """Two 12-frame requests submitted together take about 12 steps, not 24 (one frame each per step)."""
     before = engine._batcher.steps
-    streams = [engine.submit(f"Session {name}.", options=frames_options(12)) for name in ("one", "two")]
+    streams = [engine.submit(f"Session {name}.", options=magpie_options_for(12)) for name in ("one", "two")]
     audio = [collect(s) for s in streams]
-    assert [len(a) for a in audio] == [12 * SAMPLES_PER_FRAME] * 2
+    assert [len(a) for a in audio] == [12 * MAGPIE_SAMPLES_PER_FRAME] * 2
     steps = engine._batcher.steps - before
     assert 12 <= steps <= 18, steps  # 12, plus a few if the second joined late (one at a time would take 24).
     first, second = (s.stats for s in streams)
@@ -67,15 +59,15 @@ def test_requests_advance_together_one_frame_per_step(engine: MagpieEngine) -> N
 def test_seeded_request_is_the_same_alone_and_in_a_batch_joining_at_different_times(
     engine: MagpieEngine,
 ) -> None:
-    options = frames_options(16, seed=1234)
+    options = magpie_options_for(16, seed=1234)
     alone = collect(engine.submit("The seeded sentence.", options=options))
 
-    others = [engine.submit("Another voice, first.", options=frames_options(30, seed=1))]
+    others = [engine.submit("Another voice, first.", options=magpie_options_for(30, seed=1))]
     next(iter(others[0]))  # It is running; the next ones join at different steps.
-    others.append(engine.submit("A second one.", options=frames_options(25)))
+    others.append(engine.submit("A second one.", options=magpie_options_for(25)))
     next(iter(others[1]))
     seeded = engine.submit("The seeded sentence.", options=options)
-    others.append(engine.submit("A third one joins with it.", options=frames_options(20)))
+    others.append(engine.submit("A third one joins with it.", options=magpie_options_for(20)))
     in_batch = collect(seeded)
     for other in others:
         collect(other)
@@ -86,7 +78,7 @@ def test_seeded_request_is_the_same_alone_and_in_a_batch_joining_at_different_ti
 
 def test_cancelling_mid_batch_leaves_the_other_rows_unchanged(engine: MagpieEngine) -> None:
     texts = ["First of three.", "Second of three, the cancelled one.", "Third of three."]
-    options = [frames_options(20, seed=10 + i) for i in range(3)]
+    options = [magpie_options_for(20, seed=10 + i) for i in range(3)]
     alone = [collect(engine.submit(t, options=o)) for t, o in zip(texts, options, strict=True)]
 
     streams = [engine.submit(t, options=o) for t, o in zip(texts, options, strict=True)]
@@ -104,7 +96,7 @@ def test_requests_over_max_batch_wait_fifo_and_report_their_wait(tiny_magpie: tu
     engine = MagpieEngine(str(magpie), device="cpu", codec_model_path=str(codec), max_batch=2, warmup=False)
     try:
         engine.wait_until_ready(timeout=300)
-        streams = [engine.submit(f"Request {name}.", options=frames_options(8)) for name in "abcd"]
+        streams = [engine.submit(f"Request {name}.", options=magpie_options_for(8)) for name in "abcd"]
         for stream in streams:
             assert stream.wait(timeout=60) and stream.status == "truncated"
         a, b, c, d = (s.stats for s in streams)
@@ -131,7 +123,7 @@ def test_an_unsupported_model_warns_and_falls_back_to_nemos_step(tmp_path: Path)
         assert engine.step == "nemo"
         assert any("does not support" in m and "kernel" in m for m in messages)
         assert (
-            len(collect(engine.submit("Still speaks.", options=frames_options(3)))) == 3 * SAMPLES_PER_FRAME
+            len(collect(engine.submit("Still speaks.", options=magpie_options_for(3)))) == 3 * MAGPIE_SAMPLES_PER_FRAME
         )
     finally:
         logger.remove(sink)

@@ -11,6 +11,7 @@ import asyncio
 import json
 import time
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -204,14 +205,19 @@ async def test_transcribe_joins_the_parts_of_a_long_clip(finalize_mode: str) -> 
     assert joined.audio_ms == pytest.approx(whole.audio_ms) and joined.utterance == 0
 
 
+async def _unsplit_final(pcm: bytes) -> Any:
+    """The final of ``pcm`` as one utterance (no length limit), 1120 ms mode."""
+    unbounded = await _engine(None)
+    try:
+        return await unbounded.transcribe(pcm, latency_ms=1120)
+    finally:
+        await unbounded.stop()
+
+
 async def test_service_pushes_forced_finals_as_transcription_frames_in_order() -> None:
     pcm = to_pcm16(speech(25.0)[0])
     with one_torch_thread():
-        unbounded = await _engine(None)
-        try:
-            expected = await unbounded.transcribe(pcm, latency_ms=1120)
-        finally:
-            await unbounded.stop()
+        expected = await _unsplit_final(pcm)
         engine = await _engine(8.0)
         try:
             stt = NemotronSTTService(engine=engine, latency_ms=1120)
@@ -230,11 +236,7 @@ async def test_service_pushes_forced_finals_as_transcription_frames_in_order() -
 async def test_server_delivers_forced_finals_within_max_message_bytes() -> None:
     pcm = to_pcm16(speech(40.0)[0])
     with one_torch_thread():
-        unbounded = await _engine(None)
-        try:
-            expected = await unbounded.transcribe(pcm, latency_ms=1120)
-        finally:
-            await unbounded.stop()
+        expected = await _unsplit_final(pcm)
         engine = await _engine(10.0)
         server = ASRServer(
             engine,

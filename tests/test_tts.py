@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import one_torch_thread
+from helpers import MAGPIE_CODEC_RATE, MAGPIE_SAMPLES_PER_FRAME, magpie_options_for, one_torch_thread
 from pipecat.frames.frames import (
     EndFrame,
     ErrorFrame,
@@ -41,16 +41,6 @@ from pipecat_nemotron.magpie import loading as magpie_loading
 from pipecat_nemotron.tts import MagpieTTSService
 
 TEXT = "Hello there, this is a test of streaming speech synthesis."
-SAMPLES_PER_FRAME = 1024
-CODEC_RATE = 22050
-
-
-def options_for(frames: int, **kwargs) -> MagpieSynthesisOptions:
-    """Options whose max_duration_s allows exactly ``frames`` codec frames (the tiny model never ends on its own)."""
-    # ceil((frames - 0.5) frames' worth of seconds * frame rate) == frames, clear of float rounding.
-    return MagpieSynthesisOptions(max_duration_s=(frames - 0.5) * SAMPLES_PER_FRAME / CODEC_RATE, **kwargs)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _one_torch_thread():
     with one_torch_thread():
@@ -175,11 +165,11 @@ def test_private_nemo_members_still_work(engine: MagpieEngine) -> None:
     finally:
         model.inference_parameters.max_decoder_steps = 500
     assert calls[0] == 6 and kept == [1] * 6, "the hook no longer sees one call per decoding step"
-    assert int(audio_len[0]) == 6 * SAMPLES_PER_FRAME
+    assert int(audio_len[0]) == 6 * MAGPIE_SAMPLES_PER_FRAME
     assert "_check_eos_and_update_state" not in vars(model), "the hook was not removed"
 
     codes = torch.randint(0, model.codebook_size, (model.num_audio_codebooks, 12))
-    assert _nemo_private.codes_to_audio(model, codes).shape == (12 * SAMPLES_PER_FRAME,)
+    assert _nemo_private.codes_to_audio(model, codes).shape == (12 * MAGPIE_SAMPLES_PER_FRAME,)
 
 
 # Streaming.
@@ -199,7 +189,7 @@ def test_prefix_decodes_like_full_decode(engine: MagpieEngine) -> None:
         prefix_audio = codes_to_audio(model, codes[:, :prefix])
         # Equal up to float rounding (convolutions of different lengths round differently): ~1e-7, while one int16
         # step is 3e-5.
-        assert (prefix_audio - full[: prefix * SAMPLES_PER_FRAME]).abs().max() < 1e-6
+        assert (prefix_audio - full[: prefix * MAGPIE_SAMPLES_PER_FRAME]).abs().max() < 1e-6
     assert engine.decode_context_frames is not None and 0 < engine.decode_context_frames < 30
 
 
@@ -211,7 +201,7 @@ def test_streamed_audio_equals_offline_synthesis(nemo_engine: MagpieEngine) -> N
     assert engine.step == "nemo"
     frames = 20
     torch.manual_seed(123)
-    stream = engine.submit(TEXT, voice="jason", language="en", options=options_for(frames))
+    stream = engine.submit(TEXT, voice="jason", language="en", options=magpie_options_for(frames))
     streamed = collect(stream)
     assert stream.status == "truncated"  # The tiny model never ends speech on its own.
 
@@ -224,17 +214,17 @@ def test_streamed_audio_equals_offline_synthesis(nemo_engine: MagpieEngine) -> N
         model.inference_parameters.max_decoder_steps = 500
     offline_pcm = (offline[0, : int(offline_len[0])].clamp(-1, 1) * 32767).round().to(torch.int16).numpy()
 
-    assert streamed.dtype == np.int16 and streamed.shape == (frames * SAMPLES_PER_FRAME,)
+    assert streamed.dtype == np.int16 and streamed.shape == (frames * MAGPIE_SAMPLES_PER_FRAME,)
     assert np.abs(streamed.astype(np.int32) - offline_pcm.astype(np.int32)).max() <= 1
 
 
 def test_first_audio_arrives_before_the_sentence_is_synthesised(engine: MagpieEngine) -> None:
     frames = 40
-    stream = engine.submit(TEXT, options=options_for(frames, first_chunk_frames=2, chunk_frames=4))
+    stream = engine.submit(TEXT, options=magpie_options_for(frames, first_chunk_frames=2, chunk_frames=4))
     chunks = list(stream)
     assert [c.num_frames for c in chunks] == [2] + [4] * 9 + [2]
     assert [c.first_frame for c in chunks] == [0] + list(range(2, 40, 4))
-    assert all(c.sample_rate == CODEC_RATE and c.audio.dtype == np.int16 for c in chunks)
+    assert all(c.sample_rate == MAGPIE_CODEC_RATE and c.audio.dtype == np.int16 for c in chunks)
     stats = stream.stats
     assert stats.frames == frames and stats.chunks == len(chunks)
     # The first chunk (2 of 40 frames) was handed out while the model was still generating the rest.
@@ -250,14 +240,14 @@ def test_end_of_speech_frames_are_dropped(engine: MagpieEngine) -> None:
     set_end_of_speech_bias(engine.model, 30.0)
     try:
         torch.manual_seed(5)
-        stream = engine.submit("Short.", options=options_for(40))
+        stream = engine.submit("Short.", options=magpie_options_for(40))
         audio = collect(stream)
         torch.manual_seed(5)
         offline, offline_len = engine.model.do_tts("Short.", language="en", speaker_index=VOICES["aria"])
     finally:
         set_end_of_speech_bias(engine.model, -30.0)
     assert stream.status == "completed"
-    assert audio.shape == (4 * SAMPLES_PER_FRAME,) == (int(offline_len[0]),)
+    assert audio.shape == (4 * MAGPIE_SAMPLES_PER_FRAME,) == (int(offline_len[0]),)
 
 
 @pytest.mark.parametrize("which", ["fast", "nemo"])
@@ -266,7 +256,7 @@ def test_cancel_stops_within_one_frame_and_frees_the_model(
 ) -> None:
     engine = engine if which == "fast" else nemo_engine
     stream = engine.submit(TEXT, options=MagpieSynthesisOptions(max_duration_s=20.0))
-    queued = engine.submit("Never spoken.", options=options_for(4))
+    queued = engine.submit("Never spoken.", options=magpie_options_for(4))
     first = next(iter(stream))
     assert first.first_frame == 0
     queued.cancel()
@@ -280,14 +270,14 @@ def test_cancel_stops_within_one_frame_and_frees_the_model(
     if which == "nemo":  # One at a time: the queued request never started.
         assert queued.stats.started_at is None and list(queued) == []
 
-    after = engine.submit("Next please.", options=options_for(3))
-    assert len(collect(after)) == 3 * SAMPLES_PER_FRAME and after.status == "truncated"
+    after = engine.submit("Next please.", options=magpie_options_for(3))
+    assert len(collect(after)) == 3 * MAGPIE_SAMPLES_PER_FRAME and after.status == "truncated"
     assert not engine.busy and engine.pending == 0
 
 
 def test_nemo_step_serves_requests_fifo_one_at_a_time(nemo_engine: MagpieEngine) -> None:
     engine = nemo_engine
-    streams = [engine.submit(f"Session {i}.", options=options_for(3)) for i in range(3)]
+    streams = [engine.submit(f"Session {i}.", options=magpie_options_for(3)) for i in range(3)]
     for stream in streams:
         assert stream.wait(timeout=30)
     for earlier, later in zip(streams, streams[1:], strict=False):
@@ -305,7 +295,7 @@ async def test_async_iteration_does_not_block_the_loop(engine: MagpieEngine) -> 
 
     task = asyncio.create_task(ticker())
     try:
-        chunks = [chunk async for chunk in engine.submit(TEXT, options=options_for(12))]
+        chunks = [chunk async for chunk in engine.submit(TEXT, options=magpie_options_for(12))]
     finally:
         task.cancel()
     assert sum(c.num_frames for c in chunks) == 12
@@ -325,7 +315,7 @@ async def test_service_streams_resampled_audio(engine: MagpieEngine, monkeypatch
 
     monkeypatch.setattr(engine, "submit", spy)
     frames = 11
-    service = MagpieTTSService(engine=engine, options=options_for(frames))
+    service = MagpieTTSService(engine=engine, options=magpie_options_for(frames))
     down, up = await run_test(
         service,
         frames_to_send=[
@@ -348,14 +338,14 @@ async def test_service_streams_resampled_audio(engine: MagpieEngine, monkeypatch
         and {f.num_channels for f in audio} == {1}
     )
     total = sum(len(f.audio) for f in audio) // 2
-    assert total == round(frames * SAMPLES_PER_FRAME * 16000 / CODEC_RATE)
+    assert total == round(frames * MAGPIE_SAMPLES_PER_FRAME * 16000 / MAGPIE_CODEC_RATE)
 
 
 async def test_service_at_codec_rate_passes_audio_through(engine: MagpieEngine) -> None:
-    service = MagpieTTSService(engine=engine, options=options_for(5), sample_rate=CODEC_RATE)
+    service = MagpieTTSService(engine=engine, options=magpie_options_for(5), sample_rate=MAGPIE_CODEC_RATE)
     down, _ = await run_test(service, frames_to_send=[TTSSpeakFrame(text="Hi.")])
     audio = b"".join(f.audio for f in down if isinstance(f, TTSAudioRawFrame))
-    assert len(audio) == 2 * 5 * SAMPLES_PER_FRAME
+    assert len(audio) == 2 * 5 * MAGPIE_SAMPLES_PER_FRAME
 
 
 class _Sink(FrameProcessor):
