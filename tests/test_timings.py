@@ -285,12 +285,14 @@ async def test_server_final_carries_words_only_when_asked(
                     assert "words" not in json.loads(raw)
                 assert isinstance(msg, FinalMessage) and msg.text == expected.text
                 if not asked:  # an old client sees exactly the v1 message it knows
-                    # An old client's final: no words, and (English model) no language fields either.
+                    # An old client's final: no words, (English model) no language fields, and no `forced`
+                    # (only a final split at the longest utterance carries it).
                     assert set(json.loads(raw)) == {"type", *(f.name for f in fields(FinalMessage))} - {
                         "words",
                         "confidence",
                         "language",
                         "detected_language",
+                        "forced",
                     }
                     continue
                 result = TranscriptResult.from_message(msg)
