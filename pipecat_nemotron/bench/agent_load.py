@@ -222,21 +222,10 @@ def figure(runs: Sequence[dict[str, Any]]) -> Any:
     ax = axes[0][0]
     for step, color in (("nemo", "#d62728"), ("fast", "#76b900")):
         rs = [r for r in runs if r["step"] == step and r["v2v_p50"] is not None]
-        if rs:
-            ax.plot(
-                [r["sessions"] for r in rs],
-                [r["v2v_p50"] for r in rs],
-                "o-",
-                color=color,
-                label=f"{step} p50",
-            )
-            ax.plot(
-                [r["sessions"] for r in rs],
-                [r["v2v_p90"] for r in rs],
-                "o--",
-                color=color,
-                label=f"{step} p90",
-            )
+        for stat, style in (("p50", "o-"), ("p90", "o--")):
+            if rs:
+                sessions, v2v = [r["sessions"] for r in rs], [r[f"v2v_{stat}"] for r in rs]
+                ax.plot(sessions, v2v, style, color=color, label=f"{step} {stat}")
     ax.set_xlabel("concurrent sessions")
     ax.set_ylabel("voice-to-voice, ms")
     ax.set_title("Whole agent under load: Magpie FIFO (nemo) vs batched (fast)")
