@@ -28,7 +28,7 @@ from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.audio.vad_processor import VADProcessor
 
 from pipecat_nemotron import NemotronSTTService, default_asr_model
-from pipecat_nemotron.stt_base import NemotronSTTUnavailableError
+from pipecat_nemotron.stt.base import NemotronSTTUnavailableError
 from pipecat_nemotron.transcripts import TranscriptCollector, print_latency_summary
 from pipecat_nemotron.wav_input import run_worker_on_wav
 

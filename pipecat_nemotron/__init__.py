@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "NemotronSTTService": "pipecat_nemotron.stt",
     "NemotronSTTSettings": "pipecat_nemotron.stt",
-    "NemotronSTTUnavailableError": "pipecat_nemotron.stt_ready",
+    "NemotronSTTUnavailableError": "pipecat_nemotron.stt.ready",
     "NemotronEngine": "pipecat_nemotron.engine",
     "EngineConfig": "pipecat_nemotron.engine",
     "default_asr_model": "pipecat_nemotron.models",
@@ -22,7 +22,7 @@ _EXPORTS = {
     "create_nemotron_llm": "pipecat_nemotron.llm",
     "NemotronLLMSettings": "pipecat_nemotron.llm",
     "VoiceLatencyObserver": "pipecat_nemotron.metrics",
-    "TranscriptResult": "pipecat_nemotron.transcript_result",
+    "TranscriptResult": "pipecat_nemotron.stt.result",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -37,11 +37,11 @@ from pipecat.services.stt_service import STTService
 from pipecat.services.tts_service import TTSService
 from pipecat.transports.base_transport import BaseTransport
 
-from pipecat_nemotron.eager import DEFAULT_EAGER_SILENCE_MS
 from pipecat_nemotron.engine.config import EngineConfig, validate_latency_ms
 from pipecat_nemotron.llm_env import ENV_BACKEND, ENV_BASE_URL, ENV_NVIDIA_API_KEY, ENV_PREFIX
 from pipecat_nemotron.metrics import TurnLatency, VoiceLatencyObserver
-from pipecat_nemotron.stt_base import VAD_STOP_SECS
+from pipecat_nemotron.stt.base import VAD_STOP_SECS
+from pipecat_nemotron.stt.eager import DEFAULT_EAGER_SILENCE_MS, EagerSettings
 
 #: ``type`` of the RTVI ``server-message`` carrying one :class:`~pipecat_nemotron.metrics.TurnLatency` record.
 TURN_LATENCY_MESSAGE = "nemotron-turn-latency"
@@ -178,10 +178,10 @@ class AgentSettings:
 
     def create_stt(self, **kwargs: Any) -> STTService:
         """The in-process Nemotron STT service (shared engine)."""
-        from pipecat_nemotron.stt import NemotronSTTService
+        from pipecat_nemotron.stt.local import NemotronSTTService
 
-        kwargs.setdefault("enable_eager_end_of_turn", self.asr_eager_end_of_turn)
-        kwargs.setdefault("eager_silence_ms", self.asr_eager_silence_ms)
+        if self.asr_eager_end_of_turn:
+            kwargs.setdefault("eager", EagerSettings(silence_ms=self.asr_eager_silence_ms))
         kwargs.setdefault("language", self.asr_language)
         if self.asr_final_timeout_s is not None:
             kwargs.setdefault("final_timeout_s", self.asr_final_timeout_s)

@@ -21,7 +21,7 @@ from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.processors.frame_processor import FrameDirection
 
 from pipecat_nemotron.metrics import is_asr_finalize_metric
-from pipecat_nemotron.transcript_result import TranscriptResult
+from pipecat_nemotron.stt.result import TranscriptResult
 
 
 def _is_terminal(out: TextIO) -> bool:

@@ -121,7 +121,7 @@ async def run_language_switches(stt, engine: NemotronEngine, start_sleep: float 
     from pipecat.tests.utils import SleepFrame, run_test
     from pipecat.transcriptions.language import Language
 
-    from pipecat_nemotron.stt_base import NemotronSTTSettings
+    from pipecat_nemotron.stt.base import NemotronSTTSettings
 
     a, b, c = (to_pcm16(noise_clip(1.3, seed=80 + i)) for i in range(3))
     expected = [

@@ -26,7 +26,6 @@ from test_agent import FrameRecorder, magpie_engine  # noqa: F401  (fixture)
 from test_metrics import STT, FakeClock, TurnTimes, feed_turn, push
 
 from pipecat_nemotron.agent import AgentSettings, SimulatedPlayback, VoiceAgent, build_voice_agent
-from pipecat_nemotron.eager import PauseDetector, PauseEvent, ends_mid_sentence
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.latency_stats import summarize_eager
 from pipecat_nemotron.llm import create_nemotron_llm
@@ -34,6 +33,7 @@ from pipecat_nemotron.magpie import MagpieSynthesisOptions
 from pipecat_nemotron.metrics import VoiceLatencyObserver
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.stt import NemotronSTTService
+from pipecat_nemotron.stt.eager import EagerSettings, PauseDetector, PauseEvent, ends_mid_sentence
 from pipecat_nemotron.tts import MagpieTTSService
 from pipecat_nemotron.wav_input import read_pcm16, run_worker_on_wav
 
@@ -104,7 +104,7 @@ def paused_timer_wav(path: Path) -> Path:
 
 async def run_agent(asr: NemotronEngine, magpie, server: NumberedServer, wav: Path) -> tuple:
     """One session of ``wav`` through the eager agent; returns the agent, the STT's pushes and the playback."""
-    stt = NemotronSTTService(engine=asr, latency_ms=160, enable_eager_end_of_turn=True)
+    stt = NemotronSTTService(engine=asr, latency_ms=160, eager=EagerSettings())
     pushed = TimedRecorder((TranscriptionFrame, EagerTranscriptionFrame))
     playback = SpokenText()
     agent = build_voice_agent(

@@ -38,8 +38,9 @@ from pipecat_nemotron.server.protocol import (
     parse_client_message,
     parse_server_message,
 )
-from pipecat_nemotron.server_stt import NemotronServerSTTService
 from pipecat_nemotron.stt import NemotronSTTService
+from pipecat_nemotron.stt.eager import EagerSettings
+from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 from pipecat_nemotron.wav_input import silence
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -103,7 +104,7 @@ async def test_server_answers_peek_with_the_final_to_be(server: ASRServer, engin
 
 
 async def test_server_stt_eager_end_of_turn(server: ASRServer, engine: NemotronEngine) -> None:  # noqa: F811
-    stt = NemotronServerSTTService(url=server.url, token=TOKEN, enable_eager_end_of_turn=True)
+    stt = NemotronServerSTTService(url=server.url, token=TOKEN, eager=EagerSettings())
     assert isinstance(stt.service_metadata_frame().user_turn_strategies, EagerUserTurnStrategies)
     down, _ = await run_test(stt, frames_to_send=paused_turn(clip()), start_timeout=5.0)
     (eager,) = of(down, EagerTranscriptionFrame)
@@ -115,7 +116,7 @@ async def test_server_stt_eager_end_of_turn(server: ASRServer, engine: NemotronE
 async def test_in_process_stt_eager_end_of_turn_and_withdrawal(engine: NemotronEngine) -> None:  # noqa: F811
     off = NemotronSTTService(engine=engine)
     assert off.service_metadata_frame().user_turn_strategies is None  # off: Pipecat's default turn strategies
-    stt = NemotronSTTService(engine=engine, enable_eager_end_of_turn=True)
+    stt = NemotronSTTService(engine=engine, eager=EagerSettings())
     a, b = clip(), clip("demo_timer.wav")
     down, _ = await run_test(stt, frames_to_send=paused_turn(a, resume=b), start_timeout=5.0)
     first, second = of(down, EagerTranscriptionFrame)
@@ -155,7 +156,7 @@ class HoldingAnalyzer(BaseTurnAnalyzer):
 
 async def test_a_turn_analyzer_holds_the_commit(engine: NemotronEngine) -> None:  # noqa: F811
     analyzer = HoldingAnalyzer()
-    stt = NemotronSTTService(engine=engine, enable_eager_end_of_turn=True, eager_turn_analyzer=analyzer)
+    stt = NemotronSTTService(engine=engine, eager=EagerSettings(turn_analyzer=analyzer))
     verdicts: list[bool] = []
     complete = stt._commit.complete
 

@@ -30,9 +30,9 @@ from pipecat_nemotron.server.protocol import (
     dump_server_message,
     parse_server_message,
 )
-from pipecat_nemotron.server_stt import NemotronServerSTTService
 from pipecat_nemotron.stt import NemotronSTTService
-from pipecat_nemotron.transcript_result import wire_words
+from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
+from pipecat_nemotron.stt.result import wire_words
 from pipecat_nemotron.wav_input import read_float32
 
 CLIPS = ("demo_weather.wav", "demo_timer.wav", "demo_math.wav")

@@ -36,7 +36,7 @@ from websockets.exceptions import ConnectionClosed
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.server.config import ServerConfig
-from pipecat_nemotron.server_stt import NemotronServerSTTService
+from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 from pipecat_nemotron.wav_input import read_pcm16
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -52,7 +52,7 @@ from pipecat_nemotron.server.protocol import (
     SetLatencyMessage,
 )
 from pipecat_nemotron.server.session import Incoming, Session
-from pipecat_nemotron.server_stt import NemotronServerSTTService
+from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

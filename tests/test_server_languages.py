@@ -30,7 +30,7 @@ from pipecat_nemotron.server.protocol import (
     SetLanguageMessage,
     SetLatencyMessage,
 )
-from pipecat_nemotron.server_stt import NemotronServerSTTService
+from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -1,4 +1,4 @@
-"""The server client's reconnect policy (``pipecat_nemotron.server_stt_reconnect``) against a real ASR server.
+"""The server client's reconnect policy (``pipecat_nemotron.stt.remote.reconnect``) against a real ASR server.
 
 A :class:`fault_proxy.FaultProxy` on loopback sits between ``NemotronServerSTTService`` and a real
 ``ASRServer`` (tiny trained model on CPU) and refuses, drops or ends sessions on cue.
@@ -28,9 +28,9 @@ from processes import free_port
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine, TranscriptUpdate
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.server.app import ASRServer, ServerConfig
-from pipecat_nemotron.server_stt import NemotronServerSTTService
-from pipecat_nemotron.server_stt_reconnect import ASRReconnectMetricsData, ReconnectPolicy
-from pipecat_nemotron.stt_replay import Segment
+from pipecat_nemotron.stt.remote.reconnect import ASRReconnectMetricsData, ReconnectPolicy
+from pipecat_nemotron.stt.remote.replay import Segment
+from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 from pipecat_nemotron.wav_input import read_pcm16
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

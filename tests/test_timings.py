@@ -35,9 +35,9 @@ from pipecat_nemotron.server.protocol import (
     ReadyMessage,
     parse_server_message,
 )
-from pipecat_nemotron.server_stt import NemotronServerSTTService
 from pipecat_nemotron.stt import NemotronSTTService
-from pipecat_nemotron.transcript_result import TranscriptResult
+from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
+from pipecat_nemotron.stt.result import TranscriptResult
 from pipecat_nemotron.transcripts import TranscriptCollector
 from pipecat_nemotron.wav_input import read_float32
 

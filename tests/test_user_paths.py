@@ -38,7 +38,7 @@ from pipecat_nemotron.engine.config import default_cpu_threads
 from pipecat_nemotron.engine.shared import SharedEngines
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.stt import NemotronSTTService
-from pipecat_nemotron.stt_base import NemotronSTTUnavailableError
+from pipecat_nemotron.stt.base import NemotronSTTUnavailableError
 from pipecat_nemotron.transcripts import TranscriptCollector
 from pipecat_nemotron.wav_input import run_worker_on_wav
 
@@ -81,7 +81,7 @@ async def test_wait_until_ready_raises_when_the_model_cannot_load() -> None:
 
 
 async def test_server_stt_wait_until_ready_raises_when_the_server_is_unreachable() -> None:
-    from pipecat_nemotron.server_stt import NemotronServerSTTService
+    from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 
     url = f"ws://127.0.0.1:{free_port()}/v1/asr"  # nothing listens there
     stt = NemotronServerSTTService(url=url, token="t" * 16, connect_timeout_s=2.0)

@@ -110,14 +110,15 @@ async def run_session(
     from pipecat_nemotron.llm import create_nemotron_llm
     from pipecat_nemotron.magpie import MagpieSynthesisOptions
     from pipecat_nemotron.metrics import VoiceLatencyObserver
-    from pipecat_nemotron.stt import NemotronSTTService
+    from pipecat_nemotron.stt.eager import EagerSettings
+    from pipecat_nemotron.stt.local import NemotronSTTService
     from pipecat_nemotron.tts import MagpieTTSService
     from pipecat_nemotron.wav_input import run_worker_on_wav
 
     # As the eager benchmark's ``off``: the STT owns turn detection (committed by the VAD stop) and never predicts,
     # so Smart Turn's wait on clips it judges unfinished (up to 3 s) does not hide the TTS's share of the latency.
     stt = NemotronSTTService(
-        engine=asr, latency_ms=args.latency, enable_eager_end_of_turn=True, eager_silence_ms=NEVER_MS
+        engine=asr, latency_ms=args.latency, eager=EagerSettings(silence_ms=NEVER_MS)
     )
     observer = VoiceLatencyObserver(log_turns=False)
     agent = build_voice_agent(

@@ -51,7 +51,7 @@ asyncio.run(main())
 
 _PREFETCH = """
 import asyncio, json, time
-import pipecat_nemotron.stt as stt_module
+import pipecat_nemotron.stt.local as stt_module
 if not {prefetch!r}:
     stt_module.prefetch_nemo_imports = lambda: None
 from pipecat_nemotron.engine import EngineConfig

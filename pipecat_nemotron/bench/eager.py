@@ -12,7 +12,7 @@ difference is the speculation alone. Per configuration: voice-to-voice p50/p90 (
 speaking, :class:`~pipecat_nemotron.metrics.VoiceLatencyObserver`), the gain over ``off``, the predictions
 made and the share cancelled, and the LLM requests wasted per turn (requests the server received beyond one
 per answered turn). At the first TTFT the eager runs again with each other pause signal of ``--signals``
-(``asr``, ``both``: :mod:`pipecat_nemotron.eager`), to compare what predicts better, and once without the check
+(``asr``, ``both``: :mod:`pipecat_nemotron.stt.eager`), to compare what predicts better, and once without the check
 that holds a prediction after a mid-sentence word (``eager_hold_words``).
 """
 
@@ -33,9 +33,9 @@ import numpy as np
 
 from pipecat_nemotron.bench import common, output
 from pipecat_nemotron.bench.audio import load_clips
-from pipecat_nemotron.eager import DEFAULT_EAGER_SILENCE_MS
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.latency_stats import TurnLatency, percentile, summarize_eager
+from pipecat_nemotron.stt.eager import DEFAULT_EAGER_SILENCE_MS, EagerSettings
 
 NAME = "eager"
 #: A pause threshold no pause reaches: the ``off`` configuration's STT never predicts.
@@ -169,17 +169,18 @@ async def run_session(
     from pipecat_nemotron.llm import create_nemotron_llm
     from pipecat_nemotron.magpie import MagpieSynthesisOptions
     from pipecat_nemotron.metrics import VoiceLatencyObserver
-    from pipecat_nemotron.stt import NemotronSTTService
+    from pipecat_nemotron.stt.local import NemotronSTTService
     from pipecat_nemotron.tts import MagpieTTSService
     from pipecat_nemotron.wav_input import run_worker_on_wav
 
     stt = NemotronSTTService(
         engine=asr,
         latency_ms=latency_ms,
-        enable_eager_end_of_turn=True,
-        eager_silence_ms=config.silence_ms if config.eager else _NEVER_MS,
-        eager_signal=config.signal,  # type: ignore[arg-type]
-        **({} if config.hold_words else {"eager_hold_words": frozenset()}),
+        eager=EagerSettings(
+            silence_ms=config.silence_ms if config.eager else _NEVER_MS,
+            signal=config.signal,  # type: ignore[arg-type]
+            **({} if config.hold_words else {"hold_words": frozenset()}),
+        ),
     )
     observer = VoiceLatencyObserver(record_text=True, log_turns=False)
     agent = build_voice_agent(

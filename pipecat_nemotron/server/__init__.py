@@ -14,5 +14,5 @@
 * :mod:`pipecat_nemotron.server.metrics` - Prometheus metrics.
 * :mod:`pipecat_nemotron.server.ray_serve` - the Ray Serve deployment (one replica per GPU).
 
-The Pipecat client is :class:`pipecat_nemotron.server_stt.NemotronServerSTTService`.
+The Pipecat client is :class:`pipecat_nemotron.stt.remote.service.NemotronServerSTTService`.
 """

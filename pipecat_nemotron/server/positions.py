@@ -7,7 +7,7 @@ from collections import deque
 
 from pipecat_nemotron.engine import ASRStream, FinalTranscript, TranscriptUpdate
 from pipecat_nemotron.server.protocol import FinalMessage
-from pipecat_nemotron.transcript_result import wire_words
+from pipecat_nemotron.stt.result import wire_words
 
 
 class AudioPositions:

@@ -9,7 +9,7 @@ only when the server lists them in ``ready.features`` (:data:`SERVER_FEATURES`):
 the ``words`` of ``final`` messages (``word_timings``) and ``set_language`` / ``language`` (``language``).
 
 This module is shared by the server (:mod:`pipecat_nemotron.server.app`), the Pipecat client
-(:mod:`pipecat_nemotron.server_stt`) and the load generator (:mod:`pipecat_nemotron.bench.load`). It imports
+(:mod:`pipecat_nemotron.stt.remote.service`) and the load generator (:mod:`pipecat_nemotron.bench.load`). It imports
 nothing heavy.
 """
 

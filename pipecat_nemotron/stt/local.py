@@ -34,9 +34,10 @@ from pipecat_nemotron.engine import (
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.engine.loading import prefetch_nemo_imports
 from pipecat_nemotron.engine.shared import SharedEngines, shared_engines
-from pipecat_nemotron.stt_base import NEMOTRON_TTFS_P99, NemotronSTTBase, NemotronSTTSettings
-from pipecat_nemotron.stt_finals import OwedFinals
-from pipecat_nemotron.transcript_result import TranscriptResult
+from pipecat_nemotron.stt.base import NEMOTRON_TTFS_P99, NemotronSTTBase, NemotronSTTSettings
+from pipecat_nemotron.stt.eager import EagerSettings
+from pipecat_nemotron.stt.finals import OwedFinals
+from pipecat_nemotron.stt.result import TranscriptResult
 
 __all__ = [
     "DEFAULT_FINAL_TIMEOUT_S",
@@ -71,10 +72,10 @@ class NemotronSTTService(NemotronSTTBase):
 
         stt = NemotronSTTService(model="nvidia/nemotron-speech-streaming-en-0.6b", latency_ms=160)
 
-    With ``enable_eager_end_of_turn=True`` a pause of ``eager_silence_ms`` pushes the utterance's text, peeked
+    With ``eager=EagerSettings()`` a pause of ``EagerSettings.silence_ms`` pushes the utterance's text, peeked
     without ending it (:meth:`ASRStream.peek <pipecat_nemotron.engine.ASRStream.peek>`, one batched model step),
     as an ``EagerTranscriptionFrame``, so the LLM starts before the VAD commits the turn (see
-    :class:`~pipecat_nemotron.stt_base.NemotronSTTBase`).
+    :class:`~pipecat_nemotron.stt.base.NemotronSTTBase`).
     """
 
     def __init__(
@@ -93,6 +94,7 @@ class NemotronSTTService(NemotronSTTBase):
         final_timeout_s: float = DEFAULT_FINAL_TIMEOUT_S,
         cpu_threads: int | None = None,
         settings: NemotronSTTSettings | None = None,
+        eager: EagerSettings | None = None,
         **kwargs: Any,
     ) -> None:
         """Create the service. Nothing is loaded here; the model loads (off the event loop) at ``StartFrame``.
@@ -124,11 +126,8 @@ class NemotronSTTService(NemotronSTTBase):
             cpu_threads: On CPU, torch's intra-op threads for the model (``EngineConfig.cpu_threads``; None: half
                 the cores). Only with ``model``/``device``: an ``engine`` or ``engine_config`` carries its own.
             settings: Runtime settings (``latency_ms``); overrides ``latency_ms`` above.
-            **kwargs: The eager end of turn's settings (``enable_eager_end_of_turn``, ``eager_silence_ms``,
-                ``eager_signal``, ``eager_vad_analyzer``, ``eager_match_policy``, ``eager_turn_analyzer``,
-                ``eager_hold_words``: see
-                :class:`~pipecat_nemotron.stt_base.NemotronSTTBase`), then
-                :class:`~pipecat.services.stt_service.STTService`'s.
+            eager: The eager end of turn (:class:`~pipecat_nemotron.stt.eager.EagerSettings`); None: off.
+            **kwargs: :class:`~pipecat.services.stt_service.STTService`'s.
 
         Raises:
             ValueError: Unsupported latency, device, ``load_wait_s``, ``final_timeout_s`` or ``cpu_threads`` (the
@@ -158,6 +157,7 @@ class NemotronSTTService(NemotronSTTBase):
             language=language,
             ttfs_p99_latency=ttfs_p99_latency,
             settings=settings,
+            eager=eager,
             **kwargs,
         )
         self._engine_config = config

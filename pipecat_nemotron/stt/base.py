@@ -1,0 +1,458 @@
+"""``NemotronSTTBase``: what the in-process and the server-backed Nemotron STT services do alike.
+
+:class:`~pipecat_nemotron.stt.NemotronSTTService` (engine in this process) and
+:class:`~pipecat_nemotron.stt.remote.service.NemotronServerSTTService` (engine behind a WebSocket) differ only in how
+audio reaches the engine and how its results come back. Everything else lives here, once: the runtime
+settings (``latency_ms``) and their validation, the TTFS p99 each service announces, the interim and final
+frames it pushes (with the ``asr_finalize`` metric), the tracing hook and the eager end of turn (Pipecat's
+``EagerEndOfTurnSTTServiceMixin``, driven by :class:`~pipecat_nemotron.stt.eager.PauseDetector`). A subclass
+implements the transport: :meth:`NemotronSTTBase._finalize_p99_ms` (what the finalize time measured so far says),
+:meth:`NemotronSTTBase._apply_latency` (tell the engine about a new latency mode) and
+:meth:`NemotronSTTBase._peek_text` (the utterance's text as its final would be now, without ending it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from loguru import logger
+from pipecat.frames.frames import (
+    Frame,
+    InputAudioRawFrame,
+    InterimTranscriptionFrame,
+    ProposedUserStartedSpeakingFrame,
+    ProposedUserStoppedSpeakingFrame,
+    StartFrame,
+    STTMetadataFrame,
+    TranscriptionFrame,
+    VADUserStartedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection
+from pipecat.services.settings import NOT_GIVEN, STTSettings, is_given
+from pipecat.services.stt_service import STTService
+from pipecat.transcriptions.language import Language
+from pipecat.turns.eager_end_of_turn_mixin import EagerEndOfTurnSTTServiceMixin
+from pipecat.utils.time import time_now_iso8601
+from pipecat.utils.tracing.service_decorators import traced_stt
+
+from pipecat_nemotron.engine.config import validate_latency_ms
+from pipecat_nemotron.engine.languages import language_code
+from pipecat_nemotron.metrics import asr_finalize_metrics_frame
+from pipecat_nemotron.stt.eager import (
+    HOLD_WORDS,
+    EagerSettings,
+    PauseDetector,
+    PauseEvent,
+    TurnCommit,
+    eager_from_kwargs,
+    ends_mid_sentence,
+)
+from pipecat_nemotron.stt.ready import NemotronSTTUnavailableError, Readiness
+from pipecat_nemotron.stt.result import TranscriptResult
+from pipecat_nemotron.stt.settings import NemotronSTTSettings, frame_language
+from pipecat_nemotron.stt.ttfs import NEMOTRON_TTFS_P99, TTFS_MARGIN, VAD_STOP_SECS, ttfs_p99_from_finalize_ms
+
+__all__ = [
+    "NEMOTRON_TTFS_P99",
+    "NemotronSTTUnavailableError",
+    "TTFS_MARGIN",
+    "VAD_STOP_SECS",
+    "NemotronSTTBase",
+    "NemotronSTTSettings",
+    "frame_language",
+    "ttfs_p99_from_finalize_ms",
+]
+
+
+class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
+    """Base of the Nemotron STT services: settings, TTFS, interim and final frames, tracing, eager end of turn.
+
+    Interim text is pushed as ``InterimTranscriptionFrame`` whenever it changes; each user turn ends in one
+    ``TranscriptionFrame`` with ``finalized=True`` (Pipecat then reports TTFS) and, with metrics enabled,
+    an ``asr_finalize`` processing metric. ``STTUpdateSettingsFrame(delta=NemotronSTTSettings(latency_ms=...))``
+    switches the latency mode, ``language=...`` the language of a multilingual model (both from the next
+    utterance); the model cannot change at run time. Frames carry the language decoded with (or detected).
+
+    With ``enable_eager_end_of_turn=True`` the service also predicts the end of the turn: when the user pauses
+    for ``eager_silence_ms`` (see :class:`~pipecat_nemotron.stt.eager.PauseDetector`) it pushes the utterance's
+    final-quality text, peeked without ending the utterance, as an ``EagerTranscriptionFrame``, so the LLM starts
+    answering while the VAD still waits for its ``stop_secs``; if the user speaks again it withdraws it
+    (``EagerEndOfTurnCancelFrame``). The committed end of turn is the VAD stop, as without it: the finalized
+    ``TranscriptionFrame``, then a ``ProposedUserStoppedSpeakingFrame``. The service then owns turn detection
+    (``ProposedUserStartedSpeakingFrame`` at each VAD start) and recommends Pipecat's
+    ``EagerUserTurnStrategies`` in its ``STTMetadataFrame``; the LLM service's ``SpeculationGate`` holds the
+    speculative reply until the turn is committed and the committed transcript matches. Every withdrawn or
+    mismatched prediction costs one LLM request.
+
+    Subclasses implement :meth:`_finalize_p99_ms`, :meth:`_apply_latency` and :meth:`_peek_text`, may override
+    :meth:`_model_change_refusal`, and report the ASR's progress to :meth:`_eager_progress` for the ``"asr"``
+    pause signal.
+    """
+
+    Settings = NemotronSTTSettings
+    _settings: NemotronSTTSettings
+
+    def __init__(
+        self,
+        *,
+        latency_ms: int,
+        model: str | None,
+        language: Language | str | None = None,
+        ttfs_p99_latency: float | None = None,
+        settings: NemotronSTTSettings | None = None,
+        eager: EagerSettings | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Validate and store the settings, then initialise the Pipecat service.
+
+        Args:
+            latency_ms: Initial latency mode, one of the model's (80, 160, 560 or 1120 ms; the multilingual model
+                adds 320); checked against the model when it is loaded.
+            model: Model name reported in the settings (None until a server announces it).
+            language: Language of a multilingual model (Pipecat's ``Language``, ``"es-ES"``, ``"es"`` or
+                ``"auto"``); None: the model's default (``auto`` on the multilingual model, English on the
+                English one). Checked against the model when it is loaded.
+            ttfs_p99_latency: P99 speech-end-to-final time, seconds; None derives it from the measured
+                finalize times (:func:`ttfs_p99_from_finalize_ms`).
+            settings: Runtime settings (``latency_ms``); override ``latency_ms`` above.
+            eager: The eager end of turn (:class:`~pipecat_nemotron.stt.eager.EagerSettings`): answer a predicted
+                end of turn before the VAD commits it. None (the default) turns it off. 0.1's keyword arguments
+                (``enable_eager_end_of_turn``, ``eager_silence_ms``, ...) still work, with a deprecation warning.
+            **kwargs: Passed on to the next base (Pipecat's ``STTService`` or ``WebsocketSTTService``).
+
+        Raises:
+            ValueError: Unsupported latency (the message names the allowed values), or a bad eager setting.
+
+        """
+        validate_latency_ms(latency_ms)
+        if language is not None:
+            language_code(language)
+        default_settings = NemotronSTTSettings(model=model, language=language, latency_ms=latency_ms)
+        if settings is not None:
+            default_settings.apply_update(settings)
+        validate_latency_ms(default_settings.latency_ms)  # type: ignore[arg-type]
+        eager = eager_from_kwargs(eager, kwargs)
+        super().__init__(
+            ttfs_p99_latency=ttfs_p99_latency,
+            settings=default_settings,
+            enable_eager_end_of_turn=eager is not None,
+            eager_match_policy=eager.match_policy if eager is not None else None,
+            **kwargs,
+        )
+        self._explicit_ttfs = ttfs_p99_latency is not None
+        self._last_interim = ""
+        #: Language prompt of the latest transcript (None: an English-only model).
+        self._decoded_language: str | None = None
+        #: Decides when the user pauses (None with the eager end of turn off).
+        self._pauses: PauseDetector | None = eager.pause_detector() if eager is not None else None
+        self._peek_task: asyncio.Task[None] | None = None
+        self._commit = TurnCommit(eager.turn_analyzer if eager is not None else None)
+        self._hold_words = eager.hold_words if eager is not None else HOLD_WORDS
+        #: Whether the subclass's transport can transcribe yet (it calls ``ready()`` / ``fail()``).
+        self._readiness = Readiness()
+
+    async def wait_until_ready(self, timeout: float | None = None) -> None:
+        """Wait until the service can transcribe (after ``StartFrame``), at most ``timeout`` seconds if given.
+
+        Raises:
+            NemotronSTTUnavailableError: The model failed to load, the session could not open (a language the
+                model lacks, a server that refused it or cannot be reached), or the session ended first.
+            TimeoutError: ``timeout`` passed first.
+
+        """
+        await self._readiness.wait(timeout)
+
+    # ---- what the subclasses implement --------------------------------------------------------------------
+
+    def _finalize_p99_ms(self) -> float | None:
+        """p99 of the finalize times measured so far, ms, or None before the first one."""
+        raise NotImplementedError
+
+    async def _apply_latency(self) -> None:
+        """Switch the engine side of this session to :attr:`latency_ms` (called after the settings changed)."""
+        raise NotImplementedError
+
+    def _latency_modes(self) -> tuple[int, ...] | None:
+        """The loaded model's latency modes, ms (None while unknown: any multiple of 80 ms passes for now)."""
+        return None
+
+    def _language_problem(self, language: Any) -> str | None:
+        """Why the model cannot decode ``language`` (None: it can, or the model is not known yet)."""
+        return None
+
+    async def _apply_language(self) -> None:
+        """Switch the engine side of this session to :attr:`language` (called after the settings changed)."""
+        raise NotImplementedError
+
+    def _model_change_refusal(self) -> str:
+        """The error pushed when a settings delta asks for another model."""
+        return f"the model cannot change at run time (loaded: {self._settings.model})"
+
+    async def _peek_text(self) -> str:
+        """The current utterance's text as its final would be now, without ending it (eager end of turn)."""
+        raise NotImplementedError
+
+    # ---- TTFS and metrics ---------------------------------------------------------------------------------
+
+    @property
+    def latency_ms(self) -> int:
+        """Latency mode requested in the settings, ms."""
+        return int(self._settings.latency_ms)  # type: ignore[arg-type]
+
+    @property
+    def language(self) -> str | None:
+        """Language requested in the settings (``"es-ES"``, ``"es"``, ``"auto"``), None: the model's default."""
+        value = self._settings.language
+        if value is None or not is_given(value):
+            return None
+        return str(getattr(value, "value", value))
+
+    def language_to_service_language(self, language: Language) -> str | None:
+        """Pipecat's ``Language`` as the code the engine resolves against the model's languages."""
+        return str(language.value)
+
+    def _frame_language(self) -> Language | None:
+        """The ``language`` of the frames pushed now: what the model decoded with (None for ``auto``)."""
+        return frame_language(self._decoded_language)
+
+    def can_generate_metrics(self) -> bool:
+        """Report TTFS and processing metrics."""
+        return True
+
+    def service_metadata_frame(self) -> STTMetadataFrame:
+        """Broadcast a TTFS p99 derived from the measured finalize times (unless given explicitly).
+
+        With the eager end of turn on, the frame also recommends Pipecat's ``EagerUserTurnStrategies`` (applied
+        unless the pipeline passed its own ``user_turn_strategies``).
+        """
+        if not self._explicit_ttfs:
+            self._ttfs_p99_latency = self.measured_ttfs_p99()
+        frame = super().service_metadata_frame()
+        if self.eager_end_of_turn_enabled:
+            frame.user_turn_strategies = self.recommended_user_turn_strategies(enable_interruptions=True)
+        return frame
+
+    def measured_ttfs_p99(self) -> float:
+        """TTFS p99 from the finalize times measured so far (see :func:`ttfs_p99_from_finalize_ms`), seconds."""
+        return ttfs_p99_from_finalize_ms(self._finalize_p99_ms())
+
+    # ---- results ------------------------------------------------------------------------------------------
+
+    async def _push_interim(self, text: str, result: TranscriptResult | None = None) -> None:
+        """Push ``text`` as an ``InterimTranscriptionFrame`` (``result``: its words so far) if it is new."""
+        if text and text != self._last_interim:
+            self._last_interim = text
+            if result is not None:
+                self._decoded_language = result.language
+            frame = InterimTranscriptionFrame(
+                text, self._user_id, time_now_iso8601(), self._frame_language(), result=result
+            )
+            await self.push_frame(frame)
+
+    async def _push_final(self, result: TranscriptResult, ttf_ms: float, model: str | None) -> bool:
+        """Deliver the final of one utterance (a turn with no speech pushes nothing).
+
+        Args:
+            result: The utterance's final text ("" when it had no speech), index and words: the
+                ``TranscriptionFrame``'s ``result``.
+            ttf_ms: Finalize call to final text, ms.
+            model: Model name for the metric.
+
+        Returns:
+            Whether a ``TranscriptionFrame`` was pushed.
+
+        """
+        self._last_interim = ""
+        # The turn is committed: whatever was answered eagerly is settled by this transcript.
+        self._clear_eager_end_of_turn()
+        pushed = bool(result.text)
+        if pushed:
+            await self._deliver_final(result, ttf_ms, model)
+        else:
+            await self._skip_empty_final(result.utterance, ttf_ms)
+        if self._pauses is not None and await self._commit.complete():
+            # The service owns turn detection in eager mode (Pipecat's external turn strategies).
+            await self.broadcast_frame(ProposedUserStoppedSpeakingFrame)
+        return pushed
+
+    async def _skip_empty_final(self, utterance: int, ttf_ms: float) -> None:
+        """A turn with no speech: no empty transcript is pushed, and there is no TTFS to report."""
+        self._finalize_requested = False
+        await self._cancel_ttfb_timeout()
+        await self.cancel_ttfb_metrics()
+        logger.debug(f"{self}: utterance {utterance} had no speech (finalize {ttf_ms:.1f} ms)")
+
+    async def _deliver_final(self, result: TranscriptResult, ttf_ms: float, model: str | None) -> None:
+        """Push the finalized ``TranscriptionFrame`` (Pipecat then reports TTFS) and the ASR finalize metric.
+
+        Args:
+            result: The utterance's final text (non-empty) and words: the frame's ``text`` and ``result``.
+            ttf_ms: Finalize call to final text, ms.
+            model: Model name for the metric.
+
+        """
+        text = result.text
+        self._decoded_language = result.detected_language or result.language
+        language = self._frame_language()
+        # Every final answers one finalize request (a VAD stop or the end of the session). Pipecat keeps one
+        # request flag, not a count: when finalize requests queued up (audio kept while the model loaded),
+        # later finals would lose ``finalized=True``, so each final re-asserts its own request.
+        self.request_finalize()
+        self.confirm_finalize()
+        await self.emit_stt_usage_metrics()
+        await self.push_frame(
+            TranscriptionFrame(text, self._user_id, time_now_iso8601(), language, result=result)
+        )
+        await self._handle_transcription(text, True, language)
+        if self.metrics_enabled:
+            await self.push_frame(asr_finalize_metrics_frame(self.name, model, ttf_ms))
+        logger.debug(f"{self}: final transcript: {text!r}")
+
+    async def _push_forced_final(self, result: TranscriptResult) -> None:
+        """Push the final of an utterance the engine split at ``max_utterance_s`` (the user is still talking).
+
+        A ``TranscriptionFrame`` in order with the others, not ``finalized``: it answers no finalize request,
+        settles no eager prediction and reports no finalize time. An empty one pushes nothing.
+        """
+        self._last_interim = ""
+        if not result.text:
+            return
+        self._decoded_language = result.detected_language or result.language
+        language = self._frame_language()
+        await self.push_frame(
+            TranscriptionFrame(result.text, self._user_id, time_now_iso8601(), language, result=result)
+        )
+        await self._handle_transcription(result.text, True, language)
+        logger.debug(f"{self}: utterance {result.utterance} split at its length limit: {result.text!r}")
+
+    # ---- eager end of turn --------------------------------------------------------------------------------
+
+    async def start(self, frame: StartFrame) -> None:
+        """Start the service (and the eager end of turn's VAD, at the input sample rate)."""
+        await super().start(frame)
+        if self._pauses is not None:
+            self._pauses.start(self.sample_rate)
+            self._commit.start(self.sample_rate)
+            logger.info(
+                f"{self}: eager end of turn on ({self._pauses.signal} signal, {self._pauses.silence_ms:g} ms pause)"
+            )
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        """Handle frames; in eager mode, a VAD start opens a turn and a VAD stop ends the eager prediction."""
+        await super().process_frame(frame, direction)
+        if self._pauses is None:
+            return
+        if isinstance(frame, VADUserStartedSpeakingFrame):
+            await self._withdraw_eager()
+            self._pauses.reset()
+            self._commit.on_speech_start(frame.start_secs)
+            await self.broadcast_frame(ProposedUserStartedSpeakingFrame)
+        elif isinstance(frame, VADUserStoppedSpeakingFrame):
+            # The final comes next and settles the prediction; a peek still running would only repeat it.
+            await self._cancel_peek()
+            self._pauses.reset()
+            self._commit.on_vad_stop()
+
+    async def process_audio_frame(self, frame: InputAudioRawFrame, direction: FrameDirection) -> None:
+        """Transcribe the audio (the subclass's ``run_stt``), then listen for a pause in eager mode."""
+        await super().process_audio_frame(frame, direction)
+        if self._pauses is None or self._muted or not frame.audio:
+            return
+        if self._commit.on_audio(frame.audio, self._user_speaking):  # the analyzer ends a turn it held open
+            await self.broadcast_frame(ProposedUserStoppedSpeakingFrame)
+        if self._user_speaking:
+            await self._on_pause_event(await self._pauses.on_audio(frame.audio))
+
+    async def _eager_progress(self, decoded_ms: float, text_changed: bool = False) -> None:
+        """The ASR decoded more of this session's audio (ms, any origin); ``text_changed``: the transcript grew."""
+        if self._pauses is not None and self._user_speaking:
+            await self._on_pause_event(self._pauses.on_decoded(decoded_ms, text_changed))
+
+    async def _on_pause_event(self, event: PauseEvent | None) -> None:
+        if event is PauseEvent.PAUSE and self._peek_task is None and not self.eager_end_of_turn_pending:
+            self._peek_task = self.create_task(self._eager_peek(), name=f"{self}::eager_peek")
+        elif event is PauseEvent.RESUME:
+            await self._withdraw_eager()
+
+    async def _eager_peek(self) -> None:
+        """Peek at the utterance and, if the user is still pausing, push it as the predicted end of turn."""
+        try:
+            text = await self._peek_text()
+        except Exception as e:  # the stream failed or closed meanwhile: no prediction this time
+            logger.debug(f"{self}: eager peek failed: {e!r}")
+            return
+        finally:
+            if self._peek_task is asyncio.current_task():
+                self._peek_task = None
+        if ends_mid_sentence(text, self._hold_words):
+            logger.debug(f"{self}: a pause after {text.split()[-1]!r} is mid-sentence; no eager end of turn")
+        elif text and self._user_speaking and self._pauses is not None and self._pauses.paused:
+            logger.debug(f"{self}: eager end of turn: {text!r}")
+            await self._push_eager_end_of_turn(text, user_id=self._user_id, language=self._frame_language())
+
+    async def _cancel_peek(self) -> None:
+        task, self._peek_task = self._peek_task, None
+        if task is not None and not task.done():
+            await self.cancel_task(task)
+
+    async def _withdraw_eager(self) -> None:
+        """The user speaks again: drop a peek in flight and withdraw the prediction (if one is out)."""
+        if self._peek_task is not None:
+            logger.debug(f"{self}: user resumed before the eager peek returned; dropped")
+        await self._cancel_peek()
+        if self.eager_end_of_turn_pending:
+            logger.debug(f"{self}: user resumed; eager end of turn withdrawn")
+        await self._cancel_eager_end_of_turn()
+
+    async def cleanup(self) -> None:
+        """Stop a peek still running; a caller still waiting for readiness learns that it will not come."""
+        await self._cancel_peek()
+        if not self._readiness.settled:
+            self._readiness.fail(f"{self}: the session ended before the service was ready")
+        await super().cleanup()
+
+    @traced_stt
+    async def _handle_transcription(
+        self, transcript: str, is_final: bool, language: Language | None = None
+    ) -> None:
+        """Tracing hook for a final transcript (spans are opened and closed by ``traced_stt``)."""
+
+    # ---- settings -----------------------------------------------------------------------------------------
+
+    async def _update_settings(self, delta: STTSettings) -> dict[str, Any]:
+        """Apply a settings delta: ``latency_ms`` and ``language`` switch this session; other models are refused."""
+        await self._check_settings_delta(delta)
+        changed = await super()._update_settings(delta)
+        if "latency_ms" in changed:
+            await self._apply_latency()
+            logger.info(f"{self}: latency mode -> {self.latency_ms} ms")
+        if "language" in changed:
+            await self._apply_language()
+            logger.info(
+                f"{self}: language -> {self.language or 'the model default'} (from the next utterance)"
+            )
+        self._warn_unhandled_updated_settings(set(changed) - {"latency_ms", "model", "language"})
+        return changed
+
+    async def _check_settings_delta(self, delta: STTSettings) -> None:
+        """Drop (and report) an unsupported ``latency_ms`` or ``language``, or a model change, from ``delta``."""
+        latency_ms = getattr(delta, "latency_ms", NOT_GIVEN)
+        if is_given(latency_ms):
+            try:
+                validate_latency_ms(latency_ms, self._latency_modes())
+            except ValueError as e:
+                await self.push_error(error_msg=str(e))
+                delta.latency_ms = NOT_GIVEN  # type: ignore[attr-defined]
+        if is_given(delta.language) and delta.language is not None:
+            try:
+                problem = self._language_problem(delta.language)
+            except ValueError as e:
+                problem = str(e)
+            if problem is not None:
+                await self.push_error(error_msg=problem)
+                delta.language = NOT_GIVEN
+        if is_given(delta.model) and delta.model != self._settings.model:
+            await self.push_error(error_msg=self._model_change_refusal())
+            delta.model = NOT_GIVEN

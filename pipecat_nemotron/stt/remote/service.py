@@ -1,0 +1,498 @@
+"""``NemotronServerSTTService``: a Pipecat STT that streams to a remote Nemotron ASR server (``pipecat-nemotron serve``).
+
+The client side of the scale-out deployment (protocol ``nemotron-asr.v1``, ``docs/PROTOCOL.md``): the same frames
+and settings as the in-process :class:`~pipecat_nemotron.stt.NemotronSTTService`. Reconnection
+(:mod:`~pipecat_nemotron.stt.remote.reconnect`) never loses a finalized turn: the audio of every utterance whose
+final has not arrived yet is kept (bounded) and replayed, with its ``finalize``, on the new session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from loguru import logger
+from pipecat.frames.frames import (
+    CancelFrame,
+    EndFrame,
+    ErrorFrame,
+    Frame,
+    StartFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection
+from pipecat.services.stt_service import WebsocketSTTService
+from pipecat.transcriptions.language import Language
+from websockets.protocol import State
+
+from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.server.protocol import (
+    LANGUAGE_FEATURE,
+    PEEK_FEATURE,
+    ConfigMessage,
+    ErrorMessage,
+    FinalizeMessage,
+    FinalMessage,
+    KeepaliveMessage,
+    LanguageMessage,
+    LatencyMessage,
+    PartialMessage,
+    PeekMessage,
+    PeekResultMessage,
+    ReadyMessage,
+    SetLanguageMessage,
+    SetLatencyMessage,
+    close_reason,
+    is_permanent,
+)
+from pipecat_nemotron.server.security import MaskedHeaders, Secret
+from pipecat_nemotron.stt.base import NemotronSTTBase, NemotronSTTSettings
+from pipecat_nemotron.stt.eager import EagerSettings
+from pipecat_nemotron.stt.remote.finals import OwedServerFinals
+from pipecat_nemotron.stt.remote.handshake import (
+    DEFAULT_URL,
+    MAX_AUDIO_MESSAGE_BYTES,
+    TOKEN_ENV,
+    ServerAddress,
+    ServerRefusedError,
+    audio_message_bytes,
+    language_problem,
+    receive_ready,
+    server_messages,
+)
+from pipecat_nemotron.stt.remote.peeks import PeekRequests
+from pipecat_nemotron.stt.remote.reconnect import ReconnectPolicy, ReconnectRecord, SessionKeeper, SessionLost
+from pipecat_nemotron.stt.remote.replay import pieces
+from pipecat_nemotron.stt.result import TranscriptResult
+
+__all__ = [
+    "DEFAULT_URL",
+    "MAX_AUDIO_MESSAGE_BYTES",
+    "TOKEN_ENV",
+    "NemotronServerSTTService",
+    "ReconnectPolicy",
+    "ServerRefusedError",
+]
+
+
+class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
+    """Remote NVIDIA Nemotron Speech streaming ASR: a Pipecat STT client of a ``pipecat-nemotron serve`` server.
+
+    Use it instead of the in-process :class:`~pipecat_nemotron.stt.NemotronSTTService` when bots run on
+    machines without a GPU (or to pack every bot's audio into one GPU's batches). Same frames, same settings.
+
+    Example::
+
+        stt = NemotronServerSTTService(url="wss://asr.internal/v1/asr", token=os.environ["NEMOTRON_ASR_TOKEN"])
+
+    On a dropped connection it reconnects under its :class:`ReconnectPolicy` (jittered backoff, for as long
+    as the pipeline runs by default; not after a permanent refusal such as a wrong token, 4001) and replays the
+    audio of every utterance whose final has not arrived, so no finalized text is lost. Between turns (user
+    not speaking) only the last ``replay_preroll_s`` of audio is kept; audio the bound drops is reported.
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str = DEFAULT_URL,
+        token: str | None = None,
+        latency_ms: int = 160,
+        language: Language | str | None = None,
+        extra_headers: dict[str, str] | None = None,
+        connect_timeout_s: float = 10.0,
+        replay_max_s: float = 60.0,
+        replay_preroll_s: float = 1.0,
+        final_timeout_s: float = 5.0,
+        reconnect: ReconnectPolicy | None = None,
+        reconnect_backoff_min_wait: float | None = None,
+        reconnect_backoff_max_wait: float | None = None,
+        keepalive_timeout: float | None = 10.0,
+        keepalive_interval: float = 5.0,
+        ttfs_p99_latency: float | None = None,
+        settings: NemotronSTTSettings | None = None,
+        eager: EagerSettings | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Create the service. It connects at ``StartFrame``.
+
+        Args:
+            url: Session WebSocket URL of the server (``ws://`` or ``wss://``, path ``/v1/asr``).
+            token: Bearer token (default: the ``NEMOTRON_ASR_TOKEN`` environment variable; None for a server
+                run with ``--insecure``).
+            latency_ms: Initial latency mode: one of the server model's (80, 160, 560 or 1120 ms; a multilingual
+                model adds 320).
+            language: Language of a multilingual server model (Pipecat's ``Language``, ``"es-ES"``, ``"es"`` or
+                ``"auto"``); None: the server's default. Sent in every session's ``config``; one the model lacks
+                is a permanent error.
+            extra_headers: More headers for the WebSocket handshake.
+            connect_timeout_s: Time allowed to connect and get ``ready``, s.
+            replay_max_s: Most audio kept for replay after a reconnect, s (older audio is dropped, with a
+                warning, if utterances go unconfirmed for longer).
+            replay_preroll_s: Audio kept for replay while the user is not speaking, s (covers the VAD's
+                start delay).
+            final_timeout_s: At ``EndFrame``, wait this long for the finals still owed, s.
+            reconnect: How to reconnect after losing the session (default: ``ReconnectPolicy()``, which
+                keeps trying while the pipeline runs).
+            reconnect_backoff_min_wait: Overrides ``reconnect.min_wait_s``, s.
+            reconnect_backoff_max_wait: Overrides ``reconnect.max_wait_s``, s.
+            keepalive_timeout: Send a keepalive message after this long without audio (muted user), s; None
+                disables it (the server closes idle sessions after its idle timeout, 30 s by default).
+            keepalive_interval: How often to check for keepalive, s.
+            ttfs_p99_latency: P99 speech-end-to-final time, s. Default: 0.2 s (VAD stop) plus 1.5x the
+                measured finalize round trip once measured, or ``NEMOTRON_TTFS_P99`` before that.
+            settings: Runtime settings (``latency_ms``, ``language``); override the arguments above.
+            eager: The eager end of turn (:class:`~pipecat_nemotron.stt.eager.EagerSettings`); None: off.
+            **kwargs: Passed to :class:`~pipecat.services.stt_service.WebsocketSTTService`.
+
+        Raises:
+            ValueError: Unsupported latency, a URL that is not ``ws://`` / ``wss://``, or a bad reconnect value
+                (or the removed ``max_reconnect_attempts``).
+
+        """
+        if "max_reconnect_attempts" in kwargs:
+            raise ValueError("max_reconnect_attempts is gone: pass reconnect=ReconnectPolicy(timeout_s=...)")
+        policy = (reconnect or ReconnectPolicy()).with_waits(reconnect_backoff_min_wait, reconnect_backoff_max_wait)
+        super().__init__(
+            latency_ms=latency_ms,
+            model=None,
+            language=language,
+            ttfs_p99_latency=ttfs_p99_latency,
+            settings=settings,
+            eager=eager,
+            keepalive_timeout=keepalive_timeout,
+            keepalive_interval=keepalive_interval,
+            reconnect_backoff_min_wait=policy.min_wait_s,
+            reconnect_backoff_max_wait=policy.max_wait_s,
+            **kwargs,
+        )
+        self._address = ServerAddress(
+            url,
+            Secret.of(token if token is not None else os.environ.get(TOKEN_ENV)),
+            MaskedHeaders(extra_headers or {}),
+            connect_timeout_s,
+        )
+        #: The audio kept until its final arrives (replayed after a reconnect), and the finalize round trips.
+        self._owed = OwedServerFinals(
+            replay_max_s=replay_max_s, replay_preroll_s=replay_preroll_s, final_timeout_s=final_timeout_s
+        )
+        self._replay = self._owed.replay
+        #: Receives and reconnects; its ``reconnects`` and ``failed_attempts`` record the outages.
+        self.keeper = SessionKeeper(
+            policy,
+            name=str(self),
+            receive=self._receive_messages,
+            connect=self._reopen,
+            stopped=lambda: self._disconnecting or not self.is_usable,
+            report=self._report_error,
+            reconnected=self._on_reconnected,
+        )
+        self._replayed_ms = self._dropped_ms = 0.0
+        self._receive_task: asyncio.Task[None] | None = None
+        self._send_lock = asyncio.Lock()
+        self._ready: ReadyMessage | None = None
+        self._fatal_error: ErrorMessage | None = None
+        self._max_send_bytes = MAX_AUDIO_MESSAGE_BYTES
+        self._peeks = PeekRequests()
+        self.sessions_opened = 0
+
+    # ---- properties ---------------------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> ReadyMessage | None:
+        """The current session's ``ready`` message (None while disconnected)."""
+        return self._ready
+
+    @property
+    def pending_replay_ms(self) -> float:
+        """Audio held for replay (utterances not yet confirmed by a final), ms."""
+        return self._replay.nbytes / self._bytes_per_ms
+
+    @property
+    def _bytes_per_ms(self) -> float:
+        return 2 * (self.sample_rate or MODEL_SAMPLE_RATE) / 1000.0
+
+    def _finalize_p99_ms(self) -> float | None:
+        """p99 of the finalize round trips measured (finalize sent to final received), ms; None before any."""
+        return self._owed.finalize_p99_ms()
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------
+
+    async def start(self, frame: StartFrame) -> None:
+        """Connect to the server (a failure is reported and retried in the background)."""
+        await super().start(frame)
+        await self._connect()
+
+    async def stop(self, frame: EndFrame) -> None:
+        """Finalize what the user said last (if anything), wait for the finals still owed, then disconnect."""
+        await self._flush_finals()
+        await super().stop(frame)
+
+    async def cancel(self, frame: CancelFrame) -> None:
+        """Disconnect at once (the server frees the session's slot)."""
+        await super().cancel(frame)
+        self._replay.clear()
+
+    async def _connect(self) -> None:
+        await super()._connect()
+        try:
+            await self._connect_websocket()
+        except Exception as e:
+            await self.keeper.connect_failed(e)
+            self._readiness.fail(
+                f"{self}: could not connect to the Nemotron ASR server at {self._address.url}: {e}", e
+            )
+        if self._receive_task is None:
+            self._receive_task = self.create_task(self._receive_task_handler(self._report_error))
+
+    async def _disconnect(self) -> None:
+        await super()._disconnect()
+        if self._receive_task is not None:
+            await self.cancel_task(self._receive_task)
+            self._receive_task = None
+        await self._disconnect_websocket()
+
+    async def _receive_task_handler(self, report_error: Any) -> None:
+        """Receive, and reconnect under the :class:`ReconnectPolicy` (in place of Pipecat's attempt count)."""
+        await self.keeper.run()
+
+    async def _reopen(self) -> tuple[float, float]:
+        """A new session for a lost one; returns the audio replayed and the audio the bound had dropped, s."""
+        await self._disconnect_websocket()
+        await self._connect_websocket()
+        return self._replayed_ms / 1000, self._dropped_ms / 1000
+
+    async def _on_reconnected(self, record: ReconnectRecord) -> None:
+        await self.push_frame(record.metrics_frame(self.name))
+        error = record.dropped_error(self._owed.replay_max_s)
+        if error is not None:
+            await self.push_error_frame(error)
+
+    async def _connect_websocket(self) -> None:
+        """Open a session: connect, send ``config``, wait for ``ready``, replay unconfirmed audio.
+
+        Raises:
+            ServerRefusedError: The server refused the session (a permanent refusal is also reported as a
+                permanent error, which stops reconnection).
+            OSError / TimeoutError: The server is unreachable.
+
+        """
+        if self._websocket is not None and self._websocket.state is State.OPEN and self._ready is not None:
+            return
+        logger.debug(f"{self}: connecting to {self._address.url}")
+        ws = await self._address.connect(self._websocket_connect)
+        self._websocket = ws
+        config = ConfigMessage(
+            latency_ms=self.latency_ms,
+            sample_rate=self.sample_rate,
+            word_timings=True,
+            client="pipecat-nemotron/NemotronServerSTTService",
+            language=self.language,  # the current one: a reconnect keeps the language of the session it replaces
+        )
+        try:
+            msg = await receive_ready(ws, config, self._address.timeout_s)
+        except ServerRefusedError as e:
+            await self._on_refused(e)
+            raise
+        except BaseException:
+            self._websocket = None
+            await ws.close()
+            raise
+        await self._on_ready(ws, msg)
+
+    async def _on_refused(self, error: ServerRefusedError) -> None:
+        self._websocket = None
+        if is_permanent(error.code):
+            msg = f"the Nemotron ASR server refused the session ({error.code}): {error}"
+            logger.error(f"{self}: {msg}")
+            self._readiness.fail(f"{self}: {msg}", error)
+            await self._report_error(ErrorFrame(msg, exception=error), force_treat_as_permanent=True)
+        else:
+            logger.warning(f"{self}: the Nemotron ASR server refused the session ({error.code}): {error}")
+
+    async def _on_ready(self, ws: Any, ready: ReadyMessage) -> None:
+        """Replay unconfirmed audio (and finalizes), then let live audio through.
+
+        No message exceeds the server's announced ``max_message_bytes`` (inclusive; larger closes with 4009):
+        replayed chunks are packed up to it and split where one alone is larger, and so is live audio.
+        """
+        max_bytes = audio_message_bytes(ready, MAX_AUDIO_MESSAGE_BYTES)
+        async with self._send_lock:
+            self._max_send_bytes = max_bytes
+            self._replayed_ms = self.pending_replay_ms
+            self._dropped_ms = self._replay.take_dropped() / self._bytes_per_ms
+            await self._replay.replay(ws.send, max_bytes, FinalizeMessage().to_json())
+            self._ready = ready
+            self._settings.model = ready.model
+            self._fatal_error = None
+        self._readiness.ready()
+        self.sessions_opened += 1
+        logger.info(
+            f"{self}: connected to the Nemotron ASR server (session {ready.session_id}, {ready.model})"
+        )
+        await self._call_event_handler("on_connected")
+
+    async def _disconnect_websocket(self) -> None:
+        ws, self._websocket = self._websocket, None
+        self._ready = None
+        self._peeks.clear()
+        if ws is None:
+            return
+        try:
+            if ws.state is State.OPEN:
+                await ws.close()
+        except Exception as e:
+            logger.debug(f"{self}: error closing the websocket: {e!r}")
+        finally:
+            await self._call_event_handler("on_disconnected")
+
+    async def _receive_messages(self) -> None:
+        ws = self._websocket
+        if ws is None or self._ready is None:
+            raise ConnectionError("not connected")
+        async for msg in server_messages(ws, str(self)):
+            await self._handle_message(msg)
+        self._ready = None
+        if self._disconnecting:
+            return
+        code = ws.close_code
+        reason = self._fatal_error.message if self._fatal_error else (ws.close_reason or "")
+        if is_permanent(code):
+            msg = f"the Nemotron ASR server closed the session ({code} {close_reason(code or 0)}): {reason}"
+            logger.error(f"{self}: {msg}")
+            await self._report_error(ErrorFrame(msg), force_treat_as_permanent=True)
+            return
+        raise SessionLost(code, reason or "the connection was lost")
+
+    async def _handle_message(self, msg: Any) -> None:
+        if isinstance(msg, PartialMessage):
+            self._decoded_language = msg.language
+            await self._push_interim(msg.text)
+        elif isinstance(msg, FinalMessage):
+            await self._on_final(msg)
+        elif isinstance(msg, PeekResultMessage):
+            self._peeks.answer(msg.text)
+        elif isinstance(msg, LatencyMessage):
+            logger.debug(f"{self}: latency mode {msg.latency_ms} ms applies {msg.applied}")
+        elif isinstance(msg, LanguageMessage):
+            logger.debug(f"{self}: language {msg.language} applies {msg.applied}")
+        elif isinstance(msg, ErrorMessage):
+            if msg.fatal:
+                self._fatal_error = msg
+                logger.warning(f"{self}: server error {msg.code} ({msg.reason}): {msg.message}")
+            else:
+                await self.push_error(error_msg=f"Nemotron ASR server: {msg.message}")
+
+    # ---- audio in -----------------------------------------------------------------------------------------
+
+    async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame | None, None]:
+        """Keep the audio for replay and send it if a session is open (else it is sent after reconnecting)."""
+        async with self._send_lock:
+            self._replay.append(audio)
+            if self._owed.trim(self._bytes_per_ms, user_speaking=self._user_speaking) and self._ready is None:
+                logger.debug(f"{self}: replay buffer full ({self._owed.replay_max_s:g} s) while disconnected")
+            if self._ready is not None and self._websocket is not None:
+                try:
+                    for piece in pieces(audio, self._max_send_bytes):
+                        await self._websocket.send(piece)
+                except Exception as e:  # the receive loop notices the drop and reconnects
+                    logger.debug(f"{self}: audio send failed: {e!r}")
+        yield None
+
+    async def _send_keepalive(self, silence: bytes) -> None:
+        """Keep a session alive while no audio flows (muted user) with a keepalive message, not silence."""
+        if self._ready is not None and self._websocket is not None:
+            await self._websocket.send(KeepaliveMessage().to_json())
+
+    def _is_keepalive_ready(self) -> bool:
+        return self._ready is not None and self._websocket is not None and self._websocket.state is State.OPEN
+
+    # ---- end of turn --------------------------------------------------------------------------------------
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        """Handle frames; on ``VADUserStoppedSpeakingFrame`` finalize the utterance."""
+        await super().process_frame(frame, direction)
+        if isinstance(frame, VADUserStoppedSpeakingFrame):
+            self.request_finalize()
+            await self._finalize()
+
+    async def _finalize(self) -> None:
+        async with self._send_lock:
+            seg = self._replay.finalize()
+            if self._ready is not None and self._websocket is not None:
+                seg.finalize_sent_at = time.monotonic()
+                try:
+                    await self._websocket.send(FinalizeMessage().to_json())
+                except Exception as e:  # replayed after the reconnect
+                    logger.debug(f"{self}: finalize send failed: {e!r}")
+
+    async def _peek_text(self) -> str:
+        """A ``peek`` round trip: the open utterance's text as its final would be now ("" if the server lacks it)."""
+        ws, ready = self._websocket, self._ready
+        if ws is None or ready is None or PEEK_FEATURE not in ready.features:
+            return ""
+        async with self._send_lock:  # after the audio sent so far, which it covers
+            answer = self._peeks.request()
+            await ws.send(PeekMessage().to_json())
+        return await asyncio.wait_for(answer, self._owed.final_timeout_s)
+
+    async def _on_final(self, msg: FinalMessage) -> None:
+        rtt_ms = self._owed.confirm(msg, self._bytes_per_ms)
+        result = TranscriptResult.from_message(msg)
+        if msg.forced:  # split at the server's longest utterance: the turn goes on, no finalize is answered
+            await self._push_forced_final(result)
+        elif await self._push_final(result, msg.ttf_ms, self._settings.model):
+            rtt = f", round trip {rtt_ms:.1f} ms" if rtt_ms is not None else ""
+            logger.info(
+                f"{self}: final for utterance {msg.utterance} in {msg.ttf_ms:.1f} ms on the server{rtt} "
+                f"({msg.latency_ms} ms mode)"
+            )
+
+    async def _flush_finals(self) -> None:
+        """At the end of the session: finalize an unfinished utterance and wait for every final owed.
+
+        After a permanent refusal (already reported) nothing is owed any more: no session will deliver it.
+        """
+        if not self.is_usable:
+            return
+        if self._replay.open_segment.nbytes > 0 and self._ready is not None:
+            await self._finalize()
+        lost = await self._owed.wait_owed(self._bytes_per_ms, connected=self._ready is not None)
+        if lost:
+            await self.push_error(lost)
+
+    def _model_change_refusal(self) -> str:
+        """The model is the server's."""
+        return "the model is chosen by the ASR server and cannot change here"
+
+    def _latency_modes(self) -> tuple[int, ...] | None:
+        """The server model's modes, from the session's ``ready`` (None while disconnected)."""
+        return self._ready.latency_modes if self._ready is not None else None
+
+    def _language_problem(self, language: Any) -> str | None:
+        """Why the server's model cannot decode ``language``, from the ``ready`` (None while disconnected)."""
+        return language_problem(self._ready, language)
+
+    async def _apply_latency(self) -> None:
+        """Tell the server the new mode (a reconnect's ``config`` carries it anyway)."""
+        await self._send_setting(SetLatencyMessage(latency_ms=self.latency_ms))
+
+    async def _apply_language(self) -> None:
+        """Tell the server the new language (a reconnect's ``config`` carries it anyway)."""
+        ready = self._ready
+        if ready is not None and LANGUAGE_FEATURE not in ready.features:
+            logger.warning(
+                f"{self}: the ASR server has no 'language' feature (an older server); language unchanged"
+            )
+            return
+        await self._send_setting(SetLanguageMessage(language=self.language))
+
+    async def _send_setting(self, msg: SetLatencyMessage | SetLanguageMessage) -> None:
+        async with self._send_lock:
+            if self._ready is not None and self._websocket is not None:
+                try:
+                    await self._websocket.send(msg.to_json())
+                except Exception as e:  # the reconnect's config carries the new setting
+                    logger.debug(f"{self}: {msg.type} send failed: {e!r}")
