@@ -312,7 +312,7 @@ class MagpieEngine:
                     torch.cuda.empty_cache()
 
     def _load(self) -> None:
-        from pipecat_nemotron.engine.loading import wait_for_nemo_imports
+        from pipecat_nemotron.nemo_loading import wait_for_nemo_imports
 
         wait_for_nemo_imports()  # an ASR service may be importing NeMo on another thread
         from pipecat_nemotron.magpie import _nemo_private

@@ -121,7 +121,7 @@ def load_magpie_model(model: str, device: str = "auto", codec_model_path: str | 
     """
     import torch
 
-    from pipecat_nemotron.engine.loading import NEMO_LOAD_LOCK
+    from pipecat_nemotron.nemo_loading import NEMO_LOAD_LOCK
 
     check_tts_dependencies(model)
     with NEMO_LOAD_LOCK:  # relative paths are checked while no restore has changed the working directory

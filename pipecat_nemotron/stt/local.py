@@ -32,8 +32,8 @@ from pipecat_nemotron.engine import (
     TranscriptUpdate,
 )
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
-from pipecat_nemotron.engine.loading import prefetch_nemo_imports
 from pipecat_nemotron.engine.shared import SharedEngines, shared_engines
+from pipecat_nemotron.nemo_loading import prefetch_nemo_imports
 from pipecat_nemotron.stt.base import NEMOTRON_TTFS_P99, NemotronSTTBase, NemotronSTTSettings
 from pipecat_nemotron.stt.eager import EagerSettings
 from pipecat_nemotron.stt.finals import OwedFinals
