@@ -43,7 +43,6 @@ from pipecat.metrics.metrics import TTFBMetricsData
 from pipecat.pipeline.worker import PipelineParams
 from pipecat.tests.utils import SleepFrame, run_test
 from pipecat.transcriptions.language import Language
-from pipecat_nemotron.stt.remote.handshake import language_problem
 from processes import free_port
 from test_stt import finals_of, latency_change_turns
 from websockets.exceptions import ConnectionClosed
@@ -73,6 +72,7 @@ from pipecat_nemotron.server.protocol import (
     parse_client_message,
     parse_server_message,
 )
+from pipecat_nemotron.stt.remote.handshake import language_problem
 from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 from pipecat_nemotron.wav_input import read_pcm16
 

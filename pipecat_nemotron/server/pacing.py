@@ -17,7 +17,7 @@ from pipecat_nemotron.server.protocol import CloseCode
 
 if TYPE_CHECKING:
     from pipecat_nemotron.engine import StepStats
-    from pipecat_nemotron.server.service import ASRService
+    from pipecat_nemotron.server.context import SessionContext
     from pipecat_nemotron.server.transport import Transport
 
 #: How often a session whose reads are paused checks that its client is still connected, s.
@@ -77,7 +77,8 @@ class Pacer:
     """The read allowance of one session (see :meth:`pace`).
 
     Args:
-        service: The server core (its config holds the limits; its metrics count the time paused).
+        context: The server as the session sees it (its config holds the limits; its metrics count the time
+            paused).
         transport: The session's connection (polled while paused).
         backlog_ms: The session's audio received but not yet decoded, ms.
 
@@ -87,13 +88,13 @@ class Pacer:
 
     """
 
-    def __init__(self, service: ASRService, transport: Transport, backlog_ms: Callable[[], float]) -> None:
-        self.service = service
+    def __init__(self, context: SessionContext, transport: Transport, backlog_ms: Callable[[], float]) -> None:
+        self.context = context
         self.transport = transport
         self._backlog_ms = backlog_ms
-        self.credit_ms = service.config.burst_ms
+        self.credit_ms = context.config.burst_ms
         self._credit_at = time.monotonic()
-        self.control_credit = float(service.config.control_burst)
+        self.control_credit = float(context.config.control_burst)
 
     async def pace(self) -> None:
         """Pause reading (TCP backpressure throttles the client) while it is ahead of its allowance or backlogged.
@@ -107,12 +108,12 @@ class Pacer:
         ``backlog_timeout_s``. A paused session costs no engine time, so it never slows the others; it polls
         its connection and ends at once if the client has gone (raising :class:`ClientGone`).
         """
-        cfg = self.service.config
+        cfg = self.context.config
         while True:
             wait_s = self._refill()
             if wait_s <= 0:
                 break
-            self.service.metrics.throttled_seconds.inc(wait_s)
+            self.context.metrics.throttled_seconds.inc(wait_s)
             await self.sleep_unless_gone(wait_s)
         if self._backlog_ms() > cfg.max_backlog_ms:
             started = time.monotonic()
@@ -120,28 +121,28 @@ class Pacer:
             while self._backlog_ms() > resume_ms:
                 waited = time.monotonic() - started
                 if waited > cfg.backlog_timeout_s:
-                    self.service.metrics.throttled_seconds.inc(waited)
+                    self.context.metrics.throttled_seconds.inc(waited)
                     raise SessionError(
                         CloseCode.BACKLOG,
                         f"the session stayed more than {cfg.max_backlog_ms:g} ms behind real time for "
                         f"{cfg.backlog_timeout_s:g} s (server overloaded)",
                     )
                 await self.sleep_unless_gone(0.02)
-            self.service.metrics.throttled_seconds.inc(time.monotonic() - started)
+            self.context.metrics.throttled_seconds.inc(time.monotonic() - started)
 
     def _refill(self) -> float:
         """Refill both buckets for the time since the last call; how long to wait before the next read, s.
 
         The wait is at most :data:`GONE_POLL_S` at a time: the audio refill rate follows the engine's load.
         """
-        cfg = self.service.config
+        cfg = self.context.config
         now = time.monotonic()
         elapsed_s = now - self._credit_at
         self._credit_at = now
-        speed = cfg.max_speed if self.service.load.spare() else min(1.0, cfg.max_speed)
+        speed = cfg.max_speed if self.context.load.spare() else min(1.0, cfg.max_speed)
         refilled_ms = min(cfg.burst_ms, self.credit_ms + elapsed_s * 1000.0 * speed) - self.credit_ms
         if refilled_ms > elapsed_s * 1000.0:
-            self.service.metrics.caught_up_seconds.inc((refilled_ms - elapsed_s * 1000.0) / 1000.0)
+            self.context.metrics.caught_up_seconds.inc((refilled_ms - elapsed_s * 1000.0) / 1000.0)
         self.credit_ms += refilled_ms
         self.control_credit = min(
             float(cfg.control_burst), self.control_credit + elapsed_s * cfg.max_control_rate

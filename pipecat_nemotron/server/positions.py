@@ -7,7 +7,7 @@ from collections import deque
 
 from pipecat_nemotron.engine import ASRStream, FinalTranscript, TranscriptUpdate
 from pipecat_nemotron.server.protocol import FinalMessage
-from pipecat_nemotron.stt.result import wire_words
+from pipecat_nemotron.server.protocol_server import words_to_wire
 
 
 class AudioPositions:
@@ -57,7 +57,7 @@ class AudioPositions:
             utterance_audio_ms=utterance_ms,
             ttf_ms=update.ttf_ms or 0.0,
             step_ms=update.step_ms,
-            words=list(wire_words(update.words)) if word_timings else None,
+            words=words_to_wire(update.words) if word_timings else None,
             confidence=update.confidence if word_timings else None,
             forced=True if update.forced else None,
         )

@@ -22,6 +22,7 @@ from loguru import logger
 
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.server.config import ServerConfig
+from pipecat_nemotron.server.context import SessionContext
 from pipecat_nemotron.server.metrics import ServerMetrics
 from pipecat_nemotron.server.pacing import EngineLoad
 from pipecat_nemotron.server.protocol import (
@@ -98,6 +99,17 @@ class ASRService:
         )
         self.metrics.set_stream_source(lambda: float(self.engine.open_streams))
         self.metrics.capacity.set(self.max_sessions)
+        #: What each session may use of this service (sessions hold it, not the service).
+        self.context = SessionContext(
+            config=config,
+            engine=self.engine,
+            metrics=self.metrics,
+            load=self.load,
+            server_id=self.server_id,
+            model_name=lambda: self.model_name,
+            check_token=self.check_token,
+            slot_freed=self.engine_slot_freed,
+        )
 
     @property
     def model_name(self) -> str:
@@ -373,7 +385,7 @@ class ASRService:
         token_checked = self.token_checked(authorization)
         if token_checked and authorization is not None:
             self._throttle.succeeded(key)
-        session = Session(self, transport, uuid.uuid4().hex[:12], token_checked=token_checked, remote=remote)
+        session = Session(self.context, transport, uuid.uuid4().hex[:12], token_checked=token_checked, remote=remote)
         if not token_checked and not await self._authenticate_in_config(session, key, origin):
             return
         await self._run_admitted(session)

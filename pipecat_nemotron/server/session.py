@@ -64,7 +64,7 @@ from pipecat_nemotron.server.stream_settings import (
 from pipecat_nemotron.server.transport import Incoming, Transport, peer_close_code, remote_of
 
 if TYPE_CHECKING:
-    from pipecat_nemotron.server.service import ASRService
+    from pipecat_nemotron.server.context import SessionContext
 
 # Incoming, Transport, remote_of, SessionError: re-exported (their home was this module).
 __all__ = ["Incoming", "Session", "SessionError", "Transport", "remote_of"]
@@ -74,7 +74,7 @@ class Session:
     """Runs one client session to its end. Create through :meth:`ASRService.serve`.
 
     Args:
-        service: The server core (engine, limits, metrics).
+        context: What the session may use of the server (limits, engine, metrics, token check).
         transport: The accepted connection.
         session_id: Server-assigned id.
         token_checked: True when the connection was already authenticated (or auth is off); otherwise the
@@ -85,13 +85,13 @@ class Session:
 
     def __init__(
         self,
-        service: ASRService,
+        context: SessionContext,
         transport: Transport,
         session_id: str,
         token_checked: bool,
         remote: str = "?",
     ) -> None:
-        self.service = service
+        self.context = context
         self.transport = transport
         self.session_id = session_id
         self.remote = remote
@@ -107,7 +107,7 @@ class Session:
         self.close_code: int | None = None
         self._finals_event = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
-        self._pacer = Pacer(service, transport, lambda: self.backlog_ms)
+        self._pacer = Pacer(context, transport, lambda: self.backlog_ms)
         #: JSON messages after the config that this session handled (finalize, set_latency, keepalive, close).
         self.control_messages = 0
         self._released = False
@@ -130,17 +130,17 @@ class Session:
 
     async def run(self) -> None:
         """Serve the session until the client closes, goes away, or breaks a rule; always frees the slot."""
-        cfg = self.service.config
+        cfg = self.context.config
         try:
             if self.config is None:
                 self.config = await self._receive_config()
             self.stream = await self._open_stream(self.config)
-            engine = self.service.engine
+            engine = self.context.engine
             await self._send(
                 ReadyMessage(
                     session_id=self.session_id,
-                    server_id=self.service.server_id,
-                    model=self.service.model_name,
+                    server_id=self.context.server_id,
+                    model=self.context.model_name(),
                     latency_ms=self.stream.latency_ms,
                     latency_modes=engine.info.latency_modes,
                     chunk_ms=self.stream.chunk_ms,
@@ -203,7 +203,7 @@ class Session:
         reason = close_reason(code)
         if self.end_how != "refused":
             self.end_how = "dropped"
-            self.service.metrics.dropped.labels(reason).inc()
+            self.context.metrics.dropped.labels(reason).inc()
         log = logger.warning if code != CloseCode.GOING_AWAY else logger.info
         log(f"ASR session {self.session_id} closed with {int(code)} ({reason}): {log_safe(message, 300)}")
         if not self.transport.closed:
@@ -220,13 +220,13 @@ class Session:
         if self.close_code is not None:
             return
         self.end_how = "refused"
-        self.service.metrics.refused.labels("pending_evicted").inc()
+        self.context.metrics.refused.labels("pending_evicted").inc()
         await self.fail(CloseCode.CAPACITY, message)
 
     # ---- opening ------------------------------------------------------------------------------------------
 
     async def _receive_config(self) -> ConfigMessage:
-        cfg = self.service.config
+        cfg = self.context.config
         try:
             incoming = await self.transport.receive(timeout=cfg.config_timeout_s)
         except (asyncio.TimeoutError, TimeoutError):
@@ -248,8 +248,8 @@ class Session:
                 CloseCode.PROTOCOL_ERROR, f"the first message must be 'config', got {msg.type!r}"
             )
         if not self._token_checked:
-            if not self.service.check_token(msg.token):
-                self.service.metrics.refused.labels("unauthorized").inc()
+            if not self.context.check_token(msg.token):
+                self.context.metrics.refused.labels("unauthorized").inc()
                 self.end_how = "refused"
                 raise SessionError(
                     CloseCode.UNAUTHORIZED,
@@ -259,7 +259,7 @@ class Session:
         return msg
 
     async def _open_stream(self, config: ConfigMessage) -> ASRStream:
-        engine = self.service.engine
+        engine = self.context.engine
         check_config(engine, config)
         try:
             try:
@@ -267,11 +267,11 @@ class Session:
             except CapacityError:
                 # Admitted because a session whose client just left no longer counts: its stream closes
                 # within a poll interval (pacing.GONE_POLL_S) of that. Wait for it, briefly, rather than refuse.
-                if not await self.service.engine_slot_freed(timeout_s=1.0):
+                if not await self.context.slot_freed(1.0):
                     raise
                 return engine.open_stream(latency_ms=config.latency_ms, language=config.language)
         except CapacityError as e:
-            self.service.metrics.refused.labels("capacity").inc()
+            self.context.metrics.refused.labels("capacity").inc()
             self.end_how = "refused"
             raise SessionError(CloseCode.CAPACITY, str(e)) from None
         except EngineNotRunningError as e:
@@ -280,7 +280,7 @@ class Session:
     # ---- reading ------------------------------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
-        cfg = self.service.config
+        cfg = self.context.config
         while True:
             await self._pacer.pace()
             try:
@@ -323,7 +323,7 @@ class Session:
         elif isinstance(msg, SetLatencyMessage):
             await self._send(await latency_reply(self.stream, msg.latency_ms))  # type: ignore[arg-type]
         elif isinstance(msg, SetLanguageMessage):
-            await self._send(await language_reply(self.service.engine, self.stream, msg.language))  # type: ignore[arg-type]
+            await self._send(await language_reply(self.context.engine, self.stream, msg.language))  # type: ignore[arg-type]
         elif isinstance(msg, PeekMessage):
             self._pacer.control_credit -= PEEK_CONTROL_COST - 1.0
             self._peeks.request(self.stream, (self._audio_bytes, self.finals_requested))  # type: ignore[arg-type]
@@ -342,7 +342,7 @@ class Session:
         self.audio_ms += ms
         self._audio_bytes += len(data)
         self._pacer.credit_ms -= ms
-        self.service.metrics.audio_seconds.inc(ms / 1000.0)
+        self.context.metrics.audio_seconds.inc(ms / 1000.0)
         try:
             await self.stream.push(
                 data, sample_rate=self.config.sample_rate, num_channels=self.config.num_channels
@@ -370,7 +370,7 @@ class Session:
 
     async def _close_gracefully(self) -> None:
         """After a client ``close``: send the finals and peek answers still owed (bounded wait), then close with 1000."""
-        timeout = self.service.config.close_timeout_s
+        timeout = self.context.config.close_timeout_s
         deadline = time.monotonic() + timeout
         if not await self._peeks.wait_answered(timeout):
             logger.warning(f"ASR session {self.session_id}: {self._peeks.owed} peek(s) unanswered {timeout:g} s after close")
@@ -396,7 +396,7 @@ class Session:
 
     async def _forward_results(self, stream: ASRStream) -> None:
         assert self.config is not None
-        metrics = self.service.metrics
+        metrics = self.context.metrics
         interim = self.config.interim_results
         try:
             async for update in stream.updates():
@@ -437,7 +437,7 @@ class Session:
 
         """
         text = dump_server_message(msg)
-        timeout_s = self.service.config.send_timeout_s
+        timeout_s = self.context.config.send_timeout_s
         async with self._send_lock:
             try:
                 await asyncio.wait_for(self.transport.send_text(text), timeout_s)
@@ -458,7 +458,7 @@ class Session:
             logger.debug(f"ASR session {self.session_id}: close failed: {e!r}")
 
     def _too_big_message(self) -> str:
-        limit = self.service.config.max_message_bytes
+        limit = self.context.config.max_message_bytes
         return f"a message exceeded {limit} bytes; send audio in frames of at most {limit} bytes (e.g. 20 ms)"
 
     async def _cleanup(self) -> None:
@@ -469,7 +469,7 @@ class Session:
             # Audio received but not yet in a model step is never decoded: closing the stream drops it (a
             # client that left while its reads were paused may have sent minutes of it).
             dropped_ms = stream.backlog_ms if not stream.closed else 0.0
-            self.service.metrics.audio_dropped_seconds.inc(dropped_ms / 1000.0)
+            self.context.metrics.audio_dropped_seconds.inc(dropped_ms / 1000.0)
             try:
                 await stream.close()
             except Exception as e:  # noqa: BLE001 - the engine may be stopping

@@ -3,7 +3,7 @@
 Both services (in-process :class:`~pipecat_nemotron.stt.NemotronSTTService` and the server client
 :class:`~pipecat_nemotron.stt.remote.service.NemotronServerSTTService`) set ``result`` of every final
 ``TranscriptionFrame`` to a :class:`TranscriptResult`; the in-process service also sets it on interim frames.
-Also the wire form of words in the server's ``final`` messages. Plain Python: no Pipecat, no NeMo.
+Plain Python: no Pipecat, no NeMo (the wire form of words is the protocol's: :mod:`pipecat_nemotron.server.protocol`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipecat_nemotron.engine.types import TranscriptUpdate, WordTiming
+from pipecat_nemotron.server.protocol_server import words_from_wire, words_to_wire
 
 if TYPE_CHECKING:
     from pipecat_nemotron.server.protocol import FinalMessage
@@ -74,18 +75,7 @@ class TranscriptResult:
     def from_message(cls, msg: FinalMessage) -> TranscriptResult:
         """The result of a server ``final`` message (words only if the session asked for them)."""
         start = max(0.0, msg.audio_ms - msg.utterance_audio_ms)
-        words = tuple(
-            WordTiming(
-                text=str(w.get("text", "")),
-                start_ms=float(w.get("start_ms", 0.0)),
-                end_ms=float(w.get("end_ms", 0.0)),
-                utterance_start_ms=float(w.get("start_ms", 0.0)) - start,
-                utterance_end_ms=float(w.get("end_ms", 0.0)) - start,
-                confidence=float(w.get("confidence", 0.0)),
-            )
-            for w in msg.words or ()
-            if isinstance(w, dict)
-        )
+        words = words_from_wire(msg)
         return cls(
             msg.text,
             words,
@@ -101,7 +91,7 @@ class TranscriptResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (times rounded to 0.1 ms, confidences to 4 digits)."""
         data = asdict(self)
-        data["words"] = list(wire_words(self.words))
+        data["words"] = words_to_wire(self.words)
         if self.confidence is not None:
             data["confidence"] = round(self.confidence, 4)
         return data
@@ -113,15 +103,3 @@ class TranscriptResult:
             for w in self.words
         )
 
-
-def wire_words(words: tuple[WordTiming, ...]) -> tuple[dict[str, Any], ...]:
-    """Words as the server's ``final`` message sends them: text, start and end (ms), confidence."""
-    return tuple(
-        {
-            "text": w.text,
-            "start_ms": round(w.start_ms, 1),
-            "end_ms": round(w.end_ms, 1),
-            "confidence": round(w.confidence, 4),
-        }
-        for w in words
-    )
