@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 # Tests run on CPU with two cores; keep torch from oversubscribing them.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -81,3 +83,69 @@ def bot_magpie(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     magpie, _codec = build_tiny_magpie(tmp_path_factory.mktemp("bot_magpie"), end_of_speech_bias=30.0)
     return magpie
+
+
+@pytest.fixture(scope="module")
+def asr_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled trained tiny model (or, where it is absent, a random one biased to emit a few tokens)."""
+    if TRAINED_MODEL.exists():
+        return TRAINED_MODEL
+    from pipecat_nemotron.engine.architectures import build_random_model
+
+    return build_random_model(
+        tmp_path_factory.mktemp("server_models") / "tiny_b08.nemo", size="tiny", seed=1, blank_bias=0.8
+    )
+
+
+@pytest.fixture(scope="module")
+def magpie_engine(tiny_magpie):
+    """A started tiny Magpie engine shared by a test module."""
+    from pipecat_nemotron.magpie import MagpieEngine
+
+    magpie, codec = tiny_magpie
+    engine = MagpieEngine(str(magpie), device="cpu", codec_model_path=str(codec))
+    engine.wait_until_ready(timeout=300)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+async def engine_factory():
+    """``make(model=TINY_MODEL_PATH, **overrides)``: a started engine (CPU, 4 streams unless overridden),
+    stopped when the test ends. Module-scoped engines use :func:`helpers.started_engine`, the same factory."""
+    from helpers import started_engine
+
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def make(model: Path | str = TRAINED_MODEL, **overrides: object):
+            return await stack.enter_async_context(started_engine(model, **overrides))
+
+        yield make
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine(asr_model: Path):
+    """The server tests' engine (10 streams, torch on one thread), shared by a test module. Modules that need
+    another engine define their own ``engine`` fixture (with :func:`engine_factory` or
+    :func:`helpers.started_engine`)."""
+    from helpers import started_engine
+
+    async with started_engine(asr_model, one_thread=True, max_streams=10, max_batch_size=10) as eng:
+        yield eng
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def server(engine):
+    """A started server on the module's ``engine``: token :data:`helpers.TOKEN`, 4 sessions, 32 KiB messages."""
+    from helpers import TOKEN, own_server
+
+    async with own_server(
+        engine,
+        tokens=(TOKEN,),
+        allowed_origins=("https://bots.example",),
+        max_sessions=4,
+        max_message_bytes=32 * 1024,
+        idle_timeout_s=5.0,
+        config_timeout_s=5.0,
+    ) as srv:
+        yield srv

@@ -1,17 +1,48 @@
-"""Helpers shared by tests (import from tests.helpers)."""
+"""Helpers shared by the test modules (no test module imports another; shared fixtures live in conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
+import ws_client
+from pipecat.frames.frames import (
+    BotStartedSpeakingFrame,
+    Frame,
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
+    MetricsFrame,
+    STTUpdateSettingsFrame,
+    TranscriptionFrame,
+    TTSAudioRawFrame,
+    UserStoppedSpeakingFrame,
+    VADUserStartedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.metrics.metrics import TTFBMetricsData
+from pipecat.observers.base_observer import FramePushed
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.tests.utils import SleepFrame, run_test
+from pipecat.utils.time import time_now_iso8601
+from websockets.exceptions import ConnectionClosed
 
 from pipecat_nemotron.bench.audio import wait_caught_up  # noqa: F401  (tests import it from here)
-from pipecat_nemotron.engine import ASRStream, NemotronEngine
+from pipecat_nemotron.engine import ASRStream, EngineConfig, NemotronEngine
+from pipecat_nemotron.metrics import VoiceLatencyObserver, asr_finalize_metrics_frame
+from pipecat_nemotron.models import DEMO_AUDIO_DIR
+from pipecat_nemotron.server.app import ASRServer, ServerConfig
+from pipecat_nemotron.server.protocol import CloseCode, ConfigMessage, parse_server_message
+from pipecat_nemotron.stt import NemotronSTTSettings
+from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
+from pipecat_nemotron.wav_input import read_pcm16
 
 
 def offline_decode(
@@ -193,3 +224,239 @@ def magpie_options_for(frames: int, **kwargs: Any) -> Any:
         max_duration_s=(frames - 0.5) * MAGPIE_SAMPLES_PER_FRAME / MAGPIE_CODEC_RATE, **kwargs
     )
 
+
+SYNC = pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")
+
+
+DEMO = DEMO_AUDIO_DIR
+
+
+TOKEN = "test-token-0123456789abcdef"
+
+
+def clip(name: str = "demo_math.wav", seed: int = 61, seconds: float = 1.6) -> bytes:
+    """A bundled demo utterance (16 kHz int16), or deterministic noise where the demo WAVs are absent."""
+    path = DEMO / name
+    if path.exists():
+        return read_pcm16(path, convert=True).tobytes()
+    return to_pcm16(noise_clip(seconds, seed=seed))
+
+
+@contextlib.asynccontextmanager
+async def own_server(engine: NemotronEngine, **config: Any) -> AsyncIterator[ASRServer]:
+    """A started server on ``engine`` with its own :class:`ServerConfig` (``port=0``), stopped at the end."""
+    srv = ASRServer(engine, ServerConfig(port=0, **config))
+    await srv.start()
+    try:
+        yield srv
+    finally:
+        await srv.stop(drain_timeout_s=0)
+
+
+async def connect(url: str, token: str | None = TOKEN, **kwargs):
+    """A protocol WebSocket with this file's token by default."""
+    return await ws_client.connect(url, token=token, **kwargs)
+
+
+async def open_session(url: str, config: ConfigMessage | None = None, token: str | None = TOKEN, **kwargs):
+    """A session opened with this file's token by default: the socket and the server's first message."""
+    return await ws_client.open_session(url, config, token=token, **kwargs)
+
+
+async def expect_close(ws, code: int, timeout: float = 10.0) -> list:
+    """Read until the server closes; return the messages; assert the close code."""
+    messages = []
+    try:
+        async with asyncio.timeout(timeout):
+            async for raw in ws:
+                if isinstance(raw, str):
+                    messages.append(parse_server_message(raw))
+    except ConnectionClosed:
+        pass
+    assert ws.close_code == code, (ws.close_code, ws.close_reason, messages)
+    return messages
+
+
+async def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def free_slots_restored(server: ASRServer, engine: NemotronEngine):
+    return lambda: server.service.active_sessions == 0 and engine.open_streams == 0
+
+
+async def drop_first_session_after(server: ASRServer, audio_ms: float, timeout: float = 20.0) -> None:
+    """Fail the first session with 4500 once it has received ``audio_ms`` of audio (a server-side failure)."""
+    await wait_for(
+        lambda: any(s.audio_ms > audio_ms for s in server.service.sessions.values()), timeout=timeout
+    )
+    session = next(iter(server.service.sessions.values()))
+    await session.fail(CloseCode.INTERNAL, "simulated server failure")
+
+
+async def run_through_a_drop(
+    stt: NemotronServerSTTService,
+    server: ASRServer,
+    pcm: bytes,
+    drop_after_ms: float,
+    split: Fraction,
+    wait_s: float,
+    timeout: float = 20.0,
+) -> list[Frame]:
+    """Run ``stt`` through one utterance while the server fails its first session mid-utterance.
+
+    The drop comes once the session has received ``drop_after_ms`` of audio, and lands in a 0.5 s pause after
+    ``split`` of the utterance's frames; ``wait_s`` after the VAD stop the pipeline ends. Returns the frames
+    pushed downstream.
+    """
+    dropper = asyncio.create_task(drop_first_session_after(server, drop_after_ms, timeout=timeout))
+    frames = audio_frames(pcm)
+    cut = int(len(frames) * split)
+    down, _ = await run_test(
+        stt,
+        frames_to_send=[
+            SleepFrame(sleep=0.2),
+            VADUserStartedSpeakingFrame(),
+            *frames[:cut],
+            SleepFrame(sleep=0.5),  # the drop lands here, mid-utterance
+            *frames[cut:],
+            VADUserStoppedSpeakingFrame(stop_secs=0.2),
+            SleepFrame(sleep=wait_s),
+        ],
+        start_timeout=5.0,
+    )
+    await dropper
+    return down
+
+
+def finals_of(frames) -> list[TranscriptionFrame]:
+    return [f for f in frames if isinstance(f, TranscriptionFrame)]
+
+
+def latency_change_turns(a: bytes, b: bytes) -> list[Frame]:
+    """Frames of two user turns, ``a`` then ``b``, with a switch to the 560 ms mode between them."""
+    return [
+        SleepFrame(sleep=0.2),
+        *turn(a),
+        STTUpdateSettingsFrame(delta=NemotronSTTSettings(latency_ms=560)),
+        SleepFrame(sleep=0.1),
+        *turn(b, wait=2.0),
+    ]
+
+
+class FakeClock:
+    def __init__(self, start: float = 1_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+STT = FrameProcessor(name="NemotronStreamingSTTService#0")
+
+
+async def push(
+    observer: VoiceLatencyObserver, clock: FakeClock, at: float, source: FrameProcessor, frame: Frame
+):
+    clock.now = at
+    await observer.on_push_frame(
+        FramePushed(
+            source=source, destination=SINK, frame=frame, direction=FrameDirection.DOWNSTREAM, timestamp=0
+        )
+    )
+
+
+@dataclass(frozen=True)
+class TurnTimes:
+    """How long each stage of a fed turn takes, seconds (``tts`` None: the TTS reports no TTFB)."""
+
+    stop_secs: float = 0.2
+    finalize: float = 0.018
+    ttfs: float = 0.25
+    llm: float = 0.16
+    tts: float | None = 0.10
+
+
+async def feed_turn(
+    observer: VoiceLatencyObserver,
+    clock: FakeClock,
+    t0: float,
+    text: str = "what time is it",
+    t: TurnTimes = TurnTimes(),  # noqa: B008  (frozen)
+) -> None:
+    """One user turn as Pipecat pushes it, from speech start at ``t0``, its stages taking ``t``."""
+    speech_end = t0 + 1.0
+    vad_stop = speech_end + t.stop_secs
+    transcript_at = speech_end + t.ttfs
+    first_token = transcript_at + 0.01 + t.llm
+    first_audio = first_token + (t.tts or 0.05)
+    events: list[tuple[float, FrameProcessor, Frame]] = [
+        (t0, STT, VADUserStartedSpeakingFrame(start_secs=0.2)),
+        (vad_stop, STT, VADUserStoppedSpeakingFrame(stop_secs=t.stop_secs, timestamp=vad_stop)),
+        (transcript_at - 0.001, STT, asr_finalize_metrics_frame(STT.name, "asr", t.finalize * 1000)),
+        (transcript_at, STT, ttfb(STT, t.ttfs)),
+        (
+            transcript_at,
+            STT,
+            TranscriptionFrame(text=text, user_id="u", timestamp=time_now_iso8601(), finalized=True),
+        ),
+        (transcript_at + 0.005, STT, UserStoppedSpeakingFrame()),
+        (transcript_at + 0.01, LLM, LLMFullResponseStartFrame()),
+        (first_token, LLM, ttfb(LLM, t.llm)),
+        (first_token, LLM, LLMTextFrame(text="It is noon.")),
+        *([(first_audio, TTS, ttfb(TTS, t.tts))] if t.tts is not None else []),
+        (first_audio, TTS, TTSAudioRawFrame(audio=b"\0\0" * 160, sample_rate=16000, num_channels=1)),
+        (first_audio + 0.02, TTS, BotStartedSpeakingFrame()),
+    ]
+    for at, source, frame in events:
+        await push(observer, clock, at, source, frame)
+
+
+class FrameRecorder(FrameProcessor):
+    """Passes frames through, keeping the ones a test asks about."""
+
+    def __init__(self, types: tuple[type, ...]) -> None:
+        super().__init__()
+        self.types = types
+        self.frames: list = []
+
+    async def process_frame(self, frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, self.types):
+            self.frames.append(frame)
+        await self.push_frame(frame, direction)
+
+
+LLM = FrameProcessor(name="NvidiaLLMService#0")
+
+
+TTS = FrameProcessor(name="MagpieTTSService#0")
+
+
+SINK = FrameProcessor(name="sink")
+
+
+def ttfb(source: FrameProcessor, seconds: float) -> MetricsFrame:
+    return MetricsFrame(data=[TTFBMetricsData(processor=source.name, value=seconds)])
+
+
+def engine_config(model: Any, **overrides: Any) -> EngineConfig:
+    """The tests' engine settings: ``model`` on the CPU, 4 streams in batches of 4, unless overridden."""
+    settings: dict[str, Any] = {"device": "cpu", "max_streams": 4, "max_batch_size": 4, **overrides}
+    return EngineConfig(model=str(model), **settings)
+
+
+@contextlib.asynccontextmanager
+async def started_engine(model: Any, *, one_thread: bool = False, **overrides: Any) -> AsyncIterator[NemotronEngine]:
+    """A started engine of :func:`engine_config` (with torch on one thread if asked), stopped on exit."""
+    with one_torch_thread() if one_thread else contextlib.nullcontext():
+        engine = NemotronEngine(engine_config(model, **overrides))
+        await engine.start()
+        try:
+            yield engine
+        finally:
+            await engine.stop()

@@ -5,45 +5,21 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import FrameRecorder
 from openai_server import FakeOpenAIServer
 from pipecat.frames.frames import TranscriptionFrame
-from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
 from pipecat_nemotron.agent import AgentSettings, SimulatedPlayback, build_voice_agent
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.llm import create_nemotron_llm
 from pipecat_nemotron.llm_env import ENV_BASE_URL
-from pipecat_nemotron.magpie import MagpieEngine, MagpieSynthesisOptions
+from pipecat_nemotron.magpie import MagpieSynthesisOptions
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.stt import NemotronSTTService
 from pipecat_nemotron.tts import MagpieTTSService
 from pipecat_nemotron.wav_input import read_wav, run_worker_on_wav
 
 LLM_DELAY_S = 0.4
-
-
-class FrameRecorder(FrameProcessor):
-    """Passes frames through, keeping the ones a test asks about."""
-
-    def __init__(self, types: tuple[type, ...]) -> None:
-        super().__init__()
-        self.types = types
-        self.frames: list = []
-
-    async def process_frame(self, frame, direction: FrameDirection) -> None:
-        await super().process_frame(frame, direction)
-        if isinstance(frame, self.types):
-            self.frames.append(frame)
-        await self.push_frame(frame, direction)
-
-
-@pytest.fixture(scope="module")
-def magpie_engine(tiny_magpie):
-    magpie, codec = tiny_magpie
-    engine = MagpieEngine(str(magpie), device="cpu", codec_model_path=str(codec))
-    engine.wait_until_ready(timeout=300)
-    yield engine
-    engine.close()
 
 
 def single_utterance_wav():

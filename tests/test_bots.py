@@ -8,8 +8,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conftest import TRAINED_MODEL
 from processes import clean_env, free_port, stop_process
+
+from pipecat_nemotron.models import TINY_MODEL_PATH as TRAINED_MODEL
 
 BOT = Path(__file__).resolve().parents[1] / "bots" / "bot.py"
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TRAINED_MODEL
 
 from pipecat_nemotron.models import DEMO_AUDIO_DIR
+from pipecat_nemotron.models import TINY_MODEL_PATH as TRAINED_MODEL
 
 pytestmark = pytest.mark.browser
 

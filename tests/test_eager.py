@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import STT, FakeClock, FrameRecorder, TurnTimes, feed_turn, push
 from openai_server import FakeOpenAIServer
 from pipecat.frames.frames import (
     EagerEndOfTurnCancelFrame,
@@ -22,8 +23,6 @@ from pipecat.frames.frames import (
     TranscriptionFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
-from test_agent import FrameRecorder, magpie_engine  # noqa: F401  (fixture)
-from test_metrics import STT, FakeClock, TurnTimes, feed_turn, push
 
 from pipecat_nemotron.agent import AgentSettings, SimulatedPlayback, VoiceAgent, build_voice_agent
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers import audio_frames
+from helpers import SYNC, TOKEN, audio_frames, clip, open_session
 from pipecat.audio.turn.base_turn_analyzer import BaseTurnAnalyzer, BaseTurnParams, EndOfTurnState
 from pipecat.frames.frames import (
     EagerEndOfTurnCancelFrame,
@@ -24,7 +24,7 @@ from pipecat.frames.frames import (
 )
 from pipecat.tests.utils import SleepFrame, run_test
 from pipecat.turns.user_turn_strategies import EagerUserTurnStrategies
-from test_server import SYNC, TOKEN, asr_model, clip, engine, open_session, own_server, server, stream  # noqa: F401
+from ws_client import stream
 
 from pipecat_nemotron.engine import NemotronEngine
 from pipecat_nemotron.server.app import ASRServer

@@ -8,7 +8,6 @@ import threading
 import numpy as np
 import pytest
 import torch
-from conftest import TRAINED_MODEL
 from helpers import (
     noise_clip,
     offline_decode,
@@ -27,21 +26,15 @@ from pipecat_nemotron.engine import (
     StreamFailedError,
 )
 from pipecat_nemotron.models import DEMO_AUDIO_DIR
+from pipecat_nemotron.models import TINY_MODEL_PATH as TRAINED_MODEL
 from pipecat_nemotron.wav_input import read_float32
 
 MODES = (80, 160, 560, 1120)
 
 
 @pytest.fixture
-async def engine(tiny_random_model):
-    eng = NemotronEngine(
-        EngineConfig(
-            model=str(tiny_random_model), device="cpu", max_streams=8, max_batch_size=8, finalize_mode="hard"
-        )
-    )
-    await eng.start()
-    yield eng
-    await eng.stop()
+async def engine(engine_factory, tiny_random_model):
+    return await engine_factory(tiny_random_model, max_streams=8, max_batch_size=8, finalize_mode="hard")
 
 
 @pytest.mark.parametrize("latency_ms", MODES)

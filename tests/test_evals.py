@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TRAINED_MODEL
 from openai_server import FakeOpenAIServer
 from processes import clean_env, free_port, stop_process
+
+from pipecat_nemotron.models import TINY_MODEL_PATH as TRAINED_MODEL
 
 BOT = Path(__file__).resolve().parents[1] / "bots" / "bot.py"
 EVALS = Path(__file__).resolve().parent / "evals"

@@ -29,10 +29,10 @@ from pipecat_nemotron.server.protocol import (
     FinalMessage,
     dump_server_message,
     parse_server_message,
+    words_to_wire,
 )
 from pipecat_nemotron.stt import NemotronSTTService
 from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
-from pipecat_nemotron.stt.result import wire_words
 from pipecat_nemotron.wav_input import read_float32
 
 CLIPS = ("demo_weather.wav", "demo_timer.wav", "demo_math.wav")
@@ -92,7 +92,7 @@ def _final_bytes(update: TranscriptUpdate) -> int:
         latency_ms=update.latency_ms,
         audio_ms=update.start_ms + (update.audio_ms or 0.0),
         utterance_audio_ms=update.audio_ms or 0.0,
-        words=list(wire_words(update.words)),
+        words=words_to_wire(update.words),
         confidence=update.confidence,
     )
     return len(dump_server_message(msg).encode())

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from helpers import LLM, SINK, STT, TTS, FakeClock, TurnTimes, feed_turn, push
 from loguru import logger
 from openai_server import FakeOpenAIServer, openai_server  # noqa: F401  (fixture)
 from pipecat.frames.frames import (
@@ -21,13 +22,10 @@ from pipecat.frames.frames import (
     LLMTextFrame,
     MetricsFrame,
     TranscriptionFrame,
-    TTSAudioRawFrame,
-    UserStoppedSpeakingFrame,
     VADUserStartedSpeakingFrame,
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.metrics.metrics import ProcessingMetricsData, TTFBMetricsData
-from pipecat.observers.base_observer import FramePushed
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams
 from pipecat.processors.aggregators.llm_context import LLMContext
@@ -48,81 +46,6 @@ from pipecat_nemotron.metrics import (
     percentile,
     summarize,
 )
-
-
-class FakeClock:
-    def __init__(self, start: float = 1_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-
-STT = FrameProcessor(name="NemotronStreamingSTTService#0")
-LLM = FrameProcessor(name="NvidiaLLMService#0")
-TTS = FrameProcessor(name="MagpieTTSService#0")
-SINK = FrameProcessor(name="sink")
-
-
-async def push(
-    observer: VoiceLatencyObserver, clock: FakeClock, at: float, source: FrameProcessor, frame: Frame
-):
-    clock.now = at
-    await observer.on_push_frame(
-        FramePushed(
-            source=source, destination=SINK, frame=frame, direction=FrameDirection.DOWNSTREAM, timestamp=0
-        )
-    )
-
-
-@dataclass(frozen=True)
-class TurnTimes:
-    """How long each stage of a fed turn takes, seconds (``tts`` None: the TTS reports no TTFB)."""
-
-    stop_secs: float = 0.2
-    finalize: float = 0.018
-    ttfs: float = 0.25
-    llm: float = 0.16
-    tts: float | None = 0.10
-
-
-def ttfb(source: FrameProcessor, seconds: float) -> MetricsFrame:
-    return MetricsFrame(data=[TTFBMetricsData(processor=source.name, value=seconds)])
-
-
-async def feed_turn(
-    observer: VoiceLatencyObserver,
-    clock: FakeClock,
-    t0: float,
-    text: str = "what time is it",
-    t: TurnTimes = TurnTimes(),  # noqa: B008  (frozen)
-) -> None:
-    """One user turn as Pipecat pushes it, from speech start at ``t0``, its stages taking ``t``."""
-    speech_end = t0 + 1.0
-    vad_stop = speech_end + t.stop_secs
-    transcript_at = speech_end + t.ttfs
-    first_token = transcript_at + 0.01 + t.llm
-    first_audio = first_token + (t.tts or 0.05)
-    events: list[tuple[float, FrameProcessor, Frame]] = [
-        (t0, STT, VADUserStartedSpeakingFrame(start_secs=0.2)),
-        (vad_stop, STT, VADUserStoppedSpeakingFrame(stop_secs=t.stop_secs, timestamp=vad_stop)),
-        (transcript_at - 0.001, STT, asr_finalize_metrics_frame(STT.name, "asr", t.finalize * 1000)),
-        (transcript_at, STT, ttfb(STT, t.ttfs)),
-        (
-            transcript_at,
-            STT,
-            TranscriptionFrame(text=text, user_id="u", timestamp=time_now_iso8601(), finalized=True),
-        ),
-        (transcript_at + 0.005, STT, UserStoppedSpeakingFrame()),
-        (transcript_at + 0.01, LLM, LLMFullResponseStartFrame()),
-        (first_token, LLM, ttfb(LLM, t.llm)),
-        (first_token, LLM, LLMTextFrame(text="It is noon.")),
-        *([(first_audio, TTS, ttfb(TTS, t.tts))] if t.tts is not None else []),
-        (first_audio, TTS, TTSAudioRawFrame(audio=b"\0\0" * 160, sample_rate=16000, num_channels=1)),
-        (first_audio + 0.02, TTS, BotStartedSpeakingFrame()),
-    ]
-    for at, source, frame in events:
-        await push(observer, clock, at, source, frame)
 
 
 def test_asr_finalize_frame() -> None:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import (
+    engine_config,
     noise_clip,
     offline_decode,
     push_realtime_chunks,
@@ -21,29 +22,22 @@ from helpers import (
     wait_caught_up,
 )
 
-from pipecat_nemotron.engine import EngineConfig, ModelLoadError, NemotronEngine
+from pipecat_nemotron.engine import ModelLoadError, NemotronEngine
 
 MODES = (80, 160, 320, 560, 1120)
 LANGUAGES = ("en-US", "es-ES", "de-DE", "auto")
 
 
 def _engine(model, **kwargs) -> NemotronEngine:
-    config = {
-        "device": "cpu",
-        "max_streams": 8,
-        "max_batch_size": 8,
-        "finalize_mode": "hard",
-        "warmup": False,
-    }
-    return NemotronEngine(EngineConfig(model=str(model), **{**config, **kwargs}))
+    config = {"max_streams": 8, "max_batch_size": 8, "finalize_mode": "hard", "warmup": False}
+    return NemotronEngine(engine_config(model, **{**config, **kwargs}))
 
 
 @pytest.fixture
-async def engine(tiny_multilingual_random_model):
-    eng = _engine(tiny_multilingual_random_model)
-    await eng.start()
-    yield eng
-    await eng.stop()
+async def engine(engine_factory, tiny_multilingual_random_model):
+    return await engine_factory(
+        tiny_multilingual_random_model, max_streams=8, max_batch_size=8, finalize_mode="hard", warmup=False
+    )
 
 
 async def test_modes_and_languages_come_from_the_model(engine: NemotronEngine, tiny_random_model) -> None:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from helpers import started_engine
 
 from pipecat_nemotron.bench.wer import wer_percent
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+from pipecat_nemotron.engine import NemotronEngine
 from pipecat_nemotron.models import TINY_MULTILINGUAL_MODEL_PATH
 from pipecat_nemotron.wav_input import read_pcm16
 
@@ -33,18 +34,10 @@ def clips() -> list[tuple[bytes, str, str]]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine():
-    eng = NemotronEngine(
-        EngineConfig(
-            model=str(TINY_MULTILINGUAL_MODEL_PATH),
-            device="cpu",
-            max_streams=48,
-            max_batch_size=16,
-            finalize_mode="hard",
-        )
-    )
-    await eng.start()
-    yield eng
-    await eng.stop()
+    async with started_engine(
+        TINY_MULTILINGUAL_MODEL_PATH, max_streams=48, max_batch_size=16, finalize_mode="hard"
+    ) as eng:
+        yield eng
 
 
 def _wer(pairs: list[tuple[str, str]]) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 
+import helpers
 import pytest
 import pytest_asyncio
 import torch
@@ -23,14 +24,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
 def engine_config(finalize_mode: str = "soft") -> EngineConfig:
-    return EngineConfig(
-        model=str(TINY_MODEL_PATH),
-        device="cpu",
-        max_streams=4,
-        max_batch_size=4,
-        finalize_mode=finalize_mode,  # type: ignore[arg-type]
-        warmup=False,
-    )
+    return helpers.engine_config(TINY_MODEL_PATH, finalize_mode=finalize_mode, warmup=False)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

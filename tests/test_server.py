@@ -9,50 +9,48 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import time
 import wave
-from collections.abc import AsyncIterator
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import numpy as np
 import pytest
-import pytest_asyncio
-import ws_client
 from helpers import (
     FRAME_BYTES,
+    SYNC,
+    TOKEN,
     audio_frames,
-    noise_clip,
-    one_torch_thread,
+    clip,
+    connect,
+    expect_close,
+    finals_of,
+    free_slots_restored,
+    latency_change_turns,
+    open_session,
+    own_server,
     push_realtime_chunks,
-    to_pcm16,
+    run_through_a_drop,
+    wait_for,
 )
 from pipecat.frames.frames import (
     ErrorFrame,
-    Frame,
     InterimTranscriptionFrame,
     MetricsFrame,
-    VADUserStartedSpeakingFrame,
-    VADUserStoppedSpeakingFrame,
 )
 from pipecat.metrics.metrics import TTFBMetricsData
 from pipecat.pipeline.worker import PipelineParams
 from pipecat.tests.utils import SleepFrame, run_test
 from pipecat.transcriptions.language import Language
 from processes import free_port
-from test_stt import finals_of, latency_change_turns
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 from ws_client import raw_messages, stream
 
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.metrics import ASRFinalizeMetricsData
-from pipecat_nemotron.models import DEMO_AUDIO_DIR
-from pipecat_nemotron.models import TINY_MODEL_PATH as TRAINED_MODEL
 from pipecat_nemotron.server.app import ASRServer, ServerConfig, is_loopback, tokens_from
 from pipecat_nemotron.server.protocol import (
     PROTOCOL_VERSION,
@@ -74,103 +72,11 @@ from pipecat_nemotron.server.protocol import (
 )
 from pipecat_nemotron.stt.remote.handshake import language_problem
 from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
-from pipecat_nemotron.wav_input import read_pcm16
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-SYNC = pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")
-
-DEMO = DEMO_AUDIO_DIR
-TOKEN = "test-token-0123456789abcdef"
-
-
-def clip(name: str = "demo_math.wav", seed: int = 61, seconds: float = 1.6) -> bytes:
-    """A bundled demo utterance (16 kHz int16), or deterministic noise where the demo WAVs are absent."""
-    path = DEMO / name
-    if path.exists():
-        return read_pcm16(path, convert=True).tobytes()
-    return to_pcm16(noise_clip(seconds, seed=seed))
 
 
 # ---- fixtures ------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def asr_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if TRAINED_MODEL.exists():
-        return TRAINED_MODEL
-    from pipecat_nemotron.engine.architectures import build_random_model
-
-    return build_random_model(
-        tmp_path_factory.mktemp("server_models") / "tiny_b08.nemo", size="tiny", seed=1, blank_bias=0.8
-    )
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def engine(asr_model: Path):
-    with one_torch_thread():
-        eng = NemotronEngine(
-            EngineConfig(model=str(asr_model), device="cpu", max_streams=10, max_batch_size=10)
-        )
-        await eng.start()
-        yield eng
-        await eng.stop()
-
-
-@contextlib.asynccontextmanager
-async def own_server(engine: NemotronEngine, **config: Any) -> AsyncIterator[ASRServer]:
-    """A started server on ``engine`` with its own :class:`ServerConfig` (``port=0``), stopped at the end."""
-    srv = ASRServer(engine, ServerConfig(port=0, **config))
-    await srv.start()
-    try:
-        yield srv
-    finally:
-        await srv.stop(drain_timeout_s=0)
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def server(engine: NemotronEngine):
-    async with own_server(
-        engine,
-        tokens=(TOKEN,),
-        allowed_origins=("https://bots.example",),
-        max_sessions=4,
-        max_message_bytes=32 * 1024,
-        idle_timeout_s=5.0,
-        config_timeout_s=5.0,
-    ) as srv:
-        yield srv
-
-
-async def connect(url: str, token: str | None = TOKEN, **kwargs):
-    """A protocol WebSocket with this file's token by default."""
-    return await ws_client.connect(url, token=token, **kwargs)
-
-
-async def open_session(url: str, config: ConfigMessage | None = None, token: str | None = TOKEN, **kwargs):
-    """A session opened with this file's token by default: the socket and the server's first message."""
-    return await ws_client.open_session(url, config, token=token, **kwargs)
-
-
-async def expect_close(ws, code: int, timeout: float = 10.0) -> list:
-    """Read until the server closes; return the messages; assert the close code."""
-    messages = []
-    try:
-        async with asyncio.timeout(timeout):
-            async for raw in ws:
-                if isinstance(raw, str):
-                    messages.append(parse_server_message(raw))
-    except ConnectionClosed:
-        pass
-    assert ws.close_code == code, (ws.close_code, ws.close_reason, messages)
-    return messages
-
-
-async def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def in_process(engine: NemotronEngine, pcm: bytes, latency_ms: int = 160) -> tuple[list[str], str]:
@@ -194,10 +100,6 @@ async def in_process(engine: NemotronEngine, pcm: bytes, latency_ms: int = 160) 
 def is_subsequence(sub: list[str], seq: list[str]) -> bool:
     it = iter(seq)
     return all(any(x == y for y in it) for x in sub)
-
-
-def free_slots_restored(server: ASRServer, engine: NemotronEngine):
-    return lambda: server.service.active_sessions == 0 and engine.open_streams == 0
 
 
 # ---- protocol (no server) ------------------------------------------------------------------------------------
@@ -593,50 +495,6 @@ async def test_pipecat_client_gives_the_in_process_final(server: ASRServer, engi
     assert len(ttfs) >= len(finals)
     assert stt.latency_ms == 560
     await wait_for(free_slots_restored(server, engine), what="the slot to be freed")
-
-
-async def drop_first_session_after(server: ASRServer, audio_ms: float, timeout: float = 20.0) -> None:
-    """Fail the first session with 4500 once it has received ``audio_ms`` of audio (a server-side failure)."""
-    await wait_for(
-        lambda: any(s.audio_ms > audio_ms for s in server.service.sessions.values()), timeout=timeout
-    )
-    session = next(iter(server.service.sessions.values()))
-    await session.fail(CloseCode.INTERNAL, "simulated server failure")
-
-
-async def run_through_a_drop(
-    stt: NemotronServerSTTService,
-    server: ASRServer,
-    pcm: bytes,
-    drop_after_ms: float,
-    split: Fraction,
-    wait_s: float,
-    timeout: float = 20.0,
-) -> list[Frame]:
-    """Run ``stt`` through one utterance while the server fails its first session mid-utterance.
-
-    The drop comes once the session has received ``drop_after_ms`` of audio, and lands in a 0.5 s pause after
-    ``split`` of the utterance's frames; ``wait_s`` after the VAD stop the pipeline ends. Returns the frames
-    pushed downstream.
-    """
-    dropper = asyncio.create_task(drop_first_session_after(server, drop_after_ms, timeout=timeout))
-    frames = audio_frames(pcm)
-    cut = int(len(frames) * split)
-    down, _ = await run_test(
-        stt,
-        frames_to_send=[
-            SleepFrame(sleep=0.2),
-            VADUserStartedSpeakingFrame(),
-            *frames[:cut],
-            SleepFrame(sleep=0.5),  # the drop lands here, mid-utterance
-            *frames[cut:],
-            VADUserStoppedSpeakingFrame(stop_secs=0.2),
-            SleepFrame(sleep=wait_s),
-        ],
-        start_timeout=5.0,
-    )
-    await dropper
-    return down
 
 
 async def test_pipecat_client_reconnects_and_loses_no_final(

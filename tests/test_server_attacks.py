@@ -25,20 +25,10 @@ from fractions import Fraction
 import aiohttp
 import pytest
 import pytest_asyncio
-import test_server
+from helpers import DEMO, clip, connect, expect_close, open_session, own_server, run_through_a_drop, wait_for
 from loguru import logger
 from pipecat.frames.frames import TranscriptionFrame
-from test_server import (
-    DEMO,
-    clip,
-    connect,
-    expect_close,
-    open_session,
-    own_server,
-    run_through_a_drop,
-    stream,
-    wait_for,
-)
+from ws_client import stream
 
 import pipecat_nemotron.server.session as session_module
 from pipecat_nemotron.engine import NemotronEngine
@@ -57,8 +47,6 @@ from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 # The model and its engine (run with one torch thread) are the server tests' module fixtures, reused here.
-asr_model = test_server.asr_model
-engine = test_server.engine
 
 # Letters that hex ids, numbers and English words do not form: an 8-character window of these in a log is a leak.
 TOKEN = "qZvXkWmJ-pLrTnYg-HsQwZbVx-kJfPtRzM"

@@ -12,7 +12,7 @@ import contextlib
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import noise_clip, one_torch_thread, run_language_switches, to_pcm16
+from helpers import noise_clip, run_language_switches, started_engine, to_pcm16
 from pipecat.frames.frames import (
     InterimTranscriptionFrame,
 )
@@ -20,7 +20,7 @@ from pipecat.transcriptions.language import Language
 from websockets.exceptions import ConnectionClosed
 from ws_client import open_session, raw_messages, stream
 
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+from pipecat_nemotron.engine import NemotronEngine
 from pipecat_nemotron.server.app import ASRServer, ServerConfig
 from pipecat_nemotron.server.protocol import (
     CloseCode,
@@ -40,20 +40,8 @@ LANGUAGES = ("en-US", "es-ES", "de-DE", "auto")
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(tiny_multilingual_random_model):
-    with one_torch_thread():
-        eng = NemotronEngine(
-            EngineConfig(
-                model=str(tiny_multilingual_random_model),
-                device="cpu",
-                max_streams=4,
-                max_batch_size=4,
-                finalize_mode="hard",
-                warmup=False,
-            )
-        )
-        await eng.start()
+    async with started_engine(tiny_multilingual_random_model, one_thread=True, finalize_mode="hard", warmup=False) as eng:
         yield eng
-        await eng.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -11,11 +11,9 @@ import json
 import time
 
 import pytest
-import test_server
 import websockets
-from helpers import FRAME_BYTES
+from helpers import FRAME_BYTES, clip, free_slots_restored, own_server, wait_for
 from loguru import logger
-from test_server import clip, free_slots_restored, own_server, wait_for
 from websockets.exceptions import ConnectionClosed
 from ws_client import open_session, raw_messages
 
@@ -24,8 +22,6 @@ from pipecat_nemotron.server.protocol import PROTOCOL_VERSION, ConfigMessage, Re
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-asr_model = test_server.asr_model
-engine = test_server.engine
 
 PEEK = '{"type": "peek"}'
 FINALIZE = '{"type": "finalize"}'

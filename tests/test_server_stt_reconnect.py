@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 from fault_proxy import FaultProxy
-from helpers import audio_frames, one_torch_thread, turn
+from helpers import audio_frames, one_torch_thread, started_engine, turn
 from loguru import logger
 from pipecat.frames.frames import (
     ErrorFrame,
@@ -45,11 +45,8 @@ def demo(name: str) -> bytes:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine() -> AsyncIterator[NemotronEngine]:
-    with one_torch_thread():
-        eng = NemotronEngine(EngineConfig(model=str(TINY_MODEL_PATH), device="cpu", max_streams=4, max_batch_size=4))
-        await eng.start()
+    async with started_engine(TINY_MODEL_PATH, one_thread=True) as eng:
         yield eng
-        await eng.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -7,16 +7,13 @@ import re
 
 import numpy as np
 import pytest
-from helpers import audio_frames, noise_clip, to_pcm16, turn
+from helpers import audio_frames, finals_of, latency_change_turns, noise_clip, to_pcm16, turn
 from pipecat.frames.frames import (
     CancelFrame,
     ErrorFrame,
-    Frame,
     InterimTranscriptionFrame,
     InterruptionFrame,
     MetricsFrame,
-    STTUpdateSettingsFrame,
-    TranscriptionFrame,
     VADUserStartedSpeakingFrame,
     VADUserStoppedSpeakingFrame,
 )
@@ -27,30 +24,12 @@ from pipecat.tests.utils import SleepFrame, run_test
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.engine.shared import SharedEngines
 from pipecat_nemotron.metrics import ASRFinalizeMetricsData
-from pipecat_nemotron.stt import NemotronSTTService, NemotronSTTSettings
+from pipecat_nemotron.stt import NemotronSTTService
 
 
 @pytest.fixture
-async def engine(tiny_random_model):
-    eng = NemotronEngine(EngineConfig(model=str(tiny_random_model), device="cpu", max_streams=4))
-    await eng.start()
-    yield eng
-    await eng.stop()
-
-
-def finals_of(frames) -> list[TranscriptionFrame]:
-    return [f for f in frames if isinstance(f, TranscriptionFrame)]
-
-
-def latency_change_turns(a: bytes, b: bytes) -> list[Frame]:
-    """Frames of two user turns, ``a`` then ``b``, with a switch to the 560 ms mode between them."""
-    return [
-        SleepFrame(sleep=0.2),
-        *turn(a),
-        STTUpdateSettingsFrame(delta=NemotronSTTSettings(latency_ms=560)),
-        SleepFrame(sleep=0.1),
-        *turn(b, wait=2.0),
-    ]
+async def engine(engine_factory, tiny_random_model):
+    return await engine_factory(tiny_random_model)
 
 
 async def test_frames_in_order_final_equals_engine_and_ttfs(engine: NemotronEngine) -> None:
@@ -246,7 +225,7 @@ def _cold_turns(clips: list[bytes]) -> list:
 
 
 async def test_session_ending_while_the_model_loads_delivers_every_final() -> None:
-    from conftest import TRAINED_MODEL
+    from pipecat_nemotron.models import TINY_MODEL_PATH as TRAINED_MODEL
 
     clips, texts = _demo_turns()
     registry = SharedEngines()  # nothing loaded: this session's StartFrame starts the load
@@ -263,7 +242,7 @@ async def test_session_ending_while_the_model_loads_delivers_every_final() -> No
 
 
 async def test_load_past_load_wait_reports_the_dropped_audio() -> None:
-    from conftest import TRAINED_MODEL
+    from pipecat_nemotron.models import TINY_MODEL_PATH as TRAINED_MODEL
 
     clips, _ = _demo_turns()
     seconds = sum(len(c) for c in clips) / 32000

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import pytest_asyncio
 import websockets
-from conftest import TRAINED_MODEL
 from helpers import FRAME_BYTES, to_pcm16, turn
 from pipecat.frames.frames import InterimTranscriptionFrame, TranscriptionFrame
 from pipecat.tests.utils import SleepFrame, run_test
@@ -24,6 +23,7 @@ from word_clips import HELDOUT_MANIFEST, TimingErrors, WordClip, WordSpan, corre
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.engine.types import WordTiming
 from pipecat_nemotron.engine.words import TimingCalibration, TokenTrace, WordAligner, calibration_for
+from pipecat_nemotron.models import TINY_MODEL_PATH as TRAINED_MODEL
 from pipecat_nemotron.server.app import ASRServer, ServerConfig
 from pipecat_nemotron.server.protocol import (
     PROTOCOL_VERSION,

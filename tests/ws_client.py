@@ -8,10 +8,13 @@ import json
 from typing import Any
 
 import websockets
-from helpers import FRAME_BYTES
+
 from websockets.exceptions import ConnectionClosed
 
 from pipecat_nemotron.server.protocol import PROTOCOL_VERSION, ConfigMessage, parse_server_message
+
+#: 20 ms of 16 kHz int16 per message (as helpers.FRAME_BYTES; helpers imports this module).
+FRAME_BYTES = 640
 
 
 async def connect(url: str, token: str | None = None, **kwargs):
