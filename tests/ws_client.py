@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 import websockets
-
 from websockets.exceptions import ConnectionClosed
 
 from pipecat_nemotron.server.protocol import PROTOCOL_VERSION, ConfigMessage, parse_server_message
