@@ -257,54 +257,77 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if i:
                         detect[key].append((time.perf_counter() - start) * 1e3)
                     assert scores is not None and scores.shape == (key,)
-        step_rows = []
-        for batch, t in steps.items():
-            med = {k: statistics.median(v) for k, v in t.items()}
-            step_rows.append(
-                {
-                    "batch": batch,
-                    "frames_per_row": cells[batch].frames_out,
-                    "encoder_ms": med["encoder"],
-                    "prompt_ms": med["prompt"],
-                    "decode_ms": med["decode"],
-                    "prompt_percent_of_encoder": 100.0 * med["prompt"] / med["encoder"],
-                    "prompt_percent_of_step": 100.0 * med["prompt"] / sum(med.values()),
-                    "times": t,
-                }
-            )
-            print(
-                f"[bench] batch {batch}: encoder {med['encoder']:.2f} ms, prompt {med['prompt']:.3f} ms "
-                f"({step_rows[-1]['prompt_percent_of_encoder']:.2f}% of it), decode {med['decode']:.2f} ms",
-                flush=True,
-            )
-        frames = evidence.num_frames
-        steps_of_audio = frames / max(1, cells[min(cells)].frames_out)
-        encoder_b1 = statistics.median(steps[min(cells)]["encoder"])
-        detect_rows = []
-        for n, t in detect.items():
-            ms = statistics.median(t)
-            audio_ms = encoder_b1 * steps_of_audio
-            detect_rows.append(
-                {
-                    "locales": n,
-                    "frames": frames,
-                    "tokens": len(evidence.tokens),
-                    "detect_ms": ms,
-                    "encoder_batch": min(cells),
-                    "encoder_steps": steps_of_audio,
-                    "encoder_ms_same_audio": audio_ms,
-                    "detect_over_encoder": ms / audio_ms,
-                    "times": t,
-                }
-            )
-            print(
-                f"[bench] detection over {n} locales ({frames} frames, {len(evidence.tokens)} tokens): "
-                f"{ms:.1f} ms = {ms / audio_ms:.3f} x the encoder time of the same audio ({audio_ms:.0f} ms)",
-                flush=True,
-            )
-        result["flops"] = _flops(model, prompts, cells[min(cells)].frames_out, frames, len(evidence.tokens))
+        step_rows = _step_rows(steps, cells)
+        detect_rows = _detect_rows(detect, steps, cells, evidence)
+        result["flops"] = _flops(model, prompts, cells[min(cells)].frames_out, evidence.num_frames, len(evidence.tokens))
     result["steps"] = step_rows
     result["detection"] = detect_rows
+    table = _tables(step_rows, detect_rows, result["flops"])
+    output.finish(args.out, NAME, result, _figure(step_rows, detect_rows), table)
+    return result
+
+
+def _step_rows(steps: dict[int, dict[str, list[float]]], cells: dict[int, _StepCell]) -> list[dict[str, Any]]:
+    """One row per batch size: the median encoder, prompt and decode times of a step, ms."""
+    rows = []
+    for batch, t in steps.items():
+        med = {k: statistics.median(v) for k, v in t.items()}
+        rows.append(
+            {
+                "batch": batch,
+                "frames_per_row": cells[batch].frames_out,
+                "encoder_ms": med["encoder"],
+                "prompt_ms": med["prompt"],
+                "decode_ms": med["decode"],
+                "prompt_percent_of_encoder": 100.0 * med["prompt"] / med["encoder"],
+                "prompt_percent_of_step": 100.0 * med["prompt"] / sum(med.values()),
+                "times": t,
+            }
+        )
+        print(
+            f"[bench] batch {batch}: encoder {med['encoder']:.2f} ms, prompt {med['prompt']:.3f} ms "
+            f"({rows[-1]['prompt_percent_of_encoder']:.2f}% of it), decode {med['decode']:.2f} ms",
+            flush=True,
+        )
+    return rows
+
+
+def _detect_rows(
+    detect: dict[int, list[float]],
+    steps: dict[int, dict[str, list[float]]],
+    cells: dict[int, _StepCell],
+    evidence: Any,
+) -> list[dict[str, Any]]:
+    """One row per locale count: the median detection time against the encoder time of the same audio, ms."""
+    frames = evidence.num_frames
+    steps_of_audio = frames / max(1, cells[min(cells)].frames_out)
+    audio_ms = statistics.median(steps[min(cells)]["encoder"]) * steps_of_audio
+    rows = []
+    for n, t in detect.items():
+        ms = statistics.median(t)
+        rows.append(
+            {
+                "locales": n,
+                "frames": frames,
+                "tokens": len(evidence.tokens),
+                "detect_ms": ms,
+                "encoder_batch": min(cells),
+                "encoder_steps": steps_of_audio,
+                "encoder_ms_same_audio": audio_ms,
+                "detect_over_encoder": ms / audio_ms,
+                "times": t,
+            }
+        )
+        print(
+            f"[bench] detection over {n} locales ({frames} frames, {len(evidence.tokens)} tokens): "
+            f"{ms:.1f} ms = {ms / audio_ms:.3f} x the encoder time of the same audio ({audio_ms:.0f} ms)",
+            flush=True,
+        )
+    return rows
+
+
+def _tables(step_rows: list[dict[str, Any]], detect_rows: list[dict[str, Any]], f: dict[str, float]) -> str:
+    """The two tables and the FLOP line, as printed and written next to the JSON."""
     table = output.format_rows(
         step_rows,
         [
@@ -327,14 +350,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ("detection / encoder", "detect_over_encoder"),
         ],
     )
-    f = result["flops"]
-    table += (
-        f"\n\nFLOP (2 per weight and frame): prompt {f['prompt_per_frame_per_locale'] / 1e6:.2f} M per frame and locale, "
-        f"encoder {f['encoder_per_frame'] / 1e6:.0f} M per frame "
-        f"({100 * f['prompt_over_encoder']:.2f}%)"
+    return table + (
+        f"\n\nFLOP (2 per weight and frame): prompt {f['prompt_per_frame_per_locale'] / 1e6:.2f} M per frame and "
+        f"locale, encoder {f['encoder_per_frame'] / 1e6:.0f} M per frame ({100 * f['prompt_over_encoder']:.2f}%)"
     )
-    output.finish(args.out, NAME, result, _figure(step_rows, detect_rows), table)
-    return result
 
 
 def _figure(step_rows: list[dict[str, Any]], detect_rows: list[dict[str, Any]]) -> Any:

@@ -279,31 +279,17 @@ def build_app(
     """
     from ray import serve
 
-    gpus = resolve_gpus_per_replica(gpus_per_replica, engine_config.device)
-    threads = cpu_threads if cpu_threads is not None else max(1, int(cpus_per_replica))
-    if threads < 1:
-        raise ValueError(f"cpu_threads must be >= 1, got {threads}")
-    max_sessions = min(server_config.max_sessions or engine_config.max_streams, engine_config.max_streams)
-    # Each replica admits or refuses for itself (4013 when full, 4503 while draining): Serve's per-replica cap
-    # only needs room for them plus the connections still authenticating or being refused.
-    headroom = server_config.max_pending_auth or max(16, max_sessions)
-    queued = max_queued_requests if max_queued_requests is not None else num_replicas * max_sessions
-
-    @serve.deployment(
-        name=name,
+    threads, max_sessions, options = deployment_options(
+        engine_config,
+        server_config,
         num_replicas=num_replicas,
-        ray_actor_options={
-            "num_gpus": gpus,
-            "num_cpus": cpus_per_replica,
-            "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(threads)}},
-        },
-        max_ongoing_requests=max_sessions + headroom,
-        max_queued_requests=queued,
-        health_check_period_s=10,
-        health_check_timeout_s=30,
-        graceful_shutdown_timeout_s=server_config.drain_timeout_s + DRAIN_MARGIN_S,
-        graceful_shutdown_wait_loop_s=1,
+        gpus_per_replica=gpus_per_replica,
+        cpus_per_replica=cpus_per_replica,
+        cpu_threads=cpu_threads,
+        max_queued_requests=max_queued_requests,
     )
+
+    @serve.deployment(name=name, **options)
     @serve.ingress()
     class NemotronASRDeployment:
         """One replica: one engine on one device; sessions are WebSockets on ``server_config.path``."""
@@ -316,15 +302,7 @@ def build_app(
             torch.set_num_threads(threads)
             self.service = ASRService(server_config, engine_config, server_id=_replica_id())
             await self.service.start()
-            probe = serve_shutdown_probe()
-            self._drain: asyncio.Task[None] | None = None
-            if probe is None:
-                logger.warning(
-                    "this Ray version has no replica shutdown flag: on redeploy or downscale, sessions get no "
-                    "drain, only a lost connection when Serve's graceful_shutdown_timeout_s ends"
-                )
-            else:
-                self._drain = asyncio.get_running_loop().create_task(drain_watcher(self.service, probe))
+            self._drain = start_drain_watcher(self.service)
             logger.info(
                 f"Nemotron ASR replica {self.service.server_id} ready ({max_sessions} sessions, "
                 f"{threads} CPU thread(s))"
@@ -340,14 +318,75 @@ def build_app(
                 raise RuntimeError(f"ASR engine failed: {self.service.load_error or 'scheduler crashed'}")
 
         async def __del__(self) -> None:
-            if self._drain is not None and (self._drain.done() or self.service.draining):
-                await self._drain  # drained, or draining with its sessions gone: it ends with the engine stopped
-                return
-            if self._drain is not None:
-                self._drain.cancel()
-            await self.service.stop(drain_timeout_s=0)
+            await stop_replica(self.service, self._drain)
 
     return NemotronASRDeployment.bind(engine_config, server_config)
+
+
+def deployment_options(
+    engine_config: EngineConfig,
+    server_config: ServerConfig,
+    *,
+    num_replicas: int,
+    gpus_per_replica: float | None,
+    cpus_per_replica: float,
+    cpu_threads: int | None,
+    max_queued_requests: int | None,
+) -> tuple[int, int, dict[str, Any]]:
+    """The replica's torch threads, its session capacity, and ``serve.deployment``'s options (see :func:`build_app`).
+
+    Raises:
+        ValueError: No GPU in the cluster and ``gpus_per_replica`` not given, or ``cpu_threads`` below 1.
+
+    """
+    gpus = resolve_gpus_per_replica(gpus_per_replica, engine_config.device)
+    threads = cpu_threads if cpu_threads is not None else max(1, int(cpus_per_replica))
+    if threads < 1:
+        raise ValueError(f"cpu_threads must be >= 1, got {threads}")
+    max_sessions = min(server_config.max_sessions or engine_config.max_streams, engine_config.max_streams)
+    # Each replica admits or refuses for itself (4013 when full, 4503 while draining): Serve's per-replica cap
+    # only needs room for them plus the connections still authenticating or being refused.
+    headroom = server_config.max_pending_auth or max(16, max_sessions)
+    queued = max_queued_requests if max_queued_requests is not None else num_replicas * max_sessions
+    options = {
+        "num_replicas": num_replicas,
+        "ray_actor_options": {
+            "num_gpus": gpus,
+            "num_cpus": cpus_per_replica,
+            "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+        },
+        "max_ongoing_requests": max_sessions + headroom,
+        "max_queued_requests": queued,
+        "health_check_period_s": 10,
+        "health_check_timeout_s": 30,
+        "graceful_shutdown_timeout_s": server_config.drain_timeout_s + DRAIN_MARGIN_S,
+        "graceful_shutdown_wait_loop_s": 1,
+    }
+    return threads, max_sessions, options
+
+
+def start_drain_watcher(service: ASRService) -> asyncio.Task[None] | None:
+    """Watch Serve's shutdown flag and drain ``service`` when it rises (None, with a warning, without the flag)."""
+    from loguru import logger
+
+    probe = serve_shutdown_probe()
+    if probe is None:
+        logger.warning(
+            "this Ray version has no replica shutdown flag: on redeploy or downscale, sessions get no "
+            "drain, only a lost connection when Serve's graceful_shutdown_timeout_s ends"
+        )
+        return None
+    return asyncio.get_running_loop().create_task(drain_watcher(service, probe))
+
+
+async def stop_replica(service: ASRService, drain: asyncio.Task[None] | None) -> None:
+    """Serve is stopping the replica: let a drain that began finish (it stops the engine), else stop now."""
+    if drain is not None and (drain.done() or service.draining):
+        await drain  # drained, or draining with its sessions gone: it ends with the engine stopped
+        return
+    if drain is not None:
+        drain.cancel()
+    await service.stop(drain_timeout_s=0)
 
 
 def starlette_app(service: ASRService) -> Any:

@@ -76,6 +76,41 @@ class NemotronSTTService(NemotronSTTBase):
     without ending it (:meth:`ASRStream.peek <pipecat_nemotron.engine.ASRStream.peek>`, one batched model step),
     as an ``EagerTranscriptionFrame``, so the LLM starts before the VAD commits the turn (see
     :class:`~pipecat_nemotron.stt.base.NemotronSTTBase`).
+
+    Args:
+        model: Local ``.nemo`` path or model id (ignored when ``engine`` or ``engine_config`` is given).
+        latency_ms: Initial latency mode, one of the model's: 80, 160, 560 or 1120 ms (the multilingual
+            model adds 320).
+        language: On a multilingual model (``nvidia/nemotron-3.5-asr-streaming-0.6b``), the language to
+            transcribe: Pipecat's ``Language`` (``Language.ES``), a locale (``"es-ES"``) or ``"auto"``;
+            None: the engine's ``default_language`` (``auto``). Change it with
+            ``STTUpdateSettingsFrame(delta=NemotronSTTSettings(language=...))``; it applies from the next
+            utterance. Frames carry the language decoded with.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        model_revision: Pinned revision of a model id.
+        engine: A started (or startable) engine to use; this service never stops it.
+        engine_config: Full engine settings, shared through ``registry``.
+        registry: Where shared engines live (default: the process-wide one).
+        ttfs_p99_latency: P99 speech-end-to-final time, seconds. Default: ``0.2`` (VAD stop) plus 1.5x the
+            engine's measured finalize p99 once loaded, or :data:`NEMOTRON_TTFS_P99` before that.
+        load_wait_s: When the session ends (``EndFrame``) while the model is still loading, wait this long
+            for the load, then transcribe the audio kept meanwhile and deliver its finals; past it (or if the
+            load fails) the session reports, as an ``ErrorFrame``, how many seconds of audio it dropped.
+            Seconds. Load the model at process start (:meth:`SharedEngines.preload
+            <pipecat_nemotron.engine.shared.SharedEngines.preload>`) so no session waits at all.
+        final_timeout_s: When the session ends, wait up to this long for the finals still owed (the last
+            utterance's, and any the engine is still decoding), seconds. A final not delivered by then is
+            reported in an ``ErrorFrame`` with the seconds of audio it covered.
+        cpu_threads: On CPU, torch's intra-op threads for the model (``EngineConfig.cpu_threads``; None: half
+            the cores). Only with ``model``/``device``: an ``engine`` or ``engine_config`` carries its own.
+        settings: Runtime settings (``latency_ms``); overrides ``latency_ms`` above.
+        eager: The eager end of turn (:class:`~pipecat_nemotron.stt.eager.EagerSettings`); None: off.
+        **kwargs: :class:`~pipecat.services.stt_service.STTService`'s.
+
+    Raises:
+        ValueError: Unsupported latency, device, ``load_wait_s``, ``final_timeout_s`` or ``cpu_threads`` (the
+            message names the allowed values).
+
     """
 
     def __init__(
@@ -97,43 +132,7 @@ class NemotronSTTService(NemotronSTTBase):
         eager: EagerSettings | None = None,
         **kwargs: Any,
     ) -> None:
-        """Create the service. Nothing is loaded here; the model loads (off the event loop) at ``StartFrame``.
-
-        Args:
-            model: Local ``.nemo`` path or model id (ignored when ``engine`` or ``engine_config`` is given).
-            latency_ms: Initial latency mode, one of the model's: 80, 160, 560 or 1120 ms (the multilingual
-                model adds 320).
-            language: On a multilingual model (``nvidia/nemotron-3.5-asr-streaming-0.6b``), the language to
-                transcribe: Pipecat's ``Language`` (``Language.ES``), a locale (``"es-ES"``) or ``"auto"``;
-                None: the engine's ``default_language`` (``auto``). Change it with
-                ``STTUpdateSettingsFrame(delta=NemotronSTTSettings(language=...))``; it applies from the next
-                utterance. Frames carry the language decoded with.
-            device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
-            model_revision: Pinned revision of a model id.
-            engine: A started (or startable) engine to use; this service never stops it.
-            engine_config: Full engine settings, shared through ``registry``.
-            registry: Where shared engines live (default: the process-wide one).
-            ttfs_p99_latency: P99 speech-end-to-final time, seconds. Default: ``0.2`` (VAD stop) plus 1.5x the
-                engine's measured finalize p99 once loaded, or :data:`NEMOTRON_TTFS_P99` before that.
-            load_wait_s: When the session ends (``EndFrame``) while the model is still loading, wait this long
-                for the load, then transcribe the audio kept meanwhile and deliver its finals; past it (or if the
-                load fails) the session reports, as an ``ErrorFrame``, how many seconds of audio it dropped.
-                Seconds. Load the model at process start (:meth:`SharedEngines.preload
-                <pipecat_nemotron.engine.shared.SharedEngines.preload>`) so no session waits at all.
-            final_timeout_s: When the session ends, wait up to this long for the finals still owed (the last
-                utterance's, and any the engine is still decoding), seconds. A final not delivered by then is
-                reported in an ``ErrorFrame`` with the seconds of audio it covered.
-            cpu_threads: On CPU, torch's intra-op threads for the model (``EngineConfig.cpu_threads``; None: half
-                the cores). Only with ``model``/``device``: an ``engine`` or ``engine_config`` carries its own.
-            settings: Runtime settings (``latency_ms``); overrides ``latency_ms`` above.
-            eager: The eager end of turn (:class:`~pipecat_nemotron.stt.eager.EagerSettings`); None: off.
-            **kwargs: :class:`~pipecat.services.stt_service.STTService`'s.
-
-        Raises:
-            ValueError: Unsupported latency, device, ``load_wait_s``, ``final_timeout_s`` or ``cpu_threads`` (the
-                message names the allowed values).
-
-        """
+        """Create the service (arguments: see the class); the model loads off the event loop at ``StartFrame``."""
         if not load_wait_s >= 0:
             raise ValueError(f"load_wait_s must be >= 0 (seconds), got {load_wait_s!r}")
         if not final_timeout_s >= 0:

@@ -92,6 +92,40 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
     as the pipeline runs by default; not after a permanent refusal such as a wrong token, 4001) and replays the
     audio of every utterance whose final has not arrived, so no finalized text is lost. Between turns (user
     not speaking) only the last ``replay_preroll_s`` of audio is kept; audio the bound drops is reported.
+
+    Args:
+        url: Session WebSocket URL of the server (``ws://`` or ``wss://``, path ``/v1/asr``).
+        token: Bearer token (default: the ``NEMOTRON_ASR_TOKEN`` environment variable; None for a server
+            run with ``--insecure``).
+        latency_ms: Initial latency mode: one of the server model's (80, 160, 560 or 1120 ms; a multilingual
+            model adds 320).
+        language: Language of a multilingual server model (Pipecat's ``Language``, ``"es-ES"``, ``"es"`` or
+            ``"auto"``); None: the server's default. Sent in every session's ``config``; one the model lacks
+            is a permanent error.
+        extra_headers: More headers for the WebSocket handshake.
+        connect_timeout_s: Time allowed to connect and get ``ready``, s.
+        replay_max_s: Most audio kept for replay after a reconnect, s (older audio is dropped, with a
+            warning, if utterances go unconfirmed for longer).
+        replay_preroll_s: Audio kept for replay while the user is not speaking, s (covers the VAD's
+            start delay).
+        final_timeout_s: At ``EndFrame``, wait this long for the finals still owed, s.
+        reconnect: How to reconnect after losing the session (default: ``ReconnectPolicy()``, which
+            keeps trying while the pipeline runs).
+        reconnect_backoff_min_wait: Overrides ``reconnect.min_wait_s``, s.
+        reconnect_backoff_max_wait: Overrides ``reconnect.max_wait_s``, s.
+        keepalive_timeout: Send a keepalive message after this long without audio (muted user), s; None
+            disables it (the server closes idle sessions after its idle timeout, 30 s by default).
+        keepalive_interval: How often to check for keepalive, s.
+        ttfs_p99_latency: P99 speech-end-to-final time, s. Default: 0.2 s (VAD stop) plus 1.5x the
+            measured finalize round trip once measured, or ``NEMOTRON_TTFS_P99`` before that.
+        settings: Runtime settings (``latency_ms``, ``language``); override the arguments above.
+        eager: The eager end of turn (:class:`~pipecat_nemotron.stt.eager.EagerSettings`); None: off.
+        **kwargs: Passed to :class:`~pipecat.services.stt_service.WebsocketSTTService`.
+
+    Raises:
+        ValueError: Unsupported latency, a URL that is not ``ws://`` / ``wss://``, or a bad reconnect value
+            (or the removed ``max_reconnect_attempts``).
+
     """
 
     def __init__(
@@ -116,42 +150,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
         eager: EagerSettings | None = None,
         **kwargs: Any,
     ) -> None:
-        """Create the service. It connects at ``StartFrame``.
-
-        Args:
-            url: Session WebSocket URL of the server (``ws://`` or ``wss://``, path ``/v1/asr``).
-            token: Bearer token (default: the ``NEMOTRON_ASR_TOKEN`` environment variable; None for a server
-                run with ``--insecure``).
-            latency_ms: Initial latency mode: one of the server model's (80, 160, 560 or 1120 ms; a multilingual
-                model adds 320).
-            language: Language of a multilingual server model (Pipecat's ``Language``, ``"es-ES"``, ``"es"`` or
-                ``"auto"``); None: the server's default. Sent in every session's ``config``; one the model lacks
-                is a permanent error.
-            extra_headers: More headers for the WebSocket handshake.
-            connect_timeout_s: Time allowed to connect and get ``ready``, s.
-            replay_max_s: Most audio kept for replay after a reconnect, s (older audio is dropped, with a
-                warning, if utterances go unconfirmed for longer).
-            replay_preroll_s: Audio kept for replay while the user is not speaking, s (covers the VAD's
-                start delay).
-            final_timeout_s: At ``EndFrame``, wait this long for the finals still owed, s.
-            reconnect: How to reconnect after losing the session (default: ``ReconnectPolicy()``, which
-                keeps trying while the pipeline runs).
-            reconnect_backoff_min_wait: Overrides ``reconnect.min_wait_s``, s.
-            reconnect_backoff_max_wait: Overrides ``reconnect.max_wait_s``, s.
-            keepalive_timeout: Send a keepalive message after this long without audio (muted user), s; None
-                disables it (the server closes idle sessions after its idle timeout, 30 s by default).
-            keepalive_interval: How often to check for keepalive, s.
-            ttfs_p99_latency: P99 speech-end-to-final time, s. Default: 0.2 s (VAD stop) plus 1.5x the
-                measured finalize round trip once measured, or ``NEMOTRON_TTFS_P99`` before that.
-            settings: Runtime settings (``latency_ms``, ``language``); override the arguments above.
-            eager: The eager end of turn (:class:`~pipecat_nemotron.stt.eager.EagerSettings`); None: off.
-            **kwargs: Passed to :class:`~pipecat.services.stt_service.WebsocketSTTService`.
-
-        Raises:
-            ValueError: Unsupported latency, a URL that is not ``ws://`` / ``wss://``, or a bad reconnect value
-                (or the removed ``max_reconnect_attempts``).
-
-        """
+        """Create the service. It connects at ``StartFrame``. Arguments: see the class."""
         if "max_reconnect_attempts" in kwargs:
             raise ValueError("max_reconnect_attempts is gone: pass reconnect=ReconnectPolicy(timeout_s=...)")
         policy = (reconnect or ReconnectPolicy()).with_waits(reconnect_backoff_min_wait, reconnect_backoff_max_wait)
