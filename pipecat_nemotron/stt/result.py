@@ -8,6 +8,7 @@ Plain Python: no Pipecat, no NeMo (the wire form of words is the protocol's: :mo
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,8 @@ class TranscriptResult:
         utterance: 0-based index of the utterance within the stream (the server session).
         latency_ms: Latency mode that produced it.
         is_final: True for a final transcript.
-        utterance_start_ms: Where the utterance starts, ms from the stream's start. For the server STT
+        start_ms: Where the utterance starts, ms from the stream's start (as ``TranscriptUpdate.start_ms``;
+            a word's ``utterance_start_ms`` counts from here). For the server STT
             service the stream is the server session: after a reconnect, times count from the new session.
         language: The language prompt the model decoded with (``"es-ES"``, ``"auto"``) on a multilingual
             model; None on the English one.
@@ -52,7 +54,7 @@ class TranscriptResult:
     utterance: int = 0
     latency_ms: int = 0
     is_final: bool = True
-    utterance_start_ms: float = 0.0
+    start_ms: float = 0.0
     language: str | None = None
     detected_language: str | None = None
 
@@ -66,7 +68,7 @@ class TranscriptResult:
             utterance=update.utterance,
             latency_ms=update.latency_ms,
             is_final=update.is_final,
-            utterance_start_ms=update.start_ms,
+            start_ms=update.start_ms,
             language=update.language,
             detected_language=update.detected_language,
         )
@@ -87,6 +89,12 @@ class TranscriptResult:
             msg.language,
             msg.detected_language,
         )
+
+    @property
+    def utterance_start_ms(self) -> float:
+        """Deprecated name of :attr:`start_ms` (it meant the utterance's start; a word's means the word's)."""
+        warnings.warn("TranscriptResult.utterance_start_ms is now start_ms", DeprecationWarning, stacklevel=2)
+        return self.start_ms
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (times rounded to 0.1 ms, confidences to 4 digits)."""
