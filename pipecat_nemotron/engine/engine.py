@@ -17,12 +17,7 @@ from loguru import logger
 
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
 from pipecat_nemotron.engine.config import EngineConfig, default_cpu_threads, validate_latency_ms
-from pipecat_nemotron.engine.errors import (
-    CapacityError,
-    EngineNotRunningError,
-    ModelLoadError,
-    StreamFailedError,
-)
+from pipecat_nemotron.engine.errors import CapacityError, EngineNotRunningError, ModelLoadError
 from pipecat_nemotron.engine.languages import LanguagePrompts, resolve_prompt
 from pipecat_nemotron.engine.scheduler import Scheduler, StepStats
 from pipecat_nemotron.engine.splits import join_forced_finals
@@ -414,18 +409,40 @@ class NemotronEngine:
         finally:
             await stream.close()
 
-    # ---- called by ASRStream ------------------------------------------------------------------------------
+    # ---- the stream contract (``StreamOwner``): called by ASRStream ---------------------------------------
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Tell the scheduler that a stream queued work (part of :class:`StreamOwner`; streams call it)."""
         if self._scheduler is not None:
             self._scheduler.wake()
 
-    def _request_latency(self, state: StreamState, latency_ms: int) -> None:
+    def request_latency(self, state: StreamState, latency_ms: int) -> None:
+        """Queue a stream's mode change, the one place it is validated (:meth:`ASRStream.set_latency`).
+
+        Raises:
+            ValueError: Not one of the loaded model's modes (names them).
+            EngineNotRunningError: The engine is not running.
+
+        """
         scheduler = self._require()
         scheduler.request_latency(state, validate_latency_ms(latency_ms, scheduler.runner.modes))
 
-    def _request_language(self, state: StreamState, language: Any) -> None:
+    def request_language(self, state: StreamState, language: Any) -> None:
+        """Queue a stream's language change (:meth:`ASRStream.set_language`).
+
+        Raises:
+            ValueError: The model has no such language (names the model's).
+            EngineNotRunningError: The engine is not running.
+
+        """
         self._require().request_language(state, *self._resolve_language(language))
+
+    async def close_stream(self, state: StreamState, error: BaseException | None = None) -> None:
+        """Close a stream, failed with ``error`` if given (:meth:`ASRStream.close`); returns once its slot is free."""
+        if self._scheduler is None or state.stream_id not in self._scheduler.streams:
+            state.closed = True
+            return
+        await self._scheduler.release(state, error)
 
     def resolve_language(self, language: Any) -> str | None:
         """The language prompt a stream asking for ``language`` would decode with (see :meth:`open_stream`).
@@ -450,16 +467,6 @@ class NemotronEngine:
         """
         requested = self.config.default_language if language is None else language
         return resolve_prompt(self._require().runner.prompts, requested, self.config.model)
-
-    async def _close_stream(self, state: StreamState, error: BaseException | None = None) -> None:
-        if self._scheduler is None or state.stream_id not in self._scheduler.streams:
-            state.closed = True
-            return
-        await self._scheduler.release(state, error)
-
-    async def _fail_stream(self, state: StreamState, error: BaseException) -> None:
-        logger.error(f"ASR stream {state.stream_id} failed: {error}")
-        await self._close_stream(state, StreamFailedError(str(error)))
 
 
 def _language_keys(prompts: LanguagePrompts | None) -> tuple[str, ...]:
