@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -206,3 +207,26 @@ async def test_engine_churn_six_streams_every_future_resolves(seed: int) -> None
         assert engine.fake.peak_slots <= 6
         failed = [f for _, f in ledger.finals if f.done() and not f.cancelled() and f.exception()]
         assert not any(isinstance(e.exception(), StreamFailedError) for e in failed)
+
+
+async def test_a_close_waiting_for_its_slot_returns_when_the_scheduler_crashes() -> None:
+    """A ``close()`` waits for the next step to free the slot; if that step crashes the scheduler, it returns."""
+    engine = FakeEngine(EngineConfig(model="fake", device="cpu", max_streams=2, warmup=False))
+    await engine.start()
+    runner = engine.fake
+    stream, other = engine.open_stream(), engine.open_stream()
+    runner.hold = threading.Event()
+    await stream.push(np.zeros(16000, dtype=np.float32))
+    await asyncio.to_thread(runner.entered.wait, HANG_S)  # a step is running, holding stream's chunk
+    pending = other.finalize_nowait()
+    closing = asyncio.ensure_future(stream.close())
+    await asyncio.sleep(0.01)
+    assert not closing.done()  # it waits for the next step to free the slot
+    runner.crash = RuntimeError("scripted scheduler bug")
+    runner.hold.set()
+    await asyncio.wait_for(closing, HANG_S)
+    assert isinstance(engine.error, RuntimeError)
+    with pytest.raises(StreamFailedError, match="crashed"):
+        await asyncio.wait_for(pending, HANG_S)
+    with pytest.raises(RuntimeError, match="scripted"):  # stop() reports what crashed the scheduler
+        await engine.stop()

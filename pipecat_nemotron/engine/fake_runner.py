@@ -134,6 +134,8 @@ class FakeRunner:
         #: When set: each step waits until it is set (``entered`` tells the test a step is waiting).
         self.hold: threading.Event | None = None
         self.entered = threading.Event()
+        #: When set: the next step raises it (a bug outside any one stream's forward).
+        self.crash: BaseException | None = None
 
     def shape(self, latency_ms: int) -> FakeShape:
         """Chunk geometry of a mode."""
@@ -161,6 +163,8 @@ class FakeRunner:
         if self.hold is not None:
             self.hold.wait()
         self.entered.clear()
+        if self.crash is not None:
+            raise self.crash
         self.steps.append(
             FakeStep(
                 [

@@ -131,6 +131,10 @@ class Scheduler:
     def _end_all(self, error: BaseException) -> None:
         """End every stream with ``error`` and resolve every pending close: no step will run again."""
         self.policy.end_all(error)
+        self._resolve_close_waiters()
+
+    def _resolve_close_waiters(self) -> None:
+        """Let every waiting ``close()`` return."""
         for futures in self._close_waiters.values():
             for fut in futures:
                 if not fut.done():
@@ -198,6 +202,7 @@ class Scheduler:
             logger.exception(f"ASR scheduler crashed: {e!r}")
             self.error = e
             self.policy.crash(e)
+            self._resolve_close_waiters()  # no step will free their slots: their close() calls return now
             raise
 
     def _execute(self, plan: StepPlan) -> StepOutput:
