@@ -9,6 +9,8 @@ a user act in a reproducible way.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -238,3 +240,14 @@ async def test_stop_fails_every_pending_request() -> None:
     await asyncio.sleep(0)
     assert isinstance(fut.exception(), StreamClosedError) and isinstance(peek.exception(), StreamClosedError)
     assert s.closed and owner.policy.streams == {}
+
+
+def test_the_policy_and_the_loop_import_without_torch() -> None:
+    """The policy is plain Python: importing it (and the scheduler loop) loads neither torch nor NeMo."""
+    code = (
+        "import sys\n"
+        "import pipecat_nemotron.engine.policy, pipecat_nemotron.engine.scheduler\n"
+        "print(sorted(m for m in ('torch', 'nemo') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
