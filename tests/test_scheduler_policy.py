@@ -251,3 +251,12 @@ def test_the_policy_and_the_loop_import_without_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+async def test_a_peek_with_nothing_left_to_flush_is_answered_without_the_model() -> None:
+    owner = ManualOwner()
+    s = owner.open()
+    peek = s.peek_nowait()
+    plan = owner.plan()
+    assert plan.empty and peek.done() and owner.runner.steps == []
+    assert peek.result().text == "" and peek.result().utterance == 0
