@@ -260,3 +260,18 @@ async def test_a_peek_with_nothing_left_to_flush_is_answered_without_the_model()
     plan = owner.plan()
     assert plan.empty and peek.done() and owner.runner.steps == []
     assert peek.result().text == "" and peek.result().utterance == 0
+
+
+async def test_a_latency_change_is_checked_against_the_model_once_and_refused_whole() -> None:
+    """``set_latency`` is validated by the owner alone; a refused value leaves nothing pending."""
+    from pipecat_nemotron.engine.config import validate_latency_ms
+
+    modes = ManualOwner().runner.modes
+    for bad in (200, 160.0, True, "160"):
+        with pytest.raises(ValueError, match=r"\[80, 160, 560, 1120\]"):
+            validate_latency_ms(bad, modes)  # type: ignore[arg-type]
+    owner = ManualOwner()
+    s = owner.open(160)
+    with pytest.raises(ValueError, match="loaded model's modes"):
+        s.set_latency(200)
+    assert s._state.pending_latency_ms is None  # noqa: SLF001
