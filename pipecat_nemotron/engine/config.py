@@ -50,7 +50,7 @@ def validate_latency_ms(latency_ms: int, modes: Iterable[int] | None = None) -> 
     """
     if modes is not None:
         allowed = sorted(modes)
-        if latency_ms not in allowed:
+        if not isinstance(latency_ms, int) or isinstance(latency_ms, bool) or latency_ms not in allowed:
             raise ValueError(
                 f"latency_ms must be one of the loaded model's modes {allowed} (ms), got {latency_ms!r}"
             )

@@ -9,7 +9,6 @@ import itertools
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,18 +16,13 @@ from loguru import logger
 
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
 from pipecat_nemotron.engine.config import EngineConfig, default_cpu_threads, validate_latency_ms
-from pipecat_nemotron.engine.errors import (
-    CapacityError,
-    EngineNotRunningError,
-    ModelLoadError,
-    StreamFailedError,
-)
+from pipecat_nemotron.engine.errors import CapacityError, EngineNotRunningError, ModelLoadError
 from pipecat_nemotron.engine.languages import LanguagePrompts, resolve_prompt
 from pipecat_nemotron.engine.scheduler import Scheduler, StepStats
 from pipecat_nemotron.engine.splits import join_forced_finals
 from pipecat_nemotron.engine.state import StreamState
 from pipecat_nemotron.engine.stream import ASRStream
-from pipecat_nemotron.engine.types import FinalTranscript
+from pipecat_nemotron.engine.types import EngineInfo, FinalTranscript
 from pipecat_nemotron.latency_stats import percentile
 
 if TYPE_CHECKING:
@@ -41,41 +35,6 @@ EncoderOutputHook = Callable[[list[int], "torch.Tensor", "torch.Tensor"], None]
 
 #: Duration of the warm-up clip per latency mode, seconds.
 _WARMUP_SECONDS = 1.5
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """Facts about a started engine.
-
-    Attributes:
-        model: Model path or id.
-        device: Device the model runs on (e.g. ``"cuda:0"``, ``"cpu"``).
-        dtype: Encoder dtype name.
-        latency_modes: The loaded model's latency modes, ms (from its ``att_context_size`` list).
-        languages: The model's language prompts (locales, in index order, plus ``"auto"`` if it has it); empty
-            for a model without them (the English model, which transcribes English only).
-        cache_bytes_per_stream: Encoder cache memory per stream slot, bytes (the fast step's projected K/V
-            cache is twice NeMo's layer-input cache: 14.55 MB fp32 / 7.28 MB bf16 for the 600M model, against
-            7.67 / 3.84 MB with ``encoder_step="nemo"``).
-        max_streams: Capacity.
-        load_seconds: Time to load the model, seconds.
-        encoder_step: The encoder step that runs (``"fast"`` or ``"nemo"``; ``"nemo"`` also when the fast
-            step does not support the loaded encoder).
-        gpu_path: On CUDA, what runs there: CUDA graphs captured so far (count, failed shapes, reserved
-            bytes) and whether NeMo's CUDA-graph RNNT decoder is on; ``None`` on CPU.
-
-    """
-
-    model: str
-    device: str
-    dtype: str
-    latency_modes: tuple[int, ...]
-    cache_bytes_per_stream: int
-    max_streams: int
-    load_seconds: float
-    encoder_step: str = "fast"
-    languages: tuple[str, ...] = ()
-    gpu_path: dict[str, Any] | None = None
 
 
 class NemotronEngine:
@@ -414,18 +373,40 @@ class NemotronEngine:
         finally:
             await stream.close()
 
-    # ---- called by ASRStream ------------------------------------------------------------------------------
+    # ---- the stream contract (``StreamOwner``): called by ASRStream ---------------------------------------
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Tell the scheduler that a stream queued work (part of :class:`StreamOwner`; streams call it)."""
         if self._scheduler is not None:
             self._scheduler.wake()
 
-    def _request_latency(self, state: StreamState, latency_ms: int) -> None:
+    def request_latency(self, state: StreamState, latency_ms: int) -> None:
+        """Queue a stream's mode change, the one place it is validated (:meth:`ASRStream.set_latency`).
+
+        Raises:
+            ValueError: Not one of the loaded model's modes (names them).
+            EngineNotRunningError: The engine is not running.
+
+        """
         scheduler = self._require()
         scheduler.request_latency(state, validate_latency_ms(latency_ms, scheduler.runner.modes))
 
-    def _request_language(self, state: StreamState, language: Any) -> None:
+    def request_language(self, state: StreamState, language: Any) -> None:
+        """Queue a stream's language change (:meth:`ASRStream.set_language`).
+
+        Raises:
+            ValueError: The model has no such language (names the model's).
+            EngineNotRunningError: The engine is not running.
+
+        """
         self._require().request_language(state, *self._resolve_language(language))
+
+    async def close_stream(self, state: StreamState, error: BaseException | None = None) -> None:
+        """Close a stream, failed with ``error`` if given (:meth:`ASRStream.close`); returns once its slot is free."""
+        if self._scheduler is None or state.stream_id not in self._scheduler.streams:
+            state.closed = True
+            return
+        await self._scheduler.release(state, error)
 
     def resolve_language(self, language: Any) -> str | None:
         """The language prompt a stream asking for ``language`` would decode with (see :meth:`open_stream`).
@@ -450,16 +431,6 @@ class NemotronEngine:
         """
         requested = self.config.default_language if language is None else language
         return resolve_prompt(self._require().runner.prompts, requested, self.config.model)
-
-    async def _close_stream(self, state: StreamState, error: BaseException | None = None) -> None:
-        if self._scheduler is None or state.stream_id not in self._scheduler.streams:
-            state.closed = True
-            return
-        await self._scheduler.release(state, error)
-
-    async def _fail_stream(self, state: StreamState, error: BaseException) -> None:
-        logger.error(f"ASR stream {state.stream_id} failed: {error}")
-        await self._close_stream(state, StreamFailedError(str(error)))
 
 
 def _language_keys(prompts: LanguagePrompts | None) -> tuple[str, ...]:

@@ -12,10 +12,12 @@ inside it are kept. Each chunk therefore costs the same however long the stream 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 #: Frames of history each segment starts with; the preprocessor's own frames 0..1 see its left padding.
 HISTORY_FRAMES = 2
@@ -120,7 +122,6 @@ class MelFrontend:
         cursor.next_frame += num_frames
         cursor.drop_before((cursor.next_frame - HISTORY_FRAMES) * self.hop)
 
-    @torch.inference_mode()
     def compute(self, segments: list[np.ndarray], num_frames: list[int]) -> torch.Tensor:
         """Mel frames for a batch of segments.
 
@@ -133,18 +134,21 @@ class MelFrontend:
             segment's ``num_frames``.
 
         """
-        lengths = [s.size for s in segments]
-        batch = np.zeros((len(segments), max(lengths)), dtype=np.float32)
-        for i, s in enumerate(segments):
-            batch[i, : s.size] = s
-        signal = torch.from_numpy(batch).to(self.device)
-        length = torch.tensor(lengths, device=self.device, dtype=torch.long)
-        feats, _ = self.preprocessor(input_signal=signal, length=length)
-        width = max(num_frames)
-        out = feats[:, :, HISTORY_FRAMES : HISTORY_FRAMES + width].clone()
-        if out.size(-1) < width:
-            out = torch.nn.functional.pad(out, (0, width - out.size(-1)))
-        for i, n in enumerate(num_frames):
-            if n < width:
-                out[i, :, n:] = 0.0
-        return out
+        import torch  # here, not at import: the frontend's geometry is used without torch (the policy)
+
+        with torch.inference_mode():
+            lengths = [s.size for s in segments]
+            batch = np.zeros((len(segments), max(lengths)), dtype=np.float32)
+            for i, s in enumerate(segments):
+                batch[i, : s.size] = s
+            signal = torch.from_numpy(batch).to(self.device)
+            length = torch.tensor(lengths, device=self.device, dtype=torch.long)
+            feats, _ = self.preprocessor(input_signal=signal, length=length)
+            width = max(num_frames)
+            out = feats[:, :, HISTORY_FRAMES : HISTORY_FRAMES + width].clone()
+            if out.size(-1) < width:
+                out = torch.nn.functional.pad(out, (0, width - out.size(-1)))
+            for i, n in enumerate(num_frames):
+                if n < width:
+                    out[i, :, n:] = 0.0
+            return out

@@ -4,17 +4,16 @@ One call of :meth:`ModelRunner.run_step` executes every group of a step: for eac
 latency mode and chunk shape) it computes exact mel features, gathers the streams' encoder caches from NeMo's
 slot pool (:class:`~nemo.collections.asr.inference.utils.context_manager.CacheAwareContextManager`), runs one
 batched encoder step (ours, :class:`~pipecat_nemotron.engine.fast_step.FastEncoderStep`, or NeMo's
-``cache_aware_stream_step``), one batched greedy RNNT decode, and writes the caches back.
+``cache_aware_stream_step``), one batched greedy RNNT decode, and writes the caches back. It returns the new tokens as a
+:class:`~pipecat_nemotron.engine.step_plan.StepOutput`; the stream's decoder state stays on its state.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from loguru import logger
 
@@ -27,47 +26,8 @@ from pipecat_nemotron.engine.language_id import UtteranceEvidence, alignment_sco
 from pipecat_nemotron.engine.languages import AUTO, LanguagePrompts
 from pipecat_nemotron.engine.modes import ModeShape, left_pad, mode_shapes, tail_context
 from pipecat_nemotron.engine.state import StreamState
+from pipecat_nemotron.engine.step_plan import ItemOutput, StepGroup, StepItem, StepOutput
 from pipecat_nemotron.engine.words import WordAligner
-
-
-@dataclass
-class StepItem:
-    """One stream's work in a step.
-
-    Attributes:
-        state: The stream.
-        segment: Audio covering the chunk's frames (see :class:`MelFrontend`).
-        num_frames: Mel frames of the chunk.
-        first: The stream has no encoder context yet: no pre-encode cache, nothing dropped.
-        final: The chunk ends an utterance (partial length allowed).
-        peek: The chunk flushes the utterance for a peek, on copies (nothing is written back).
-        ready_at: Monotonic time its audio had arrived.
-
-    """
-
-    state: StreamState
-    segment: np.ndarray
-    num_frames: int
-    first: bool
-    final: bool
-    ready_at: float
-    #: Mel frame (of the segment) where the chunk starts.
-    start_frame: int = 0
-    new_tokens: list[int] = field(default_factory=list)
-    #: Where each new token was emitted: the last mel frame (of the segment) its encoder frame covers.
-    new_frames: list[int] = field(default_factory=list)
-    #: Confidence of each new token, in [0, 1].
-    new_confidence: list[float] = field(default_factory=list)
-    error: BaseException | None = None
-    peek: bool = False
-
-
-@dataclass
-class StepGroup:
-    """Items that share one batched forward: same mode, same chunk kind and length."""
-
-    latency_ms: int
-    items: list[StepItem]
 
 
 class ModelRunner:
@@ -171,37 +131,39 @@ class ModelRunner:
             self.slots.reset_slots(held, [True] * len(held))
 
     @torch.inference_mode()
-    def run_step(self, groups: list[StepGroup], releases: list[int]) -> float:
+    def run_step(self, groups: list[StepGroup], releases: list[int]) -> StepOutput:
         """Run one engine step: release slots, then one batched forward per group.
 
         A group whose batched forward raises is retried one stream at a time, so a stream that fails does so
-        alone (its item gets ``error``); the other streams' results are unaffected.
+        alone (its output carries the ``error``); the other streams' results are unaffected.
 
         Returns:
-            Wall time of the step, ms.
+            Each item's new tokens (by stream id) and the step's wall time.
 
         """
         start = time.perf_counter()
         if releases:
             self.release(releases)
+        outputs: dict[int, ItemOutput] = {}
         for group in groups:
             try:
-                self._forward(group.latency_ms, group.items)
+                outputs.update(self._forward(group.latency_ms, group.items))
             except Exception as batch_error:  # isolate the failing stream(s)
                 if len(group.items) == 1:
-                    group.items[0].error = batch_error
+                    outputs[group.items[0].state.stream_id] = ItemOutput(error=batch_error)
                     continue
                 logger.warning(f"Batched ASR step failed ({batch_error!r}); retrying its streams one by one")
                 for item in group.items:
                     try:
-                        self._forward(group.latency_ms, [item])
+                        outputs.update(self._forward(group.latency_ms, [item]))
                     except Exception as e:
-                        item.error = e
+                        outputs[item.state.stream_id] = ItemOutput(error=e)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return (time.perf_counter() - start) * 1000.0
+        return StepOutput((time.perf_counter() - start) * 1000.0, outputs)
 
-    def _forward(self, latency_ms: int, items: list[StepItem]) -> None:
+    def _forward(self, latency_ms: int, items: list[StepItem]) -> dict[int, ItemOutput]:
+        """One batched forward of items that share a mode and chunk shape; their outputs by stream id."""
         from nemo.collections.asr.inference.utils.context_manager import CacheAwareContext
         from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
@@ -250,14 +212,17 @@ class ModelRunner:
         # (causal 8x subsampling, S = 8): the offset of this chunk's frame grid from its first mel frame.
         grid = (0 if first else -mode.pre_encode_cache_frames) + self.subsampling * drop
         lengths = encoded_len.tolist()
+        outputs: dict[int, ItemOutput] = {}
         for row, (it, hyp, tokens, frames, length) in enumerate(
             zip(items, hyps, _token_lists(hyps), _frame_lists(hyps), lengths, strict=True)
         ):
             # NeMo counts a token's frame from the first frame decoded with this decoder state.
             base = it.state.decoded_frames if it.state.dec_state is not None else 0
-            it.new_tokens = tokens
-            it.new_frames = [it.start_frame + grid + self.subsampling * (t - base) for t in frames]
-            it.new_confidence = _confidence_list(hyp, len(tokens))
+            outputs[it.state.stream_id] = ItemOutput(
+                tokens,
+                [it.start_frame + grid + self.subsampling * (t - base) for t in frames],
+                _confidence_list(hyp, len(tokens)),
+            )
             if it.peek:
                 continue  # a peek leaves its stream's decoder state as it was
             it.state.decoded_frames = base + int(length)
@@ -267,6 +232,7 @@ class ModelRunner:
                 self._detect_language(
                     it, unprompted[row, :, : int(length)], tokens, [t - base for t in frames]
                 )
+        return outputs
 
     def _detect_language(
         self, it: StepItem, encoded: torch.Tensor, tokens: list[int], frames: list[int]

@@ -1,49 +1,75 @@
 """The one task that owns the model: plan a step, run it off the loop, deliver its results.
 
-Between steps (and only then) the scheduler applies joins, leaves, finalizes and latency changes. While a
-step runs on the worker thread, the event loop keeps accepting audio; that audio is picked up by the next step.
-
-One turn of the loop hands typed objects along, as vLLM's engine core does between schedule, execute and
-update: :meth:`Scheduler._plan` turns the open :class:`StreamEntry` objects into a :class:`StepPlan` (on the
-loop), :meth:`Scheduler._execute` runs the plan's groups through :meth:`ModelRunner.run_step` (on the worker
-thread), and :meth:`Scheduler._resolve` delivers the plan's results to the streams (on the loop).
+A turn hands typed objects along, as vLLM's engine core does between schedule, execute and update: the policy
+(:class:`~pipecat_nemotron.engine.policy.SchedulerPolicy`, synchronous) plans a
+:class:`~pipecat_nemotron.engine.step_plan.StepPlan` on the loop, the model runner turns it into a
+:class:`~pipecat_nemotron.engine.step_plan.StepOutput` on the worker thread, and the policy resolves the plan
+with it on the loop. Joins, leaves, finalizes and setting changes reach the policy only between steps; while a
+step runs, the event loop keeps accepting audio, which the next step picks up. This module holds only the loop,
+the wake-up and the futures of ``close()`` calls.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from loguru import logger
 
-from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
-from pipecat_nemotron.engine.changes import apply_pending, request_change
-from pipecat_nemotron.engine.errors import StreamClosedError, StreamFailedError
-from pipecat_nemotron.engine.runner import ModelRunner, StepGroup, StepItem
-from pipecat_nemotron.engine.splits import choose_split, split_utterance
-from pipecat_nemotron.engine.state import PendingPeek, StreamState
-from pipecat_nemotron.engine.step_plan import StepPlan, StepStats, StreamEntry
-from pipecat_nemotron.engine.types import FinalTranscript, PeekTranscript, TranscriptUpdate
-from pipecat_nemotron.engine.words import utterance_confidence
+from pipecat_nemotron.engine.errors import StreamClosedError
+from pipecat_nemotron.engine.policy import SchedulerPolicy, StepModel
+from pipecat_nemotron.engine.state import StreamState
+from pipecat_nemotron.engine.step_plan import (
+    Resolution,
+    StepGroup,
+    StepOutput,
+    StepPlan,
+    StepStats,
+    StreamEntry,
+)
+from pipecat_nemotron.engine.transcripts import extend_utterance
+from pipecat_nemotron.engine.types import TranscriptUpdate
 
 
-def _fail_finals(state: StreamState, error: BaseException) -> None:
-    """Fail the stream's pending finalize and peek requests with ``error`` and forget them."""
-    for pending in (*state.finals, *state.peeks):
-        if not pending.future.done():
-            pending.future.set_exception(error)
-    state.finals.clear()
-    state.peeks.clear()
+class StepRunner(StepModel, Protocol):
+    """The model runner as the loop uses it (:class:`~pipecat_nemotron.engine.runner.ModelRunner`)."""
+
+    def run_step(self, groups: list[StepGroup], releases: list[int]) -> StepOutput:
+        """Free the ``releases`` slots, then run one batched forward per group (worker thread)."""
+        ...
+
+    def detect_final_language(self, state: StreamState) -> None:
+        """Set an ``auto`` stream's detected language at its final (worker thread)."""
+        ...
+
+
+__all__ = ["Scheduler", "StepRunner", "StepStats", "run_plan"]
+
+
+def run_plan(runner: StepRunner, plan: StepPlan) -> StepOutput:
+    """Run a planned step (worker thread): the forwards, the final language detections, the streams' new text.
+
+    The text is extended here, off the event loop, because detokenising and word alignment cost as much as a
+    small forward; the stream's fields it writes are not touched by the loop while its chunk is in flight.
+    """
+    output = runner.run_step(plan.groups, plan.releases)
+    for state in plan.detections:
+        runner.detect_final_language(state)
+    for it in plan.items:
+        out = output.items.get(it.state.stream_id)
+        if out is not None and out.error is None and out.tokens and not it.peek:
+            extend_utterance(it.state, out, runner)
+    return output
 
 
 class Scheduler:
     """Continuous batching over all open streams of one engine.
 
     Args:
-        runner: The model runner (used only from ``executor``'s single thread).
+        runner: The model runner (its model calls happen only on ``executor``'s single thread).
         executor: A single-thread executor; every model call happens there.
         max_batch_size: Most chunks per step.
         hard_reset: Reset caches and decoder state after each final (``finalize_mode="hard"``).
@@ -54,7 +80,7 @@ class Scheduler:
 
     def __init__(
         self,
-        runner: ModelRunner,
+        runner: StepRunner,
         executor: ThreadPoolExecutor,
         max_batch_size: int,
         hard_reset: bool,
@@ -62,24 +88,28 @@ class Scheduler:
     ) -> None:
         self.runner = runner
         self.executor = executor
-        self.max_batch_size = max_batch_size
-        self.hard_reset = hard_reset
-        hop = runner.frontend.hop
-        #: Longest utterance in mel frames (None: unbounded).
-        self.max_utterance_frames = (
-            None if max_utterance_s is None else int(max_utterance_s * MODEL_SAMPLE_RATE) // hop
-        )
-        #: Open streams by id.
-        self.streams: dict[int, StreamEntry] = {}
+        self.policy = SchedulerPolicy(runner, max_batch_size, hard_reset, max_utterance_s)
         self.step_listeners: list[Callable[[StepStats], None]] = []
-        self._wake = asyncio.Event()
-        self._pending_releases: dict[int, list[asyncio.Future[None]]] = {}
-        self._reset_slots: set[int] = set()
-        self._task: asyncio.Task[None] | None = None
-        self.steps = 0
-        #: Recent time-to-final values, ms (warm-up included), for ``NemotronEngine.finalize_ms_percentile``.
-        self.recent_ttf_ms: deque[float] = deque(maxlen=512)
         self.error: BaseException | None = None
+        self._wake = asyncio.Event()
+        #: ``close()`` futures of closed streams, resolved once a step freed their slots.
+        self._close_waiters: dict[int, list[asyncio.Future[None]]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def streams(self) -> dict[int, StreamEntry]:
+        """Open streams by id."""
+        return self.policy.streams
+
+    @property
+    def steps(self) -> int:
+        """Steps that ran a forward."""
+        return self.policy.steps
+
+    @property
+    def recent_ttf_ms(self) -> deque[float]:
+        """Recent time-to-final values, ms."""
+        return self.policy.recent_ttf_ms
 
     # ---- control, called from the event loop ---------------------------------------------------------------
 
@@ -99,15 +129,17 @@ class Scheduler:
         self._end_all(StreamClosedError("the engine was stopped"))
 
     def _end_all(self, error: BaseException) -> None:
-        """End every stream with ``error`` and resolve every pending release: no step will run again."""
-        for entry in list(self.streams.values()):
-            self._end(entry, error, None)
-        self.streams.clear()
-        for futures in self._pending_releases.values():
+        """End every stream with ``error`` and resolve every pending close: no step will run again."""
+        self.policy.end_all(error)
+        self._resolve_close_waiters()
+
+    def _resolve_close_waiters(self) -> None:
+        """Let every waiting ``close()`` return."""
+        for futures in self._close_waiters.values():
             for fut in futures:
                 if not fut.done():
                     fut.set_result(None)
-        self._pending_releases.clear()
+        self._close_waiters.clear()
 
     def wake(self) -> None:
         """Tell the scheduler there may be work."""
@@ -120,71 +152,31 @@ class Scheduler:
         end: Callable[[BaseException | None], None],
     ) -> None:
         """Register a stream (its slot is taken on its first step)."""
-        self.streams[state.stream_id] = StreamEntry(state, push, end)
+        self.policy.add(state, push, end)
 
     def release(self, state: StreamState, error: BaseException | None = None) -> asyncio.Future[None]:
-        """Close a stream: fail its pending finals, end its updates, free its slot before the next step.
+        """Close a stream (:meth:`SchedulerPolicy.release`); the future resolves once its slot is free.
 
-        The stream stops counting as open at once (``streams`` no longer holds it), so a new stream may open
-        in its place right away: the runner zeroes the old cache slot at the start of the next step, before
-        that step's forward assigns slots to new streams. The returned future resolves once that has happened.
+        It resolves at once when no step will run again (the task is not running).
         """
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = self.streams.pop(state.stream_id, None)
-        if error is not None and state.error is None:
-            state.error = error
-        finals_error = (
-            StreamFailedError(f"stream {state.stream_id} failed: {error}")
-            if error is not None
-            else StreamClosedError(f"stream {state.stream_id} was closed before its final")
-        )
-        if entry is None:  # already released: resolve with that release
-            state.closed = True
-            _fail_finals(state, finals_error)
-            if state.stream_id in self._pending_releases:
-                self._pending_releases[state.stream_id].append(fut)
-            else:
-                fut.set_result(None)
-            return fut
-        self._end(entry, finals_error, state.error if error is not None else None)
-        if self._task is None or self._task.done():  # no step will free the slot: nothing waits for one
+        self.policy.release(state, error)
+        if state.stream_id in self.policy.closing and self._task is not None and not self._task.done():
+            self._close_waiters.setdefault(state.stream_id, []).append(fut)
+            self._wake.set()
+        else:
             fut.set_result(None)
-            return fut
-        self._pending_releases.setdefault(state.stream_id, []).append(fut)
-        self._wake.set()
         return fut
 
     def request_language(self, state: StreamState, language: str | None, prompt_index: int | None) -> None:
         """Change a stream's language from its first utterance without a word (:mod:`~.changes`)."""
-        request_change(state, language=(language, prompt_index))
-        self._apply_pending(state)
+        if self.policy.request(state, language=(language, prompt_index)):
+            self._wake.set()
 
     def request_latency(self, state: StreamState, latency_ms: int) -> None:
         """Change a stream's mode from its first utterance without a word (:mod:`~.changes`)."""
-        request_change(state, latency_ms=latency_ms)
-        self._apply_pending(state)
-
-    def _apply_pending(self, state: StreamState) -> None:
-        """Apply the stream's pending change if it may apply now (between steps, or off the running step)."""
-        if apply_pending(state, self.runner.frontend.hop, self.hard_reset):
-            self._reset_slots.add(state.stream_id)
+        if self.policy.request(state, latency_ms=latency_ms):
             self._wake.set()
-
-    @staticmethod
-    def _settle(state: StreamState) -> None:
-        """Wake whoever waits for the stream's chunk in flight to be delivered (``ASRStream.settled``)."""
-        waiters, state.step_waiters = state.step_waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
-
-    @staticmethod
-    def _end(entry: StreamEntry, finals_error: BaseException, error: BaseException | None) -> None:
-        """The one way a stream ends: fail its pending finals, mark it closed, end its updates with ``error``."""
-        _fail_finals(entry.state, finals_error)
-        entry.state.closed = True
-        Scheduler._settle(entry.state)
-        entry.end(error)
 
     # ---- the loop ----------------------------------------------------------------------------------------
 
@@ -194,287 +186,36 @@ class Scheduler:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                while not (plan := self._plan()).empty:
-                    step_ms = 0.0
+                while not (plan := self.policy.plan()).empty:
+                    output = StepOutput()
                     if plan.runs_model:
-                        step_ms = await loop.run_in_executor(self.executor, self._execute, plan)
-                    self._resolve(plan, step_ms)
+                        output = await loop.run_in_executor(self.executor, self._execute, plan)
+                    self._deliver(self.policy.resolve(plan, output))
                     # Let pushes and other tasks run between steps, even under sustained load.
                     await asyncio.sleep(0)
         except asyncio.CancelledError:
             # Cancelled without stop() (the event loop is shutting down, e.g. asyncio.run after an error):
             # streams still closing wait on releases only this task resolves.
-            self._end_all(
-                StreamClosedError("the engine's scheduler was cancelled; the engine is not running")
-            )
+            self._end_all(StreamClosedError("the engine's scheduler was cancelled; the engine is not running"))
             raise
         except BaseException as e:  # a bug in the scheduler itself: fail every stream loudly
             logger.exception(f"ASR scheduler crashed: {e!r}")
             self.error = e
-            crash = StreamFailedError(f"ASR scheduler crashed: {e!r}")
-            for entry in list(self.streams.values()):
-                self._end(entry, crash, crash)
+            self.policy.crash(e)
+            self._resolve_close_waiters()  # no step will free their slots: their close() calls return now
             raise
 
-    def _plan(self) -> StepPlan:
-        """Pick this step's work. Runs on the loop, between steps."""
-        closing = list(self._pending_releases)
-        releases = closing + sorted(self._reset_slots - set(closing))
-        self._reset_slots.clear()
-        candidates: list[StepItem] = []
-        immediate: list[StreamState] = []
-        for entry in self.streams.values():
-            if entry.state.closed:
-                continue
-            item = self._next_item(entry.state)
-            if isinstance(item, StepItem):
-                candidates.append(item)
-            elif item is not None:
-                immediate.append(item)
-        candidates.sort(key=lambda it: it.ready_at)
-        items = candidates[: self.max_batch_size]
-        by_key: dict[tuple[int, bool, int], list[StepItem]] = {}
-        for it in items:
-            if not it.peek:  # a peek reads the audio without consuming it
-                self.runner.frontend.advance(it.state.cursor, it.num_frames)
-                it.state.utterance_frames += it.num_frames
-            it.state.in_flight = True
-            by_key.setdefault((it.state.latency_ms, it.first, it.num_frames), []).append(it)
-        groups = [StepGroup(key[0], group) for key, group in by_key.items()]
-        return StepPlan(items, groups, immediate, releases, closing)
+    def _execute(self, plan: StepPlan) -> StepOutput:
+        return run_plan(self.runner, plan)
 
-    def _next_item(self, state: StreamState) -> StepItem | StreamState | None:
-        """The stream's next chunk if its audio is ready; the stream itself if a final needs no model step.
-
-        A pending peek acts as a boundary that does not end the utterance: the chunks before it come first, then
-        one flush of the rest on copies of the stream's caches (a peek item), then decoding goes on as before.
-        """
-        frontend = self.runner.frontend
-        limit, at_boundary = state.segment_limit()
-        peek = self._next_peek(state)
-        if peek is not None:
-            limit = peek.boundary - state.segment_origin
-        frames = self.runner.chunk_frames(state)
-        need = frontend.samples_needed(state.cursor.next_frame, frames)
-        first = not state.encoder_started
-        # Token frames count from the utterance's start (the feature segment may start later or earlier).
-        start = state.cursor.next_frame + (state.segment_origin - state.utterance_origin) // frontend.hop
-        if need <= limit:
-            ready_at = state.arrival_time(state.segment_origin + need)
-            segment = frontend.chunk_segment(state.cursor, frames)
-            return StepItem(state, segment, frames, first, False, ready_at, start)
-        if peek is not None:
-            segment, frames = frontend.final_segment(state.cursor, limit)
-            return StepItem(state, segment, frames, first, False, peek.requested_at, start, peek=True)
-        if not at_boundary:
-            return None
-        segment, frames = frontend.final_segment(state.cursor, limit)
-        if frames <= 0:
-            return state
-        return StepItem(state, segment, frames, first, True, state.finals[0].requested_at, start)
-
-    def _next_peek(self, state: StreamState) -> PendingPeek | None:
-        """The stream's first pending peek that needs a model step; peeks with nothing to flush are answered.
-
-        A peek waits for the finals requested before it (it belongs to the utterance after them).
-        """
-        while state.peeks:
-            peek = state.peeks[0]
-            if peek.future.done():  # the caller stopped waiting
-                state.peeks.popleft()
-            elif peek.utterance != state.utterance_index:
-                return None
-            elif self.runner.frontend.frames_available(peek.boundary - state.segment_origin) > (
-                state.cursor.next_frame
-            ):
-                return peek
-            else:  # every frame it covers is decoded: the text so far is the answer
-                self._finish_peek(state, [], time.monotonic())
-        return None
-
-    def _finish_peek(self, state: StreamState, new_tokens: list[int], now: float) -> None:
-        """Answer the stream's first pending peek: its tokens so far plus the peek flush's ``new_tokens``."""
-        pending = state.peeks.popleft()
-        tokens = state.tokens + new_tokens
-        if pending.future.done():
-            return
-        pending.future.set_result(
-            PeekTranscript(
-                text=self.runner.detokenize(tokens) if new_tokens else state.text,
-                utterance=pending.utterance,
-                audio_ms=(pending.boundary - state.utterance_origin) / SAMPLES_PER_MS,
-                latency_ms=state.latency_ms,
-                language=state.language,
-                peek_ms=(now - pending.requested_at) * 1000.0,
-                tokens=tuple(tokens),
-            )
-        )
-
-    def _execute(self, plan: StepPlan) -> float:
-        """Run the step on the worker thread and detokenise the streams whose tokens changed."""
-        step_ms = self.runner.run_step(plan.groups, plan.releases)
-        for state in plan.detections:
-            self.runner.detect_final_language(state)
-        for it in plan.items:
-            if it.error is None and it.new_tokens and not it.peek:
-                state = it.state
-                state.tokens.extend(it.new_tokens)
-                state.text = self.runner.detokenize(state.tokens)
-                state.trace.extend(it.new_frames, it.new_confidence)
-                state.words = self.runner.aligner.words(
-                    state.tokens, state.trace, state.utterance_origin / SAMPLES_PER_MS
-                )
-        return step_ms
-
-    def _resolve(self, plan: StepPlan, step_ms: float) -> None:
-        """Deliver results and apply what happens between steps. Runs on the loop."""
-        now = time.monotonic()
-        for sid in plan.closing:  # not plan.releases: see StepPlan.closing
-            for fut in self._pending_releases.pop(sid, []):
+    def _deliver(self, done: Resolution) -> None:
+        """Push the resolved updates, return the ``close()`` calls whose slots are free, report the stats."""
+        for entry, update in done.updates:
+            entry.push(update)
+        for sid in done.released:
+            for fut in self._close_waiters.pop(sid, []):
                 if not fut.done():
                     fut.set_result(None)
-        queue_max = 0.0
-        finals = 0
-        for it in plan.items:
-            queue_ms = self._deliver(it, now, step_ms)
-            if queue_ms is not None:
-                queue_max = max(queue_max, queue_ms)
-                finals += 1 if it.final else 0
-                finals += self._split_if_long(it.state)
-            self._apply_pending(it.state)
-            self._settle(it.state)
-        for state in plan.immediate:
-            entry = self.streams.get(state.stream_id)
-            if entry is not None and not state.closed:
-                self._finish_utterance(entry, now, 0.0)
-                finals += 1
-        if plan.items:
-            self.steps += 1
-            modes = plan.latency_modes
-            stats = StepStats(
-                step_ms, len(plan.items), len(modes), queue_max, len(self.streams), finals, modes
-            )
+        if done.stats is not None:
             for listener in self.step_listeners:
-                listener(stats)
-
-    def _deliver(self, it: StepItem, now: float, step_ms: float) -> float | None:
-        """Hand one item's result to its stream: a partial, or its final. Returns its queue time, ms.
-
-        Returns None (nothing delivered) if the stream was closed meanwhile or its forward failed (then the
-        stream is failed alone).
-        """
-        state = it.state
-        state.in_flight = False
-        entry = self.streams.get(state.stream_id)
-        if entry is None or state.closed:
-            return None
-        if it.error is not None:
-            logger.error(f"ASR stream {state.stream_id} failed in a model step: {it.error!r}")
-            self.release(state, StreamFailedError(f"model step failed: {it.error!r}"))
-            return None
-        queue_ms = max(0.0, (now - it.ready_at) * 1000.0 - step_ms)
-        if it.peek:
-            self._finish_peek(state, it.new_tokens, now)
-            return queue_ms
-        hop_s = self.runner.frontend.hop / MODEL_SAMPLE_RATE
-        state.audio_seconds += it.num_frames * hop_s
-        if it.new_tokens and not it.final:
-            entry.push(
-                TranscriptUpdate(
-                    text=state.text,
-                    is_final=False,
-                    utterance=state.utterance_index,
-                    latency_ms=state.latency_ms,
-                    language=state.language,
-                    queue_ms=queue_ms,
-                    step_ms=step_ms,
-                    lag_ms=(now - it.ready_at) * 1000.0,
-                    words=state.words,
-                    confidence=utterance_confidence(state.words),
-                    start_ms=state.utterance_origin / SAMPLES_PER_MS,
-                )
-            )
-        if it.final:
-            self._finish_utterance(entry, now, step_ms)
-        return queue_ms
-
-    def _finish_utterance(self, entry: StreamEntry, now: float, step_ms: float) -> None:
-        state = entry.state
-        pending = state.finals.popleft()
-        ttf_ms = (now - pending.requested_at) * 1000.0
-        self.recent_ttf_ms.append(ttf_ms)
-        boundary_rel = pending.boundary - state.segment_origin
-        audio_ms = (pending.boundary - state.utterance_origin) / SAMPLES_PER_MS
-        utterance = state.utterance_index
-        start_ms = state.utterance_origin / SAMPLES_PER_MS
-        words = self.runner.aligner.words(state.tokens, state.trace, start_ms, audio_ms)
-        confidence = utterance_confidence(words)
-        final = FinalTranscript(
-            text=state.text,
-            ttf_ms=ttf_ms,
-            audio_ms=audio_ms,
-            utterance=utterance,
-            latency_ms=state.latency_ms,
-            language=state.language,
-            detected_language=state.detected_language,
-            tokens=tuple(state.tokens),
-            words=words,
-            confidence=confidence,
-            start_ms=start_ms,
-        )
-        entry.push(
-            TranscriptUpdate(
-                text=state.text,
-                is_final=True,
-                utterance=utterance,
-                latency_ms=state.latency_ms,
-                language=state.language,
-                detected_language=state.detected_language,
-                step_ms=step_ms,
-                ttf_ms=ttf_ms,
-                words=words,
-                confidence=confidence,
-                start_ms=start_ms,
-                audio_ms=audio_ms,
-                tokens=tuple(state.tokens),
-            )
-        )
-        # The next utterance starts a new feature segment at the boundary.
-        state.cursor = state.cursor.split_at(boundary_rel)
-        state.segment_origin = state.utterance_origin = pending.boundary
-        state.tokens = []
-        state.text = ""
-        state.trace.reset()
-        state.words = ()
-        state.utterance_frames = 0
-        state.utterance_index = utterance + 1
-        state.evidence = None
-        state.detected_language = None
-        if self.hard_reset:
-            state.encoder_started = False
-            state.dec_state = None
-            self._reset_slots.add(state.stream_id)
-        self._apply_pending(state)
-        if not pending.future.done():
-            pending.future.set_result(final)
-        if state.cursor.end:
-            self._wake.set()
-
-    def _split_if_long(self, state: StreamState) -> int:
-        """Split the stream's utterance if it reached ``max_utterance_s`` (:mod:`~.splits`); 1 if it did."""
-        entry = self.streams.get(state.stream_id)
-        if self.max_utterance_frames is None or entry is None or state.closed:
-            return 0
-        hop = self.runner.frontend.hop
-        decoded = state.cursor.next_frame + (state.segment_origin - state.utterance_origin) // hop
-        split = choose_split(
-            state.tokens,
-            state.trace.frames,
-            self.runner.aligner.starts_word,
-            decoded,
-            self.max_utterance_frames,
-        )
-        if split is None:
-            return 0
-        entry.push(split_utterance(state, split, self.runner))
-        return 1
+                listener(done.stats)

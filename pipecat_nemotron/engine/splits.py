@@ -26,15 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from pipecat_nemotron.engine.audio import SAMPLES_PER_MS
 from pipecat_nemotron.engine.state import StreamState
+from pipecat_nemotron.engine.transcripts import TextModel
 from pipecat_nemotron.engine.types import FinalTranscript, TranscriptUpdate
 from pipecat_nemotron.engine.words import TokenTrace, utterance_confidence
-
-if TYPE_CHECKING:
-    from pipecat_nemotron.engine.runner import ModelRunner
 
 #: Length of the stretch before the limit where a split looks for a pause, seconds (at most a quarter of the
 #: limit).
@@ -115,19 +112,26 @@ def join_forced_finals(forced: list[TranscriptUpdate], last: FinalTranscript) ->
     )
 
 
-def split_utterance(state: StreamState, split: Split, runner: ModelRunner) -> TranscriptUpdate:
+def split_utterance(state: StreamState, split: Split, text: TextModel, hop: int) -> TranscriptUpdate:
     """Split the stream's utterance at ``split``: return the forced final; the rest go on as the next utterance.
 
     Runs between steps. Requests about the speech that goes on (pending peeks and changes of this utterance
     or later ones) are renamed to the utterance after the split.
+
+    Args:
+        state: The stream.
+        split: Where to split.
+        text: Detokenises and aligns the two parts.
+        hop: Samples per mel frame.
+
     """
-    aligner, k, hop = runner.aligner, split.tokens, runner.frontend.hop
+    aligner, k = text.aligner, split.tokens
     utterance, head, trace = state.utterance_index, state.tokens[:k], state.trace
     start_ms = state.utterance_origin / SAMPLES_PER_MS
     audio_ms = split.cut_frame * hop / SAMPLES_PER_MS
     words = aligner.words(head, TokenTrace(trace.frames[:k], trace.confidence[:k]), start_ms, audio_ms)
     final = TranscriptUpdate(
-        text=runner.detokenize(head),
+        text=text.detokenize(head),
         is_final=True,
         utterance=utterance,
         latency_ms=state.latency_ms,
@@ -142,7 +146,7 @@ def split_utterance(state: StreamState, split: Split, runner: ModelRunner) -> Tr
     state.tokens = state.tokens[k:]
     state.trace = TokenTrace([f - split.cut_frame for f in trace.frames[k:]], trace.confidence[k:])
     state.utterance_origin += split.cut_frame * hop
-    state.text = runner.detokenize(state.tokens)
+    state.text = text.detokenize(state.tokens)
     state.words = aligner.words(state.tokens, state.trace, state.utterance_origin / SAMPLES_PER_MS)
     state.utterance_index = utterance + 1
     # Language detection (``auto``) covers each part from its own start; a forced final carries none.

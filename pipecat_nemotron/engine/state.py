@@ -11,15 +11,17 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipecat_nemotron.engine.audio import AudioInput
 from pipecat_nemotron.engine.features import FeatureCursor
-from pipecat_nemotron.engine.language_id import UtteranceEvidence
 from pipecat_nemotron.engine.types import WordTiming
 from pipecat_nemotron.engine.words import TokenTrace
+
+if TYPE_CHECKING:  # torch-backed; the runner fills it on the worker thread
+    from pipecat_nemotron.engine.language_id import UtteranceEvidence
 
 
 @dataclass

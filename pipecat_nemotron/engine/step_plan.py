@@ -1,13 +1,94 @@
-"""The typed objects one scheduler turn hands along: the plan of a step, the streams it serves, its stats."""
+"""The typed objects one scheduler turn hands along: the plan of a step, what the model returned, the stats.
+
+A turn is plan → execute → resolve (as vLLM's engine core goes schedule → execute → update): the policy
+(:mod:`~pipecat_nemotron.engine.policy`) turns the open streams into a :class:`StepPlan`, the model runner
+turns the plan's groups into a :class:`StepOutput`, and the policy resolves the plan with that output. Requests
+and results are separate objects: the runner never writes into the plan. Plain data only: no torch here.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from pipecat_nemotron.engine.runner import StepGroup, StepItem
+import numpy as np
+
 from pipecat_nemotron.engine.state import StreamState
 from pipecat_nemotron.engine.types import TranscriptUpdate
+
+
+@dataclass(frozen=True)
+class StepItem:
+    """One stream's work in a step (a request: its result comes back as an :class:`ItemOutput`).
+
+    Attributes:
+        state: The stream.
+        segment: Audio covering the chunk's frames (see :class:`~pipecat_nemotron.engine.features.MelFrontend`).
+        num_frames: Mel frames of the chunk.
+        first: The stream has no encoder context yet: no pre-encode cache, nothing dropped.
+        final: The chunk ends an utterance (partial length allowed).
+        ready_at: Monotonic time its audio had arrived (a final's or peek's: when it was requested).
+        start_frame: Mel frame, counted from the utterance's start, where the chunk starts.
+        peek: The chunk flushes the utterance for a peek, on copies (nothing is written back).
+
+    """
+
+    state: StreamState
+    segment: np.ndarray
+    num_frames: int
+    first: bool
+    final: bool
+    ready_at: float
+    start_frame: int = 0
+    peek: bool = False
+
+
+@dataclass
+class StepGroup:
+    """Items that share one batched forward: same mode, same chunk kind and length."""
+
+    latency_ms: int
+    items: list[StepItem]
+
+
+@dataclass
+class ItemOutput:
+    """What the model step produced for one item.
+
+    Attributes:
+        tokens: The new token ids.
+        frames: Where each new token was emitted: the last mel frame (from the utterance's start) its encoder
+            frame covers.
+        confidence: Confidence of each new token, in [0, 1].
+        error: The exception the item's forward raised (then the other fields are empty).
+
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    frames: list[int] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+@dataclass
+class StepOutput:
+    """What one model step returned.
+
+    Attributes:
+        step_ms: Wall time of the step (all groups), ms.
+        items: Output of each item of the plan, by stream id (a stream has at most one item per step).
+
+    """
+
+    step_ms: float = 0.0
+    items: dict[int, ItemOutput] = field(default_factory=dict)
+
+    def of(self, item: StepItem) -> ItemOutput:
+        """The output of ``item``; an error output if the step returned none for it (a runner bug)."""
+        out = self.items.get(item.state.stream_id)
+        if out is None:
+            return ItemOutput(error=RuntimeError("the model step returned no result for this stream"))
+        return out
 
 
 @dataclass(frozen=True)
@@ -90,3 +171,19 @@ class StepPlan:
     def latency_modes(self) -> tuple[int, ...]:
         """Latency mode of each group, ms."""
         return tuple(group.latency_ms for group in self.groups)
+
+
+@dataclass
+class Resolution:
+    """What resolving a step leaves the loop to do (the policy changes stream state; the loop delivers).
+
+    Attributes:
+        updates: Transcript updates to push, in order, with the stream each is for.
+        released: Ids of the closed streams whose slots the step freed: their ``close()`` calls may return.
+        stats: The step's stats (None when it ran no forward).
+
+    """
+
+    updates: list[tuple[StreamEntry, TranscriptUpdate]] = field(default_factory=list)
+    released: list[int] = field(default_factory=list)
+    stats: StepStats | None = None

@@ -6,18 +6,59 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
+from loguru import logger
 
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
-from pipecat_nemotron.engine.config import validate_latency_ms
 from pipecat_nemotron.engine.errors import InvalidAudioError, StreamClosedError, StreamFailedError
 from pipecat_nemotron.engine.state import PendingFinal, PendingPeek, StreamState
 from pipecat_nemotron.engine.types import FinalTranscript, PeekTranscript, TranscriptUpdate
 
-if TYPE_CHECKING:
-    from pipecat_nemotron.engine.engine import NemotronEngine
+
+class StreamOwner(Protocol):
+    """What a stream needs from the engine that opened it (:class:`NemotronEngine` implements it).
+
+    The stream holds its own state and queues its requests on it (audio, finalizes, peeks); the owner only
+    wakes its scheduler, checks and applies setting changes, and closes the stream. Nothing else of the engine
+    is reachable from a stream.
+    """
+
+    @property
+    def hop_samples(self) -> int:
+        """Samples (16 kHz) per mel frame."""
+        ...
+
+    def chunk_ms(self, latency_ms: int) -> float:
+        """Audio per regular model step in a latency mode, ms."""
+        ...
+
+    def wake(self) -> None:
+        """Tell the scheduler that a stream queued work (audio, a finalize, a peek)."""
+        ...
+
+    def request_latency(self, state: StreamState, latency_ms: int) -> None:
+        """Validate a mode change against the loaded model and queue it.
+
+        Raises:
+            ValueError: Not one of the model's modes (names them).
+
+        """
+        ...
+
+    def request_language(self, state: StreamState, language: Any) -> None:
+        """Resolve a language change against the loaded model and queue it.
+
+        Raises:
+            ValueError: The model has no such language (names the model's).
+
+        """
+        ...
+
+    async def close_stream(self, state: StreamState, error: BaseException | None = None) -> None:
+        """Close the stream (failed with ``error`` if given); returns once its cache slot is free."""
+        ...
 
 
 class UpdateQueue:
@@ -70,10 +111,15 @@ class ASRStream:
     """One audio stream (one user's session) on a shared :class:`NemotronEngine`.
 
     Create with :meth:`NemotronEngine.open_stream`. All methods must be called from the engine's event loop.
+
+    Args:
+        owner: The engine that opened the stream.
+        state: The stream's state (registered with the owner's scheduler).
+
     """
 
-    def __init__(self, engine: NemotronEngine, state: StreamState) -> None:
-        self._engine = engine
+    def __init__(self, owner: StreamOwner, state: StreamState) -> None:
+        self._owner = owner
         self._state = state
         self.updates_queue = UpdateQueue()
         self._utterance = 0
@@ -91,13 +137,13 @@ class ASRStream:
     @property
     def chunk_ms(self) -> float:
         """Audio per regular model step in the current mode, ms."""
-        return self._engine.chunk_ms(self._state.latency_ms)
+        return self._owner.chunk_ms(self._state.latency_ms)
 
     @property
     def backlog_ms(self) -> float:
         """Audio received but not yet taken into a model step, ms (grows when the engine falls behind)."""
         st = self._state
-        consumed = st.segment_origin + st.cursor.next_frame * self._engine.hop_samples
+        consumed = st.segment_origin + st.cursor.next_frame * self._owner.hop_samples
         return max(0, st.received - consumed) / SAMPLES_PER_MS
 
     @property
@@ -158,11 +204,12 @@ class ASRStream:
         try:
             samples = self._state.input.convert(audio, sample_rate, num_channels)
         except InvalidAudioError as e:
-            await self._engine._fail_stream(self._state, e)
+            logger.error(f"ASR stream {self.stream_id} failed: {e}")
+            await self._owner.close_stream(self._state, StreamFailedError(str(e)))
             raise
         if samples.size:
             self._state.append_audio(samples)
-            self._engine._wake()
+            self._owner.wake()
 
     async def finalize(self) -> FinalTranscript:
         """End the current utterance: flush all audio pushed so far and return its final text.
@@ -191,7 +238,7 @@ class ASRStream:
         loop = asyncio.get_running_loop()
         pending = PendingFinal(self._state.received, time.monotonic(), loop.create_future())
         self._state.finals.append(pending)
-        self._engine._wake()
+        self._owner.wake()
         return pending.future
 
     async def peek(self) -> PeekTranscript:
@@ -222,7 +269,7 @@ class ASRStream:
             state.received, time.monotonic(), loop.create_future(), state.utterance_index + len(state.finals)
         )
         state.peeks.append(pending)
-        self._engine._wake()
+        self._owner.wake()
         return pending.future
 
     def set_latency(self, latency_ms: int) -> None:
@@ -239,7 +286,7 @@ class ASRStream:
 
         """
         self._check_open()
-        self._engine._request_latency(self._state, validate_latency_ms(latency_ms))
+        self._owner.request_latency(self._state, latency_ms)
 
     @property
     def language(self) -> str | None:
@@ -263,7 +310,7 @@ class ASRStream:
 
         """
         self._check_open()
-        self._engine._request_language(self._state, language)
+        self._owner.request_language(self._state, language)
 
     async def settled(self) -> None:
         """Return once no chunk of this stream is in a model step (at once if none is).
@@ -289,7 +336,7 @@ class ASRStream:
 
     async def close(self) -> None:
         """Close the stream and free its cache slot (idempotent). Pending finalizes fail."""
-        await self._engine._close_stream(self._state)
+        await self._owner.close_stream(self._state)
 
     async def updates(self) -> AsyncIterator[TranscriptUpdate]:
         """Iterate over transcript updates (partials as the text grows, then the final of each utterance).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -139,3 +140,38 @@ class PeekTranscript:
     peek_ms: float
     tokens: tuple[int, ...] = ()
     language: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """Facts about a started engine.
+
+    Attributes:
+        model: Model path or id.
+        device: Device the model runs on (e.g. ``"cuda:0"``, ``"cpu"``).
+        dtype: Encoder dtype name.
+        latency_modes: The loaded model's latency modes, ms (from its ``att_context_size`` list).
+        languages: The model's language prompts (locales, in index order, plus ``"auto"`` if it has it); empty
+            for a model without them (the English model, which transcribes English only).
+        cache_bytes_per_stream: Encoder cache memory per stream slot, bytes (the fast step's projected K/V
+            cache is twice NeMo's layer-input cache: 14.55 MB fp32 / 7.28 MB bf16 for the 600M model, against
+            7.67 / 3.84 MB with ``encoder_step="nemo"``).
+        max_streams: Capacity.
+        load_seconds: Time to load the model, seconds.
+        encoder_step: The encoder step that runs (``"fast"`` or ``"nemo"``; ``"nemo"`` also when the fast
+            step does not support the loaded encoder).
+        gpu_path: On CUDA, what runs there: CUDA graphs captured so far (count, failed shapes, reserved
+            bytes) and whether NeMo's CUDA-graph RNNT decoder is on; ``None`` on CPU.
+
+    """
+
+    model: str
+    device: str
+    dtype: str
+    latency_modes: tuple[int, ...]
+    cache_bytes_per_stream: int
+    max_streams: int
+    load_seconds: float
+    encoder_step: str = "fast"
+    languages: tuple[str, ...] = ()
+    gpu_path: dict[str, Any] | None = None
