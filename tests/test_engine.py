@@ -169,7 +169,7 @@ async def test_odd_bytes_stereo_and_resampling(engine: NemotronEngine) -> None:
 
     audio48 = soxr.resample(mono.astype(np.float32) / 32768, 16000, 48000)
     final = await engine.transcribe(audio48, latency_ms=160, sample_rate=48000)
-    assert abs(final.audio_ms - 1300) < 40
+    assert abs(final.utterance_audio_ms - 1300) < 40
     assert final.tokens
 
 
@@ -357,7 +357,7 @@ async def test_finalize_encodes_only_the_tail_whatever_the_utterance_length(tiny
                     final = await stream.finalize()
             finally:
                 await stream.close()
-            assert final.audio_ms == pytest.approx(seconds * 1000)
+            assert final.utterance_audio_ms == pytest.approx(seconds * 1000)
             return frames
 
         # 17.92 s apart: a whole number of 160 ms chunks, so both leave the same tail to flush.

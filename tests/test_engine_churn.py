@@ -26,9 +26,9 @@ import pytest
 from pipecat_nemotron.engine import (
     CapacityError,
     EngineConfig,
-    FinalTranscript,
     StreamClosedError,
     StreamFailedError,
+    TranscriptUpdate,
 )
 from pipecat_nemotron.engine.fake_runner import FAKE_MODES, FakeEngine, ManualOwner
 from pipecat_nemotron.engine.step_plan import StepOutput, StepPlan
@@ -70,7 +70,7 @@ def check_outcomes(ledger: Ledger, seed: int) -> None:
     for sid, fut in ledger.finals:
         if not fut.cancelled() and fut.exception() is None:
             final = fut.result()
-            assert isinstance(final, FinalTranscript)
+            assert isinstance(final, TranscriptUpdate)
             utterances.setdefault(sid, []).append(final.utterance)
     for sid, seen in utterances.items():
         assert seen == sorted(set(seen)), f"seed {seed}: stream {sid} finals out of order: {seen}"

@@ -90,8 +90,8 @@ def _final_bytes(update: TranscriptUpdate) -> int:
         utterance=update.utterance,
         text=update.text,
         latency_ms=update.latency_ms,
-        audio_ms=update.start_ms + (update.audio_ms or 0.0),
-        utterance_audio_ms=update.audio_ms or 0.0,
+        audio_ms=update.start_ms + (update.utterance_audio_ms or 0.0),
+        utterance_audio_ms=update.utterance_audio_ms or 0.0,
         words=words_to_wire(update.words),
         confidence=update.confidence,
     )
@@ -168,10 +168,10 @@ async def test_ten_minutes_without_a_pause_give_bounded_finals_and_every_word() 
     assert len(finals) >= 10
     assert [f.utterance for f in finals] == list(range(len(finals)))
     # Each utterance at most 60 s, and together they tile the audio.
-    assert all(0 < f.audio_ms <= 60_000 for f in finals)
+    assert all(0 < f.utterance_audio_ms <= 60_000 for f in finals)
     for before, after in zip(finals, finals[1:], strict=False):
-        assert after.start_ms == pytest.approx(before.start_ms + before.audio_ms)
-    assert finals[-1].start_ms + finals[-1].audio_ms == pytest.approx(audio.size / 16)
+        assert after.start_ms == pytest.approx(before.start_ms + before.utterance_audio_ms)
+    assert finals[-1].start_ms + finals[-1].utterance_audio_ms == pytest.approx(audio.size / 16)
     # No word lost at a cut: the finals together are the words spoken (the tiny model gets all 1,570 right).
     assert " ".join(f.text for f in finals if f.text) == spoken
     words = tuple(w for f in finals for w in f.words)
@@ -186,7 +186,7 @@ async def test_ten_minutes_without_a_pause_give_bounded_finals_and_every_word() 
     # Word times stay on the session's clock across cuts.
     starts = [w.start_ms for w in words]
     assert starts == sorted(starts)
-    assert all(f.start_ms <= w.start_ms <= f.start_ms + f.audio_ms for f in finals for w in f.words)
+    assert all(f.start_ms <= w.start_ms <= f.start_ms + f.utterance_audio_ms for f in finals for w in f.words)
 
 
 @pytest.mark.parametrize("finalize_mode", ["soft", "hard"])
@@ -202,7 +202,7 @@ async def test_transcribe_joins_the_parts_of_a_long_clip(finalize_mode: str) -> 
             await bounded.stop()
             await unbounded.stop()
     assert joined.tokens == whole.tokens and joined.text == whole.text
-    assert joined.audio_ms == pytest.approx(whole.audio_ms) and joined.utterance == 0
+    assert joined.utterance_audio_ms == pytest.approx(whole.utterance_audio_ms) and joined.utterance == 0
 
 
 async def _unsplit_final(pcm: bytes) -> Any:

@@ -103,10 +103,10 @@ async def test_peek_equals_the_final_it_predicts(engine: NemotronEngine, finaliz
         again = await stream.peek()
         final = await stream.finalize()
         assert peek.text and peek.text == final.text and peek.tokens == final.tokens
-        assert again == PeekTranscript(peek.text, 0, peek.audio_ms, 160, again.peek_ms, peek.tokens), (
+        assert again == PeekTranscript(peek.text, 0, peek.utterance_audio_ms, 160, again.peek_ms, peek.tokens), (
             "a second peek sees the same stream"
         )
-        assert peek.audio_ms == pytest.approx(final.audio_ms)
+        assert peek.utterance_audio_ms == pytest.approx(final.utterance_audio_ms)
 
         # A peek asked while a final is pending belongs to the next utterance; one asked before it, to this one.
         await speak(stream, pcm[TURN_SPLIT:], None, [])
@@ -147,7 +147,7 @@ async def test_simultaneous_peeks_share_one_forward(engine: NemotronEngine) -> N
 async def test_peek_edges(engine: NemotronEngine) -> None:
     stream = engine.open_stream(latency_ms=160)
     empty = await stream.peek()
-    assert empty.text == "" and empty.tokens == () and empty.audio_ms == 0
+    assert empty.text == "" and empty.tokens == () and empty.utterance_audio_ms == 0
     await stream.push(two_turns()[:TURN_SPLIT])
     pending = stream.peek_nowait()
     await stream.close()

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from pipecat_nemotron.engine import FinalTranscript, PeekTranscript, StreamClosedError, StreamFailedError
+from pipecat_nemotron.engine import PeekTranscript, StreamClosedError, StreamFailedError, TranscriptUpdate
 from pipecat_nemotron.engine.fake_runner import ManualOwner, fake_token
 from pipecat_nemotron.engine.stream import ASRStream
 
@@ -88,14 +88,14 @@ async def test_finalize_flushes_the_utterance_and_the_next_one_starts_at_its_bou
     await s.push(audio(0.3))  # after the boundary: the next utterance
     owner.run_until_idle()
     final = final_future.result()
-    assert isinstance(final, FinalTranscript)
-    assert final.audio_ms == pytest.approx(1030.0) and final.utterance == 0 and final.start_ms == 0.0
+    assert isinstance(final, TranscriptUpdate)
+    assert final.utterance_audio_ms == pytest.approx(1030.0) and final.utterance == 0 and final.start_ms == 0.0
     # chunks: 17 frames, then 16 each, then the flush of what is left of 103 frames.
     chunks = [(0, 17), (17, 16), (33, 16), (49, 16), (65, 16), (81, 16), (97, 6)]
     assert list(final.tokens) == expected_tokens(s.stream_id, chunks)
     updates = drain(s)
     finals = [u for u in updates if u.is_final]
-    assert len(finals) == 1 and finals[0].text == final.text and finals[0].tokens == final.tokens
+    assert len(finals) == 1 and finals[0] is final  # one record: what finalize() resolves with is the final update
     assert all(not u.is_final for u in updates[: updates.index(finals[0])])
     following = s.finalize_nowait()
     owner.run_until_idle()
@@ -108,11 +108,11 @@ async def test_a_final_with_nothing_left_to_decode_needs_no_model_step() -> None
     fut = s.finalize_nowait()
     plan, _ = owner.step()
     assert plan.immediate and not plan.runs_model and owner.runner.steps == []
-    assert fut.result().text == "" and fut.result().audio_ms == 0.0
+    assert fut.result().text == "" and fut.result().utterance_audio_ms == 0.0
 
 
 async def test_peek_answers_the_final_text_and_leaves_the_stream_as_it_was() -> None:
-    async def run(peek_at: float | None) -> tuple[PeekTranscript | None, FinalTranscript]:
+    async def run(peek_at: float | None) -> tuple[PeekTranscript | None, TranscriptUpdate]:
         owner = ManualOwner()
         s = owner.open()
         await s.push(audio(1.03))
@@ -131,7 +131,7 @@ async def test_peek_answers_the_final_text_and_leaves_the_stream_as_it_was() -> 
     await s.push(audio(1.03))
     short = s.finalize_nowait()
     owner.run_until_idle()
-    assert peeked is not None and peeked.tokens == short.result().tokens and peeked.audio_ms == 1030.0
+    assert peeked is not None and peeked.tokens == short.result().tokens and peeked.utterance_audio_ms == 1030.0
 
 
 async def test_a_peek_after_a_pending_final_is_about_the_next_utterance() -> None:
@@ -143,7 +143,7 @@ async def test_a_peek_after_a_pending_final_is_about_the_next_utterance() -> Non
     peek = s.peek_nowait()
     owner.run_until_idle()
     assert final.result().utterance == 0
-    assert peek.result().utterance == 1 and peek.result().audio_ms == pytest.approx(500.0)
+    assert peek.result().utterance == 1 and peek.result().utterance_audio_ms == pytest.approx(500.0)
 
 
 async def test_a_stream_closed_mid_step_gets_nothing_and_frees_its_slot_before_the_next_forward() -> None:

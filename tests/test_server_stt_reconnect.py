@@ -230,7 +230,7 @@ async def test_a_reconnect_after_a_forced_final_does_not_replay_its_words() -> N
     # The new session decoded exactly the audio after the cut (a fresh decode: its first words may differ from
     # the same audio decoded with the cut's left context, so the reference is that audio alone).
     assert " ".join(f.text for f in frames[1:] if f.text) == rest
-    assert stt.keeper.reconnects[0].replayed_s == pytest.approx(len(pcm) / 32000 - first.audio_ms / 1000, abs=1e-3)
+    assert stt.keeper.reconnects[0].replayed_s == pytest.approx(len(pcm) / 32000 - first.utterance_audio_ms / 1000, abs=1e-3)
 
 
 async def split_once(engine: NemotronEngine, pcm: bytes, latency_ms: int) -> tuple[TranscriptUpdate, str]:
@@ -242,6 +242,6 @@ async def split_once(engine: NemotronEngine, pcm: bytes, latency_ms: int) -> tup
     finally:
         await stream.close()
     first = next(u for u in [u async for u in stream.updates()] if u.is_final and u.forced)
-    cut = 2 * round((first.audio_ms or 0.0) * 16)
+    cut = 2 * round((first.utterance_audio_ms or 0.0) * 16)
     rest = await engine.transcribe(pcm[cut:], latency_ms=latency_ms)
     return first, rest.text

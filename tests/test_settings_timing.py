@@ -68,8 +68,8 @@ async def test_latency_change_after_decoded_silence_applies_to_the_next_words(fi
             assert first.latency_ms == 160
             assert (second.latency_ms, second.text) == (560, SECOND)
             # Positions still count from the previous final's boundary, whatever was cut.
-            assert second.start_ms == pytest.approx(first.start_ms + first.audio_ms)
-            assert second.audio_ms == pytest.approx((PAUSE.size + second_clip.size) / 16)
+            assert second.start_ms == pytest.approx(first.start_ms + first.utterance_audio_ms)
+            assert second.utterance_audio_ms == pytest.approx((PAUSE.size + second_clip.size) / 16)
             assert second.words[0].text == "hi"
             assert 800 <= second.words[0].utterance_start_ms <= 1600  # "hi" starts ~1.1 s in
             starts = [w.start_ms for w in second.words]

@@ -80,7 +80,7 @@ async def test_word_starts_match_the_audio(
     assert summary["end_median_abs_ms"] <= 130.0, summary
     for final in finals:
         assert all(
-            0.0 <= w.confidence <= 1.0 and w.start_ms <= w.end_ms <= final.audio_ms for w in final.words
+            0.0 <= w.confidence <= 1.0 and w.start_ms <= w.end_ms <= final.utterance_audio_ms for w in final.words
         )
         assert " ".join(w.text for w in final.words) == final.text
 
@@ -117,11 +117,11 @@ async def test_timings_stay_monotonic_across_turns_of_one_stream(
         assert final.start_ms == pytest.approx(offset, abs=0.1)
         starts = [w.start_ms for w in final.words]
         assert starts == sorted(starts)
-        assert all(offset <= w.start_ms <= w.end_ms <= offset + final.audio_ms + 1e-6 for w in final.words)
+        assert all(offset <= w.start_ms <= w.end_ms <= offset + final.utterance_audio_ms + 1e-6 for w in final.words)
         assert all(w.start_ms == pytest.approx(offset + w.utterance_start_ms) for w in final.words)
         truth = tuple(WordSpan(w.text, w.start_ms + offset, w.end_ms + offset) for w in clip.words)
         shifted.append(WordClip(clip.audio, truth))
-        offset += final.audio_ms  # the next turn's words start after every word of this one
+        offset += final.utterance_audio_ms  # the next turn's words start after every word of this one
     summary = TimingErrors.measure(shifted, [_words(f.words) for f in finals]).summary()
     assert summary["start_median_abs_ms"] <= 80.0, summary  # later turns are placed on the right frame grid
 
@@ -186,7 +186,7 @@ async def test_pieces_starting_with_the_marker_start_words() -> None:
     aligner = WordAligner(_Tokenizer(), hop_ms=10.0, subsampling=8)
     tokens = [0, 1, 2, 3, 4]
     trace = TokenTrace(frames=[16, 24, 40, 48, 48], confidence=[0.9, 0.8, 0.5, 0.7, 0.6])
-    words = aligner.words(tokens, trace, utterance_start_ms=1000.0)
+    words = aligner.words(tokens, trace, start_ms=1000.0)
     assert [(w.text, w.utterance_start_ms, w.utterance_end_ms, w.confidence) for w in words] == [
         ("one", 80.0, 160.0, 0.9),
         ("two", 160.0, 400.0, 0.5),  # the lowest confidence of its tokens (NeMo's "min" aggregation)

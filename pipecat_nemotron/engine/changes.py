@@ -19,7 +19,7 @@ So every word of an utterance is decoded in one mode and one language. What the 
   sample not yet decoded (zeroed caches, fresh decoder state, a new feature segment), so the utterance's final
   equals the offline decode, in the new mode and language, of its audio from that sample to its end.
 
-Either way the utterance still starts at the previous final's boundary: ``start_ms``, ``audio_ms`` and word
+Either way the utterance still starts at the previous final's boundary: ``start_ms``, ``utterance_audio_ms`` and word
 times count from there (the cut only moves ``StreamState.segment_origin``, not ``utterance_origin``).
 """
 

@@ -22,7 +22,7 @@ from pipecat_nemotron.engine.scheduler import Scheduler, StepStats
 from pipecat_nemotron.engine.splits import join_forced_finals
 from pipecat_nemotron.engine.state import StreamState
 from pipecat_nemotron.engine.stream import ASRStream
-from pipecat_nemotron.engine.types import EngineInfo, FinalTranscript
+from pipecat_nemotron.engine.types import EngineInfo, TranscriptUpdate
 from pipecat_nemotron.latency_stats import percentile
 
 if TYPE_CHECKING:
@@ -352,7 +352,7 @@ class NemotronEngine:
         latency_ms: int | None = None,
         sample_rate: int = MODEL_SAMPLE_RATE,
         language: Any = None,
-    ) -> FinalTranscript:
+    ) -> TranscriptUpdate:
         """Transcribe a whole clip by streaming it through the engine (batched with live streams).
 
         A clip longer than ``max_utterance_s`` is split like a live stream, and its parts are joined into one

@@ -44,7 +44,7 @@ from pipecat_nemotron.engine.step_plan import (
     StepStats,
     StreamEntry,
 )
-from pipecat_nemotron.engine.transcripts import TextModel, final_records, partial_update, peek_record
+from pipecat_nemotron.engine.transcripts import TextModel, final_update, partial_update, peek_record
 from pipecat_nemotron.engine.types import TranscriptUpdate
 
 
@@ -370,8 +370,8 @@ class SchedulerPolicy:
         pending = state.finals.popleft()
         ttf_ms = (now - pending.requested_at) * 1000.0
         self.recent_ttf_ms.append(ttf_ms)
-        final, update = final_records(state, pending, ttf_ms, step_ms, self.model)
-        done.updates.append((entry, update))
+        final = final_update(state, pending, ttf_ms, step_ms, self.model)
+        done.updates.append((entry, final))
         # The next utterance starts a new feature segment at the boundary.
         state.cursor = state.cursor.split_at(pending.boundary - state.segment_origin)
         state.segment_origin = state.utterance_origin = pending.boundary

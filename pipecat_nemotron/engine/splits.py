@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pipecat_nemotron.engine.audio import SAMPLES_PER_MS
 from pipecat_nemotron.engine.state import StreamState
 from pipecat_nemotron.engine.transcripts import TextModel
-from pipecat_nemotron.engine.types import FinalTranscript, TranscriptUpdate
+from pipecat_nemotron.engine.types import TranscriptUpdate
 from pipecat_nemotron.engine.words import TokenTrace, utterance_confidence
 
 #: Length of the stretch before the limit where a split looks for a pause, seconds (at most a quarter of the
@@ -91,10 +91,10 @@ def choose_split(
     return Split(sum(1 for f in frames if f < hi), hi)
 
 
-def join_forced_finals(forced: list[TranscriptUpdate], last: FinalTranscript) -> FinalTranscript:
+def join_forced_finals(forced: list[TranscriptUpdate], last: TranscriptUpdate) -> TranscriptUpdate:
     """One result for an utterance split by the limit: its forced finals (in order) then its last final.
 
-    Text joins with spaces (each split falls between words), tokens and words concatenate, ``audio_ms`` sums
+    Text joins with spaces (each split falls between words), tokens and words concatenate, ``utterance_audio_ms`` sums
     and the result starts where the first part starts.
     """
     if not forced:
@@ -107,7 +107,7 @@ def join_forced_finals(forced: list[TranscriptUpdate], last: FinalTranscript) ->
         tokens=tuple(t for part in forced for t in part.tokens) + last.tokens,
         words=words,
         confidence=utterance_confidence(words),
-        audio_ms=sum(part.audio_ms or 0.0 for part in forced) + last.audio_ms,
+        utterance_audio_ms=sum(part.utterance_audio_ms or 0.0 for part in [*forced, last]),
         start_ms=forced[0].start_ms,
     )
 
@@ -139,7 +139,7 @@ def split_utterance(state: StreamState, split: Split, text: TextModel, hop: int)
         words=words,
         confidence=utterance_confidence(words),
         start_ms=start_ms,
-        audio_ms=audio_ms,
+        utterance_audio_ms=audio_ms,
         tokens=tuple(head),
         forced=True,
     )

@@ -14,7 +14,7 @@ from loguru import logger
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
 from pipecat_nemotron.engine.errors import InvalidAudioError, StreamClosedError, StreamFailedError
 from pipecat_nemotron.engine.state import PendingFinal, PendingPeek, StreamState
-from pipecat_nemotron.engine.types import FinalTranscript, PeekTranscript, TranscriptUpdate
+from pipecat_nemotron.engine.types import PeekTranscript, TranscriptUpdate
 
 
 class StreamOwner(Protocol):
@@ -211,7 +211,7 @@ class ASRStream:
             self._state.append_audio(samples)
             self._owner.wake()
 
-    async def finalize(self) -> FinalTranscript:
+    async def finalize(self) -> TranscriptUpdate:
         """End the current utterance: flush all audio pushed so far and return its final text.
 
         Audio pushed after this call belongs to the next utterance. Time-to-final (``ttf_ms``) is measured from
@@ -225,7 +225,7 @@ class ASRStream:
         """
         return await self.finalize_nowait()
 
-    def finalize_nowait(self) -> asyncio.Future[FinalTranscript]:
+    def finalize_nowait(self) -> asyncio.Future[TranscriptUpdate]:
         """Like :meth:`finalize`, but mark the utterance boundary now and return a future of the final.
 
         Useful when the caller must not wait (e.g. a frame processor), and to make sure audio pushed right after

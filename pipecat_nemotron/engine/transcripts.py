@@ -13,7 +13,7 @@ from typing import Protocol
 from pipecat_nemotron.engine.audio import SAMPLES_PER_MS
 from pipecat_nemotron.engine.state import PendingFinal, PendingPeek, StreamState
 from pipecat_nemotron.engine.step_plan import ItemOutput
-from pipecat_nemotron.engine.types import FinalTranscript, PeekTranscript, TranscriptUpdate, WordTiming
+from pipecat_nemotron.engine.types import PeekTranscript, TranscriptUpdate, WordTiming
 from pipecat_nemotron.engine.words import TokenTrace, utterance_confidence
 
 
@@ -21,7 +21,7 @@ class WordSource(Protocol):
     """Groups tokens into timed words (:class:`~pipecat_nemotron.engine.words.WordAligner`)."""
 
     def words(
-        self, tokens: list[int], trace: TokenTrace, utterance_start_ms: float, utterance_ms: float | None = None
+        self, tokens: list[int], trace: TokenTrace, start_ms: float, utterance_ms: float | None = None
     ) -> tuple[WordTiming, ...]:
         """The timed words of an utterance's tokens."""
         ...
@@ -69,33 +69,15 @@ def partial_update(state: StreamState, queue_ms: float, step_ms: float, lag_ms: 
     )
 
 
-def final_records(
-    state: StreamState, pending: PendingFinal, ttf_ms: float, step_ms: float, text: TextModel
-) -> tuple[FinalTranscript, TranscriptUpdate]:
+def final_update(state: StreamState, pending: PendingFinal, ttf_ms: float, step_ms: float, text: TextModel) -> TranscriptUpdate:
     """The final of the stream's utterance, which ends at ``pending.boundary``.
 
-    Returns:
-        What ``finalize()`` resolves with, and the final update: both from one set of words.
-
+    One record: the stream's ``updates()`` deliver it and ``finalize()`` resolves with it.
     """
     audio_ms = (pending.boundary - state.utterance_origin) / SAMPLES_PER_MS
     start_ms = state.utterance_origin / SAMPLES_PER_MS
     words = text.aligner.words(state.tokens, state.trace, start_ms, audio_ms)
-    confidence = utterance_confidence(words)
-    final = FinalTranscript(
-        text=state.text,
-        ttf_ms=ttf_ms,
-        audio_ms=audio_ms,
-        utterance=state.utterance_index,
-        latency_ms=state.latency_ms,
-        language=state.language,
-        detected_language=state.detected_language,
-        tokens=tuple(state.tokens),
-        words=words,
-        confidence=confidence,
-        start_ms=start_ms,
-    )
-    update = TranscriptUpdate(
+    return TranscriptUpdate(
         text=state.text,
         is_final=True,
         utterance=state.utterance_index,
@@ -105,12 +87,11 @@ def final_records(
         step_ms=step_ms,
         ttf_ms=ttf_ms,
         words=words,
-        confidence=confidence,
+        confidence=utterance_confidence(words),
         start_ms=start_ms,
-        audio_ms=audio_ms,
+        utterance_audio_ms=audio_ms,
         tokens=tuple(state.tokens),
     )
-    return final, update
 
 
 def peek_record(
@@ -130,7 +111,7 @@ def peek_record(
     return PeekTranscript(
         text=text.detokenize(tokens) if new_tokens else state.text,
         utterance=pending.utterance,
-        audio_ms=(pending.boundary - state.utterance_origin) / SAMPLES_PER_MS,
+        utterance_audio_ms=(pending.boundary - state.utterance_origin) / SAMPLES_PER_MS,
         latency_ms=state.latency_ms,
         language=state.language,
         peek_ms=(now - pending.requested_at) * 1000.0,

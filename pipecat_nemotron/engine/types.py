@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +57,8 @@ class TranscriptUpdate:
             still grow).
         confidence: Confidence of the whole text so far, in [0, 1] (mean of the words'); None when empty.
         start_ms: Where the utterance starts, ms from the stream's first sample.
-        audio_ms: On finals: audio in the utterance, ms (``start_ms + audio_ms`` is where the next one starts).
+        utterance_audio_ms: On finals: audio in the utterance, ms (``start_ms + utterance_audio_ms`` is where the
+            next one starts). The server's ``final`` message carries it under the same name.
         tokens: On finals: token ids of the utterance.
         forced: On finals: the utterance reached ``EngineConfig.max_utterance_s`` and was split without a
             ``finalize()`` (see :mod:`~pipecat_nemotron.engine.splits`): the speech goes on in the next
@@ -77,44 +79,20 @@ class TranscriptUpdate:
     words: tuple[WordTiming, ...] = ()
     confidence: float | None = None
     start_ms: float = 0.0
-    audio_ms: float | None = None
+    utterance_audio_ms: float | None = None
     tokens: tuple[int, ...] = ()
     forced: bool = False
 
+    @property
+    def audio_ms(self) -> float | None:
+        """Deprecated name of :attr:`utterance_audio_ms` (on the wire, ``audio_ms`` is the session's position)."""
+        warnings.warn("TranscriptUpdate.audio_ms is now utterance_audio_ms", DeprecationWarning, stacklevel=2)
+        return self.utterance_audio_ms
 
-@dataclass(frozen=True)
-class FinalTranscript:
-    """The final text of one utterance.
 
-    Attributes:
-        text: Final text (empty if nothing was said).
-        ttf_ms: Time-to-final: from the ``finalize()`` call to the text being available, ms.
-        audio_ms: Audio in the utterance, ms.
-        utterance: 0-based index of the utterance within the stream.
-        latency_ms: Latency mode that produced it.
-        language: Language prompt the model decoded with (a locale such as ``"es-ES"``, or ``"auto"``); None
-            on a model without language prompts (the English model).
-        detected_language: On the final of an utterance decoded with ``"auto"``: the model's locale whose prompt
-            explains the words best (see :mod:`~pipecat_nemotron.engine.language_id`); None otherwise.
-        tokens: Token ids of the utterance.
-        words: The words of ``text`` with their timings and confidence.
-        confidence: Confidence of the utterance, in [0, 1] (mean of its words'); None when ``text`` is empty.
-        start_ms: Where the utterance starts, ms from the stream's first sample (add a word's
-            ``utterance_start_ms`` to get its ``start_ms``).
-
-    """
-
-    text: str
-    ttf_ms: float
-    audio_ms: float
-    utterance: int
-    latency_ms: int
-    language: str | None = None
-    detected_language: str | None = None
-    tokens: tuple[int, ...] = ()
-    words: tuple[WordTiming, ...] = ()
-    confidence: float | None = None
-    start_ms: float = 0.0
+#: The name of 0.1's final record. ``finalize()`` resolves with the final :class:`TranscriptUpdate` itself, the same
+#: object the stream's ``updates()`` deliver, so a final has one record from the engine to the frame.
+FinalTranscript = TranscriptUpdate
 
 
 @dataclass(frozen=True)
@@ -124,7 +102,7 @@ class PeekTranscript:
     Attributes:
         text: What ``finalize()`` would return for the audio received up to the peek (empty if nothing).
         utterance: 0-based index of the utterance within the stream (it goes on after the peek).
-        audio_ms: Audio of the utterance the peek covers, ms.
+        utterance_audio_ms: Audio of the utterance the peek covers, ms (as on finals).
         latency_ms: Latency mode that produced it.
         peek_ms: From the ``peek()`` call to the text being available, ms.
         tokens: Token ids of ``text``.
@@ -135,11 +113,17 @@ class PeekTranscript:
 
     text: str
     utterance: int
-    audio_ms: float
+    utterance_audio_ms: float
     latency_ms: int
     peek_ms: float
     tokens: tuple[int, ...] = ()
     language: str | None = None
+
+    @property
+    def audio_ms(self) -> float:
+        """Deprecated name of :attr:`utterance_audio_ms`."""
+        warnings.warn("PeekTranscript.audio_ms is now utterance_audio_ms", DeprecationWarning, stacklevel=2)
+        return self.utterance_audio_ms
 
 
 @dataclass(frozen=True)

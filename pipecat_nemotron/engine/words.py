@@ -133,7 +133,7 @@ class WordAligner:
         self,
         tokens: list[int],
         trace: TokenTrace,
-        utterance_start_ms: float,
+        start_ms: float,
         utterance_ms: float | None = None,
     ) -> tuple[WordTiming, ...]:
         """The words of an utterance's tokens.
@@ -141,7 +141,8 @@ class WordAligner:
         Args:
             tokens: Token ids of the utterance (as many as ``trace.frames``).
             trace: Frames and confidences of the tokens.
-            utterance_start_ms: Where the utterance starts, ms from the stream's first sample.
+            start_ms: Where the utterance starts, ms from the stream's first sample (a word's
+                ``utterance_start_ms`` counts from here).
             utterance_ms: Audio in the utterance so far, ms (word ends are clipped to it); None: no clipping.
 
         Returns:
@@ -166,8 +167,8 @@ class WordAligner:
             out.append(
                 WordTiming(
                     text=text,
-                    start_ms=utterance_start_ms + start,
-                    end_ms=utterance_start_ms + end,
+                    start_ms=start_ms + start,
+                    end_ms=start_ms + end,
                     utterance_start_ms=start,
                     utterance_end_ms=end,
                     confidence=min(trace.confidence[first:last]),

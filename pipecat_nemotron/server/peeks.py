@@ -141,7 +141,7 @@ class PeekReplies:
                         PeekResultMessage(
                             utterance=peek.utterance,
                             text=peek.text,
-                            audio_ms=peek.audio_ms,
+                            audio_ms=peek.utterance_audio_ms,
                             peek_ms=(time.monotonic() - requested_at) * 1000.0,
                         )
                     )

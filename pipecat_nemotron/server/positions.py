@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from pipecat_nemotron.engine import ASRStream, FinalTranscript, TranscriptUpdate
+from pipecat_nemotron.engine import ASRStream, TranscriptUpdate
 from pipecat_nemotron.server.protocol import FinalMessage
 from pipecat_nemotron.server.protocol_server import words_to_wire
 
@@ -19,11 +19,11 @@ class AudioPositions:
     """
 
     def __init__(self) -> None:
-        self._final_futures: deque[asyncio.Future[FinalTranscript]] = deque()
+        self._final_futures: deque[asyncio.Future[TranscriptUpdate]] = deque()
         self._base_ms = 0.0
         self._decoded_at_final_ms = 0.0
 
-    def final_requested(self, future: asyncio.Future[FinalTranscript]) -> None:
+    def final_requested(self, future: asyncio.Future[TranscriptUpdate]) -> None:
         """Note a requested final (its result, once done, gives the utterance's exact length)."""
         self._final_futures.append(future)
 
@@ -43,9 +43,9 @@ class AudioPositions:
         # A forced final (``max_utterance_s``) answers no finalize: it takes no requested final's future.
         future = self._final_futures.popleft() if self._final_futures and not update.forced else None
         if future is not None and future.done() and not future.cancelled() and future.exception() is None:
-            utterance_ms = future.result().audio_ms
-        if update.audio_ms is not None:
-            utterance_ms = update.audio_ms
+            utterance_ms = future.result().utterance_audio_ms
+        if update.utterance_audio_ms is not None:
+            utterance_ms = update.utterance_audio_ms
         self._base_ms += utterance_ms
         # A forced final ends before the audio decoded so far (the speech goes on past its cut).
         self._decoded_at_final_ms = self._decoded_at_final_ms + utterance_ms if update.forced else decoded_ms
