@@ -70,3 +70,9 @@ def test_old_import_paths_warn_and_are_the_new_modules(old: str) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
     assert f"WARNED {old} moved to {MOVED[old]}" in out
     assert "SAME True" in out
+
+
+def test_stt_services_import_no_torch_until_an_engine_is_made() -> None:
+    # A bot on a machine without a GPU runs only the remote service: it never needs torch or NeMo.
+    heavy = _heavy_after("import pipecat_nemotron.stt.remote.service, pipecat_nemotron.stt.local")
+    assert "torch" not in heavy and "nemo" not in heavy
