@@ -101,7 +101,7 @@ class ManualChurn:
                 self.streams.append(owner.open(rng.choice(sorted(FAKE_MODES))))
             return
         s = rng.choice(live)
-        kind = rng.choices(["push", "finalize", "peek", "latency", "close"], [8, 3, 2, 1, 1])[0]
+        kind = rng.choices(["push", "finalize", "peek", "latency", "language", "close"], [8, 3, 2, 1, 1, 1])[0]
         if kind == "push":
             await s.push(audio(rng))
         elif kind == "finalize":
@@ -110,6 +110,8 @@ class ManualChurn:
             self.ledger.peeks.append((s.stream_id, s.peek_nowait()))
         elif kind == "latency":
             s.set_latency(rng.choice(sorted(FAKE_MODES)))
+        elif kind == "language":
+            s.set_language(rng.choice([None, "en-US"]))
         else:
             await s.close()
 
@@ -142,7 +144,7 @@ class ManualChurn:
         assert self.owner.runner.peak_slots <= self.slots and not self.owner.runner.slots.held
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(30))
 async def test_policy_churn_resolves_every_request(seed: int) -> None:
     """Random requests between and inside steps: every finalize and peek ends, no stream fails for a slot."""
     await ManualChurn(seed).run(actions=300)
@@ -161,7 +163,7 @@ async def stream_cycles(
                 await asyncio.sleep(0.001)
         close_early = rng.random() < 0.3
         for _ in range(rng.randrange(1, 8)):
-            kind = rng.choices(["push", "finalize", "peek", "latency", "wait"], [6, 2, 1, 1, 2])[0]
+            kind = rng.choices(["push", "finalize", "peek", "latency", "language", "wait"], [6, 2, 1, 1, 1, 2])[0]
             if kind == "push":
                 await stream.push(audio(rng))
             elif kind == "finalize":
@@ -170,6 +172,8 @@ async def stream_cycles(
                 ledger.peeks.append((stream.stream_id, stream.peek_nowait()))
             elif kind == "latency":
                 stream.set_latency(rng.choice(sorted(FAKE_MODES)))
+            elif kind == "language":
+                stream.set_language(rng.choice([None, "en"]))
             else:
                 await asyncio.sleep(rng.choice([0, 0.0005, 0.002]))
         if not close_early:
