@@ -180,7 +180,7 @@ async def test_ten_minutes_without_a_pause_give_bounded_finals_and_every_word() 
     sizes = [_final_bytes(f) for f in finals]
     print(f"final message sizes with words: max {max(sizes)} bytes")
     assert max(sizes) <= min(limit_bytes, 20 * 1024)
-    unsplit = replace(finals[-1], text=spoken, words=words, start_ms=0.0, audio_ms=audio.size / 16)
+    unsplit = replace(finals[-1], text=spoken, words=words, start_ms=0.0, utterance_audio_ms=audio.size / 16)
     print(f"the same speech as one final: {_final_bytes(unsplit)} bytes (limit {limit_bytes})")
     assert _final_bytes(unsplit) > limit_bytes
     # Word times stay on the session's clock across cuts.
