@@ -264,8 +264,12 @@ class TurnCommit:
         state, _ = await analyzer.analyze_end_of_turn()
         return state == EndOfTurnState.COMPLETE
 
-    async def complete(self) -> bool:
-        """Whether the final now delivered commits the turn (False: the analyzer holds it open)."""
+    def holds_prediction(self, text: str, language: object | None = None) -> bool:
+        """Whether a pause after ``text`` is no end of turn to predict (a subclass reads the words; here: never)."""
+        return False
+
+    async def complete(self, text: str = "", language: object | None = None) -> bool:
+        """Whether the final now delivered (``text``, the utterance's) commits the turn (False: held open)."""
         verdict, self._verdict = self._verdict, None
         if verdict is None:
             return True

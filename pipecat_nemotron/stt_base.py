@@ -111,6 +111,7 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         eager_match_policy: EagerMatchPolicy | None = None,
         eager_turn_analyzer: BaseTurnAnalyzer | None = None,
         eager_hold_words: frozenset[str] = HOLD_WORDS,
+        eager_turn_commit: TurnCommit | None = None,
         **kwargs: Any,
     ) -> None:
         """Validate and store the settings, then initialise the Pipecat service.
@@ -141,6 +142,9 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
                 commits.
             eager_hold_words: A pause after one of these words is mid-sentence: no prediction (default:
                 :data:`~pipecat_nemotron.eager.HOLD_WORDS`, English function words; empty: predict at every pause).
+            eager_turn_commit: In eager mode, what decides the commit at each VAD stop and which pauses predict
+                nothing (e.g. :func:`pipecat_nemotron.turn_end.turn_commit_for`, which also reads the final's
+                words); replaces ``eager_turn_analyzer``. None: ``TurnCommit(eager_turn_analyzer)``.
             **kwargs: Passed on to the next base (Pipecat's ``STTService`` or ``WebsocketSTTService``).
 
         Raises:
@@ -171,7 +175,7 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         #: Decides when the user pauses (None with the eager end of turn off).
         self._pauses: PauseDetector | None = pauses if enable_eager_end_of_turn else None
         self._peek_task: asyncio.Task[None] | None = None
-        self._commit = TurnCommit(eager_turn_analyzer)
+        self._commit = eager_turn_commit or TurnCommit(eager_turn_analyzer)
         self._hold_words = frozenset(eager_hold_words)
         #: Whether the subclass's transport can transcribe yet (it calls ``ready()`` / ``fail()``).
         self._readiness = Readiness()
@@ -186,6 +190,11 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
 
         """
         await self._readiness.wait(timeout)
+
+    @property
+    def turn_commit(self) -> TurnCommit:
+        """What decides, in eager mode, whether a VAD stop commits the turn (``eager_turn_commit``)."""
+        return self._commit
 
     # ---- what the subclasses implement --------------------------------------------------------------------
 
@@ -295,7 +304,7 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
             await self._deliver_final(result, ttf_ms, model)
         else:
             await self._skip_empty_final(result.utterance, ttf_ms)
-        if self._pauses is not None and await self._commit.complete():
+        if self._pauses is not None and await self._commit.complete(result.text, self._frame_language()):
             # The service owns turn detection in eager mode (Pipecat's external turn strategies).
             await self.broadcast_frame(ProposedUserStoppedSpeakingFrame)
         return pushed
@@ -409,7 +418,7 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         finally:
             if self._peek_task is asyncio.current_task():
                 self._peek_task = None
-        if ends_mid_sentence(text, self._hold_words):
+        if ends_mid_sentence(text, self._hold_words) or self._commit.holds_prediction(text, self._frame_language()):
             logger.debug(f"{self}: a pause after {text.split()[-1]!r} is mid-sentence; no eager end of turn")
         elif text and self._user_speaking and self._pauses is not None and self._pauses.paused:
             logger.debug(f"{self}: eager end of turn: {text!r}")
