@@ -211,6 +211,8 @@ class TextTurnCommit(TurnCommit):
 
     async def complete(self, text: str = "", language: object | None = None) -> bool:
         """Whether the final now delivered commits the turn, by the words and the analyzer's verdict."""
+        if not text and not self._texts:  # no speech (noise, the session's end): nothing to read or record
+            return await super().complete(text, language)
         verdict = self._verdict_of(text, language)
         task, self._verdict = self._verdict, None
         smart: bool | None = None
