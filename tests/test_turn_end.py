@@ -7,6 +7,8 @@ verdict the test sets (Smart Turn complete / incomplete), fed the frames a VAD a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pipecat.audio.turn.base_turn_analyzer import BaseTurnAnalyzer, BaseTurnParams, EndOfTurnState
 from pipecat.frames.frames import (
@@ -227,3 +229,34 @@ async def test_a_spanish_transcript_is_read_with_the_spanish_rules() -> None:
     assert committed == 1
     committed, log = await _turn("text", "pon un temporizador de", smart_complete=True, language=Language.ES_ES)
     assert committed == 0 and [d.verdict for _, d in log.decisions] == [TextVerdict.CONTINUES]
+
+
+# ---- configuration -------------------------------------------------------------------------------------------
+
+
+def test_agent_settings_and_build_voice_agent_take_the_mode(tmp_path: Path) -> None:
+    from pipecat.processors.aggregators.llm_response_universal import LLMUserAggregator
+
+    from pipecat_nemotron.agent import AgentSettings, build_voice_agent
+    from pipecat_nemotron.llm import create_nemotron_llm
+    from pipecat_nemotron.turn_end import TextTurnCommit, TranscriptTurnStopStrategy
+
+    assert AgentSettings.from_env({"NEMOTRON_TURN_END": "Text"}).turn_end == "text"
+    assert AgentSettings.from_env({}).turn_end is None
+    with pytest.raises(ValueError, match="NEMOTRON_TURN_END must be one of"):
+        AgentSettings.from_env({"NEMOTRON_TURN_END": "words"})
+    model = str(tmp_path / "absent.nemo")  # services are built, never started
+    settings = AgentSettings(asr_model=model, asr_device="cpu", turn_end="text")
+    llm = create_nemotron_llm(base_url="http://127.0.0.1:9/v1")  # never called
+    agent = build_voice_agent(stt=settings.create_stt(), llm=llm, turn_end="text")
+    (user,) = [p for p in agent.processors if isinstance(p, LLMUserAggregator)]
+    stops = user._params.user_turn_strategies.stop
+    assert [type(s) for s in stops] == [TranscriptTurnStopStrategy] and agent.turn_end_log is not None
+    # Eager end of turn: the STT commits, with the same decision.
+    eager = AgentSettings(asr_model=model, asr_device="cpu", asr_eager_end_of_turn=True, turn_end="text")
+    stt = eager.create_stt()
+    assert isinstance(stt.turn_commit, TextTurnCommit) and stt.turn_commit.mode == "text"
+    agent = build_voice_agent(stt=stt, turn_end="text")
+    assert agent.turn_end_log is stt.turn_commit.log is not None
+    with pytest.raises(ValueError, match=r"eager_turn_commit=turn_commit_for\('smart'\)"):
+        build_voice_agent(stt=eager.create_stt(), turn_end="smart")
