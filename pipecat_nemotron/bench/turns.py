@@ -10,7 +10,9 @@ Smart Turn holds is still answered, late.
 Every configuration hears the same sessions: ``turn_end`` ``smart`` (Pipecat's default Smart Turn v3), ``vad``
 (every VAD stop) and ``text`` (:mod:`pipecat_nemotron.turn_end`), each with the eager end of turn off and on
 (with it on, the STT commits the turn: :class:`~pipecat_nemotron.turn_end.TextTurnCommit`). Per configuration:
-voice-to-voice p50/p90 (speech end to the bot speaking, :class:`~pipecat_nemotron.metrics.VoiceLatencyObserver`),
+voice-to-voice p50/p90 (speech end to the bot speaking, :class:`~pipecat_nemotron.metrics.VoiceLatencyObserver`)
+and its turn-detection share (Pipecat's v2v breakdown: the final transcript to the committed turn, the part the
+strategy decides; the rest is ASR, LLM and TTS time, which a loaded machine stretches),
 the share of utterances cut before the user finished (a committed user turn inside an utterance's speech:
 premature), the eager predictions and the share cancelled, and what committed the turns (text, Smart Turn, VAD,
 fallback silence).
@@ -234,12 +236,15 @@ async def run_config(
         committers.update(by)
     eager = summarize_eager(records)
     v2v = [t.v2v_ms for t in records if t.v2v_ms is not None]
+    detection = [t.breakdown_ms["turn_detection"] for t in records if "turn_detection" in (t.breakdown_ms or {})]
     return {
         "config": asdict(config) | {"label": config.label},
         "utterances": len(cuts),
         "answered": len(records),
         "v2v_p50": percentile(v2v, 50) if v2v else None,
         "v2v_p90": percentile(v2v, 90) if v2v else None,
+        "turn_detection_p50": percentile(detection, 50) if detection else None,
+        "turn_detection_p90": percentile(detection, 90) if detection else None,
         "premature": sum(cuts),
         "premature_share": sum(cuts) / max(len(cuts), 1),
         "premature_paused": sum(paused_cuts),
@@ -270,6 +275,8 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
                 f"{r['answered']}/{r['utterances']}",
                 r["v2v_p50"],
                 r["v2v_p90"],
+                r["turn_detection_p50"],
+                r["turn_detection_p90"],
                 f"{100 * r['premature_share']:.0f}% ({r['premature']}; {r['premature_paused']}/{r['paused']} paused)",
                 r["predictions"] if r["config"]["eager"] else None,
                 f"{100 * share:.0f}%" if share is not None and r["config"]["eager"] else None,
@@ -283,6 +290,8 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
         "turns answered",
         "v2v p50 ms",
         "v2v p90 ms",
+        "turn detection p50 ms",
+        "turn detection p90 ms",
         "premature (cut; of paused)",
         "predictions",
         "cancelled",
