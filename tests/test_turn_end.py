@@ -260,3 +260,12 @@ def test_agent_settings_and_build_voice_agent_take_the_mode(tmp_path: Path) -> N
     assert agent.turn_end_log is stt.turn_commit.log is not None
     with pytest.raises(ValueError, match=r"eager_turn_commit=turn_commit_for\('smart'\)"):
         build_voice_agent(stt=eager.create_stt(), turn_end="smart")
+
+
+def test_bench_turns_counts_a_cut_inside_an_utterance_as_premature() -> None:
+    from pipecat_nemotron.bench.turns import Utterance, premature
+
+    utterances = [Utterance(1.0, 3.0, True, "a"), Utterance(8.0, 9.5, False, "b")]
+    # A turn ended at a VAD stop at 2.0 s (inside the first utterance) and one at its very end; none in the second.
+    assert premature(utterances, [2.0, 2.95, 9.6]) == [True, False]
+    assert premature(utterances, []) == [False, False]
