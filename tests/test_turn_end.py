@@ -269,3 +269,36 @@ def test_bench_turns_counts_a_cut_inside_an_utterance_as_premature() -> None:
     # A turn ended at a VAD stop at 2.0 s (inside the first utterance) and one at its very end; none in the second.
     assert premature(utterances, [2.0, 2.95, 9.6]) == [True, False]
     assert premature(utterances, []) == [False, False]
+
+
+# ---- the STT's commit (eager end of turn on) -------------------------------------------------------------------
+
+
+async def test_stt_commit_reads_the_words_and_every_hold_ends() -> None:
+    log = TurnEndLog()
+    commit = turn_commit_for("text", analyzer=FixedAnalyzer(True, stop_ms=1e9), log=log)
+    commit.start(16000)
+    silence = b"\0\0" * 320  # 20 ms
+    # A complete question commits at the VAD stop; a pause before it predicts, one mid-clause does not.
+    assert not commit.holds_prediction("what is nine plus four") and commit.holds_prediction("set a timer for")
+    commit.on_vad_stop()
+    assert await commit.complete("what is nine plus four") is True
+    # Smart Turn calls the stop complete, the words hold it; the user goes on: the hold ends, no commit.
+    commit.on_speech_start(0.2)
+    commit.on_vad_stop()
+    assert await commit.complete("set a timer for") is False
+    commit.on_speech_start(0.2)
+    assert not any(commit.on_audio(silence, speaking=False) for _ in range(200))
+    # Held again and the user says nothing more: committed after Smart Turn's fallback silence (3 s less the VAD's).
+    commit.on_vad_stop()
+    assert await commit.complete("set a timer for") is False
+    ended = [commit.on_audio(silence, speaking=False) for _ in range(150)]
+    assert ended.index(True) + 1 == 140  # 2.8 s of 20 ms frames
+    assert [d.by for _, d in log.decisions] == ["text", "text", "text", "timeout"]
+    # The words of a held turn count with the next final's: "set a timer for" + "six minutes" reads complete.
+    commit.on_speech_start(0.2)
+    commit.on_vad_stop()
+    assert await commit.complete("set a timer for") is False
+    commit.on_speech_start(0.2)
+    commit.on_vad_stop()
+    assert await commit.complete("six minutes please") is True and log.last_commit.by == "text"
