@@ -74,6 +74,7 @@ async def bot(runner_args: RunnerArguments) -> None:
         observers=[TranscriptCollector(stt.name, on_final=log_final)],
         turns_jsonl=f"runs/turns-{session}.jsonl",
         idle_timeout_secs=runner_args.pipeline_idle_timeout_secs,
+        turn_end=SETTINGS.turn_end,
     )
 
     @transport.event_handler("on_client_disconnected")

@@ -43,6 +43,7 @@ async def main() -> None:
         transport=transport,
         turns_jsonl="runs/local_turns.jsonl",
         idle_timeout_secs=None,
+        turn_end=settings.turn_end,
     )
     runner = WorkerRunner()
     await runner.add_workers(agent.worker)

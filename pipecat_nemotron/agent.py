@@ -28,7 +28,10 @@ from pipecat.observers.base_observer import BaseObserver
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
-from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
+from pipecat.processors.aggregators.llm_response_universal import (
+    LLMContextAggregatorPair,
+    LLMUserAggregatorParams,
+)
 from pipecat.processors.audio.vad_processor import VADProcessor
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.processors.frameworks.rtvi.frames import RTVIServerMessageFrame
@@ -42,6 +45,15 @@ from pipecat_nemotron.llm_env import ENV_BACKEND, ENV_BASE_URL, ENV_NVIDIA_API_K
 from pipecat_nemotron.metrics import TurnLatency, VoiceLatencyObserver
 from pipecat_nemotron.stt.base import VAD_STOP_SECS
 from pipecat_nemotron.stt.eager import DEFAULT_EAGER_SILENCE_MS, EagerSettings
+from pipecat_nemotron.turn_end import (
+    TURN_END_MODES,
+    TextTurnCommit,
+    TurnEndLog,
+    TurnEndMode,
+    turn_commit_for,
+    user_turn_strategies_for,
+    validate_turn_end,
+)
 
 #: ``type`` of the RTVI ``server-message`` carrying one :class:`~pipecat_nemotron.metrics.TurnLatency` record.
 TURN_LATENCY_MESSAGE = "nemotron-turn-latency"
@@ -69,13 +81,16 @@ class AgentSettings:
         asr_language: The multilingual model's language (``es-ES``, ``es``, ``auto``); None: its default
             (``auto``). The English model accepts English only.
         asr_eager_end_of_turn: Start answering when the user pauses for ``asr_eager_silence_ms``, before the VAD
-            commits the turn (``NemotronSTTService(enable_eager_end_of_turn=True)``); each withdrawn prediction
+            commits the turn (``NemotronSTTService(eager=EagerSettings())``); each withdrawn prediction
             costs an LLM request. Off by default.
         asr_eager_silence_ms: The pause that predicts the end of a turn, ms.
         asr_cpu_threads: On CPU, torch's intra-op threads for the ASR model (``EngineConfig.cpu_threads``); None:
             half the cores.
         asr_final_timeout_s: At the end of a session, how long to wait for the finals the engine still decodes,
             seconds (``NemotronSTTService(final_timeout_s=...)``); None: the service's default (60 s).
+        turn_end: How a VAD stop ends the user's turn: ``"smart"`` (Smart Turn on the audio), ``"vad"`` (every
+            VAD stop) or ``"text"`` (the final's words with Smart Turn, :mod:`pipecat_nemotron.turn_end`).
+            None: ``"smart"`` with the eager end of turn off (Pipecat's default), ``"vad"`` with it on.
         llm_configured: Whether an LLM endpoint was configured (``NEMOTRON_LLM_BASE_URL`` or ``_BACKEND``).
         llm_env: The environment the LLM settings are read from (see ``NemotronLLMSettings.from_env``).
         tts_model: Magpie model id or ``.nemo`` path to run in process (None: none).
@@ -93,6 +108,7 @@ class AgentSettings:
     asr_eager_silence_ms: float = DEFAULT_EAGER_SILENCE_MS
     asr_cpu_threads: int | None = None
     asr_final_timeout_s: float | None = None
+    turn_end: TurnEndMode | None = None
     llm_configured: bool = False
     llm_env: Mapping[str, str] = field(default_factory=dict)
     tts_model: str | None = None
@@ -102,6 +118,8 @@ class AgentSettings:
 
     def __post_init__(self) -> None:
         validate_latency_ms(self.asr_latency_ms)
+        if self.turn_end is not None:
+            validate_turn_end(self.turn_end)
         if not self.asr_eager_silence_ms > 0:
             raise ValueError(f"asr_eager_silence_ms must be > 0 (ms), got {self.asr_eager_silence_ms!r}")
 
@@ -111,7 +129,8 @@ class AgentSettings:
 
         Keys: ``NEMOTRON_ASR_MODEL``/``_DEVICE``/``_LATENCY_MS``/``_LANGUAGE``, ``NEMOTRON_ASR_EAGER_END_OF_TURN`` (``1``/``true``
         to turn it on) and ``NEMOTRON_ASR_EAGER_SILENCE_MS``, ``NEMOTRON_CPU_THREADS`` (torch threads of the ASR
-        model on CPU), ``NEMOTRON_ASR_FINAL_TIMEOUT_S`` (seconds), ``NEMOTRON_LLM_*`` (see ``docs/LLM.md``),
+        model on CPU), ``NEMOTRON_ASR_FINAL_TIMEOUT_S`` (seconds), ``NEMOTRON_TURN_END`` (``smart``, ``vad``,
+        ``text``), ``NEMOTRON_LLM_*`` (see ``docs/LLM.md``),
         ``MAGPIE_TTS_MODEL``/``_VOICE``, ``MAGPIE_NIM_SERVER``/``_VOICE``. Empty values count as unset.
 
         Raises:
@@ -149,8 +168,12 @@ class AgentSettings:
             raise ValueError(
                 f"NEMOTRON_ASR_FINAL_TIMEOUT_S must be a number of seconds, got {final_timeout!r}"
             ) from None
+        turn_end = get("NEMOTRON_TURN_END")
+        if turn_end is not None and turn_end.lower() not in TURN_END_MODES:
+            raise ValueError(f"NEMOTRON_TURN_END must be one of {list(TURN_END_MODES)}, got {turn_end!r}")
         return cls(
             asr_model=get("NEMOTRON_ASR_MODEL"),
+            turn_end=turn_end.lower() if turn_end is not None else None,  # type: ignore[arg-type]
             asr_cpu_threads=int(threads) if threads is not None else None,
             asr_final_timeout_s=final_timeout_s,
             asr_device=get("NEMOTRON_ASR_DEVICE") or "auto",
@@ -181,7 +204,10 @@ class AgentSettings:
         from pipecat_nemotron.stt.local import NemotronSTTService
 
         if self.asr_eager_end_of_turn:
-            kwargs.setdefault("eager", EagerSettings(silence_ms=self.asr_eager_silence_ms))
+            commit = None
+            if self.turn_end is not None:
+                commit = turn_commit_for(self.turn_end, language=(self.asr_language or "en").split("-")[0])
+            kwargs.setdefault("eager", EagerSettings(silence_ms=self.asr_eager_silence_ms, turn_commit=commit))
         kwargs.setdefault("language", self.asr_language)
         if self.asr_final_timeout_s is not None:
             kwargs.setdefault("final_timeout_s", self.asr_final_timeout_s)
@@ -262,7 +288,8 @@ class AgentSettings:
         lines = [
             f"ASR: {self.asr_model or 'default'} ({self.asr_latency_ms} ms mode, device {self.asr_device}"
             f"{', language ' + self.asr_language if self.asr_language else ''}"
-            f"{f', {self.asr_cpu_threads} CPU threads' if self.asr_cpu_threads else ''}{eager})"
+            f"{f', {self.asr_cpu_threads} CPU threads' if self.asr_cpu_threads else ''}{eager}"
+            f"{f', turn end: {self.turn_end}' if self.turn_end else ''})"
         ]
         if self.llm_configured:
             lines.append(
@@ -321,6 +348,7 @@ class VoiceAgent:
         observer: The latency observer (per-turn records, JSONL, summary).
         context: The LLM context (None without an LLM).
         stt: The STT service.
+        turn_end_log: Each turn-end decision (with ``turn_end`` set; None otherwise).
 
     """
 
@@ -330,6 +358,7 @@ class VoiceAgent:
     context: LLMContext | None
     stt: STTService
     processors: list[FrameProcessor] = field(default_factory=list)
+    turn_end_log: TurnEndLog | None = None
 
 
 def build_voice_agent(
@@ -346,6 +375,7 @@ def build_voice_agent(
     observers: Sequence[BaseObserver] = (),
     pipeline_params: PipelineParams | None = None,
     idle_timeout_secs: float | None = 300.0,
+    turn_end: TurnEndMode | None = None,
 ) -> VoiceAgent:
     """Assemble the agent pipeline and its worker.
 
@@ -364,15 +394,22 @@ def build_voice_agent(
         observers: More observers for the worker.
         pipeline_params: Defaults to ``PipelineParams(enable_metrics=True, enable_usage_metrics=True)``.
         idle_timeout_secs: Worker idle timeout, seconds (None: never).
+        turn_end: How a VAD stop ends the user's turn (``"smart"``, ``"vad"``, ``"text"``; see
+            :mod:`pipecat_nemotron.turn_end`); None: Pipecat's default (Smart Turn), or the STT's own commit
+            when it owns turn detection (eager end of turn). With the eager end of turn on, the STT decides:
+            build it with ``eager=EagerSettings(turn_commit=turn_commit_for(turn_end))`` (``AgentSettings.create_stt`` does).
+            Each decision goes to :attr:`VoiceAgent.turn_end_log` and the turn's latency message.
 
     Raises:
-        ValueError: ``tts`` without ``llm`` (nothing would produce text to speak).
+        ValueError: ``tts`` without ``llm`` (nothing would produce text to speak), or a ``turn_end`` the STT was
+            not built for.
 
     """
     if tts is not None and llm is None:
         raise ValueError(
             "tts needs an llm to speak its replies; pass llm=create_nemotron_llm(...) or drop tts"
         )
+    turn_end_log, user_params = _turn_end_setup(stt, turn_end)
     source = input_processor or (transport.input() if transport is not None else None)
     sink = output_processor or (transport.output() if transport is not None else SimulatedPlayback())
     vad = VADProcessor(vad_analyzer=SileroVADAnalyzer(params=VADParams(stop_secs=vad_stop_secs)))
@@ -381,7 +418,7 @@ def build_voice_agent(
     context: LLMContext | None = None
     if llm is not None:
         context = LLMContext()
-        aggregators = LLMContextAggregatorPair(context)
+        aggregators = LLMContextAggregatorPair(context, user_params=user_params)
         processors += [aggregators.user(), llm]
         if tts is not None:
             processors.append(tts)
@@ -404,8 +441,38 @@ def build_voice_agent(
         @observer.event_handler("on_turn_latency")
         async def _send_turn_latency(_observer: VoiceLatencyObserver, turn: TurnLatency) -> None:
             # RTVI clients (the /nemotron page) show each turn's latency as the bot measured it.
-            await worker.queue_frame(
-                RTVIServerMessageFrame(data={"type": TURN_LATENCY_MESSAGE, **turn.to_dict()})
-            )
+            data = {"type": TURN_LATENCY_MESSAGE, **turn.to_dict()}
+            decision = turn_end_log.last_commit if turn_end_log is not None else None
+            if decision is not None:
+                data["turn_end"] = decision.to_dict()
+            await worker.queue_frame(RTVIServerMessageFrame(data=data))
 
-    return VoiceAgent(pipeline, worker, observer, context, stt, processors)
+    return VoiceAgent(pipeline, worker, observer, context, stt, processors, turn_end_log)
+
+
+def _turn_end_setup(
+    stt: STTService, turn_end: TurnEndMode | None
+) -> tuple[TurnEndLog | None, LLMUserAggregatorParams | None]:
+    """The decision log and the user aggregator's parameters for ``turn_end`` (see :func:`build_voice_agent`)."""
+    commit = getattr(stt, "turn_commit", None)
+    if getattr(stt, "eager_end_of_turn_enabled", False):
+        # The STT owns turn detection (Pipecat's external strategies): its commit decides.
+        if isinstance(commit, TextTurnCommit):
+            if turn_end is not None and commit.mode != turn_end:
+                raise ValueError(
+                    f"turn_end={turn_end!r} but the STT's EagerSettings.turn_commit is {commit.mode!r}; build the STT "
+                    f"with eager=EagerSettings(turn_commit=turn_commit_for({turn_end!r}))"
+                )
+            commit.log = commit.log or TurnEndLog()
+            return commit.log, None
+        if turn_end is not None:
+            raise ValueError(
+                f"with the eager end of turn on the STT decides the turn end: build it with "
+                f"eager=EagerSettings(turn_commit=turn_commit_for({turn_end!r})) (AgentSettings(turn_end=...).create_stt() "
+                "does)"
+            )
+        return None, None
+    if turn_end is None:
+        return None, None
+    log = TurnEndLog()
+    return log, LLMUserAggregatorParams(user_turn_strategies=user_turn_strategies_for(turn_end, log=log))

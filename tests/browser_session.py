@@ -33,6 +33,7 @@ CHROMIUM = "/usr/bin/chromium"
 
 def start_bot(args: argparse.Namespace, llm_url: str, port: int, log: Path) -> subprocess.Popen:
     env = clean_env(NEMOTRON_ASR_MODEL=args.asr_model, NEMOTRON_ASR_DEVICE="cpu", NEMOTRON_WEBRTC_LOOPBACK="1")
+    env.update(dict(kv.split("=", 1) for kv in args.bot_env))
     if args.magpie:  # the whole agent; without it the bot only transcribes
         env.update(NEMOTRON_LLM_BASE_URL=llm_url, NEMOTRON_LLM_API_KEY="none", MAGPIE_TTS_MODEL=args.magpie)
     out = log.open("w")
@@ -142,6 +143,7 @@ def main() -> int:
     )
     parser.add_argument("--expect", nargs="+", required=True, help="final transcripts the page must show")
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds the page gets, after it loads")
+    parser.add_argument("--bot-env", nargs="*", default=[], help="KEY=VALUE settings for the bot (e.g. NEMOTRON_TURN_END=text)")
     args = parser.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     return asyncio.run(run(args))

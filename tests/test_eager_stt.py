@@ -160,8 +160,8 @@ async def test_a_turn_analyzer_holds_the_commit(engine: NemotronEngine) -> None:
     verdicts: list[bool] = []
     complete = stt._commit.complete
 
-    async def recorded() -> bool:
-        verdicts.append(await complete())
+    async def recorded(*args: object) -> bool:
+        verdicts.append(await complete(*args))
         return verdicts[-1]
 
     stt._commit.complete = recorded  # type: ignore[method-assign]

@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "encoder-step": "encoder_step",
     "eager": "eager",
     "agent-load": "agent_load",
+    "turns": "turns",
     "multilingual": "multilingual",
     "tts": "tts",
     # The WebSocket server's load test (its own module and options).

@@ -148,7 +148,7 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         #: Decides when the user pauses (None with the eager end of turn off).
         self._pauses: PauseDetector | None = eager.pause_detector() if eager is not None else None
         self._peek_task: asyncio.Task[None] | None = None
-        self._commit = TurnCommit(eager.turn_analyzer if eager is not None else None)
+        self._commit = eager.commit() if eager is not None else TurnCommit()
         self._hold_words = eager.hold_words if eager is not None else HOLD_WORDS
         #: Whether the subclass's transport can transcribe yet (it calls ``ready()`` / ``fail()``).
         self._readiness = Readiness()
@@ -163,6 +163,11 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
 
         """
         await self._readiness.wait(timeout)
+
+    @property
+    def turn_commit(self) -> TurnCommit:
+        """What decides, in eager mode, whether a VAD stop commits the turn (``EagerSettings.turn_commit``)."""
+        return self._commit
 
     # ---- what the subclasses implement --------------------------------------------------------------------
 
@@ -272,7 +277,7 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
             await self._deliver_final(result, ttf_ms, model)
         else:
             await self._skip_empty_final(result.utterance, ttf_ms)
-        if self._pauses is not None and await self._commit.complete():
+        if self._pauses is not None and await self._commit.complete(result.text, self._frame_language()):
             # The service owns turn detection in eager mode (Pipecat's external turn strategies).
             await self.broadcast_frame(ProposedUserStoppedSpeakingFrame)
         return pushed
@@ -386,7 +391,7 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         finally:
             if self._peek_task is asyncio.current_task():
                 self._peek_task = None
-        if ends_mid_sentence(text, self._hold_words):
+        if ends_mid_sentence(text, self._hold_words) or self._commit.holds_prediction(text, self._frame_language()):
             logger.debug(f"{self}: a pause after {text.split()[-1]!r} is mid-sentence; no eager end of turn")
         elif text and self._user_speaking and self._pauses is not None and self._pauses.paused:
             logger.debug(f"{self}: eager end of turn: {text!r}")

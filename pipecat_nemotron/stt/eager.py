@@ -86,6 +86,9 @@ class EagerSettings:
             silence, or the user goes on). None: the VAD stop commits.
         hold_words: A pause after one of these words is mid-sentence: no prediction (default:
             :data:`HOLD_WORDS`, English function words; empty: predict at every pause).
+        turn_commit: What decides the commit at each VAD stop and which pauses predict nothing (e.g.
+            :func:`pipecat_nemotron.turn_end.turn_commit_for`, which also reads the final's words); replaces
+            ``turn_analyzer``. None: ``TurnCommit(turn_analyzer)``. One per service: it keeps per-session state.
 
     A bad ``silence_ms`` or ``signal`` is refused when a service is built with it (:class:`PauseDetector`).
 
@@ -97,9 +100,14 @@ class EagerSettings:
     match_policy: EagerMatchPolicy | None = None
     turn_analyzer: BaseTurnAnalyzer | None = None
     hold_words: frozenset[str] = HOLD_WORDS
+    turn_commit: TurnCommit | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hold_words", frozenset(self.hold_words))
+
+    def commit(self) -> TurnCommit:
+        """What decides, at each VAD stop, whether the turn is committed."""
+        return self.turn_commit or TurnCommit(self.turn_analyzer)
 
     def pause_detector(self) -> PauseDetector:
         """A new :class:`PauseDetector` with these settings (one per service: it keeps per-session state)."""
@@ -115,6 +123,7 @@ LEGACY_EAGER_KWARGS = {
     "eager_match_policy": "match_policy",
     "eager_turn_analyzer": "turn_analyzer",
     "eager_hold_words": "hold_words",
+    "eager_turn_commit": "turn_commit",
 }
 
 
@@ -312,8 +321,12 @@ class TurnCommit:
         state, _ = await analyzer.analyze_end_of_turn()
         return state == EndOfTurnState.COMPLETE
 
-    async def complete(self) -> bool:
-        """Whether the final now delivered commits the turn (False: the analyzer holds it open)."""
+    def holds_prediction(self, text: str, language: object | None = None) -> bool:
+        """Whether a pause after ``text`` is no end of turn to predict (a subclass reads the words; here: never)."""
+        return False
+
+    async def complete(self, text: str = "", language: object | None = None) -> bool:
+        """Whether the final now delivered (``text``, the utterance's) commits the turn (False: held open)."""
         verdict, self._verdict = self._verdict, None
         if verdict is None:
             return True

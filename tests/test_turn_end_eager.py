@@ -1,0 +1,77 @@
+"""The eager end of turn gated by the transcript (``turn_end="text"``), in the in-process STT with the tiny model.
+
+A sentence with a pause inside it ("my number is four ... three nine thanks", its two halves spoken by
+espeak-ng): today's eager end of turn predicts the end at the pause (a number is no hold word) and must
+withdraw it; with the ``"text"`` commit the words so far are no complete sentence, so it predicts only at the end.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import to_pcm16
+from pipecat.frames.frames import (
+    EagerEndOfTurnCancelFrame,
+    EagerTranscriptionFrame,
+    ProposedUserStoppedSpeakingFrame,
+    TranscriptionFrame,
+)
+from pipecat.tests.utils import run_test
+from test_eager_stt import of, paused_turn
+from test_server import asr_model, engine  # noqa: F401
+from word_clips import spoken_word
+
+from pipecat_nemotron.engine import NemotronEngine
+from pipecat_nemotron.stt import EagerSettings, NemotronSTTService
+from pipecat_nemotron.turn_end import TextVerdict, TurnEndLog, turn_commit_for
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+VOICE = "en-us+aunty"  # a training voice of the tiny model
+
+
+def _words(text: str, seed: int) -> bytes:
+    """``text`` spoken in one go by espeak-ng (16 kHz int16; ``seed`` sets the level, -12..-3 dBFS peak)."""
+    audio = spoken_word(text, VOICE)
+    peak_db = -3.0 - 9.0 * ((seed * 0.37) % 1.0)
+    return to_pcm16(audio * 10 ** (peak_db / 20) / max(float(abs(audio).max()), 1e-9))
+
+
+async def _eager_run(stt: NemotronSTTService) -> tuple[list, list, list]:
+    frames = paused_turn(_words("my number is four", 3), resume=_words("three nine thanks", 4))
+    down, _ = await run_test(stt, frames_to_send=frames, start_timeout=5.0)
+    return of(down, EagerTranscriptionFrame), of(down, EagerEndOfTurnCancelFrame), of(down, TranscriptionFrame)
+
+
+async def test_text_gate_cancels_fewer_predictions_on_a_paused_sentence(engine: NemotronEngine) -> None:  # noqa: F811
+    today = NemotronSTTService(engine=engine, eager=EagerSettings())
+    predictions, cancels, finals = await _eager_run(today)
+    # Today: a prediction at the pause inside the sentence, withdrawn when the user goes on.
+    assert len(predictions) == 2 and len(cancels) == 1, ([p.text for p in predictions], [f.text for f in finals])
+
+    log = TurnEndLog()
+    gated = NemotronSTTService(
+        engine=engine, eager=EagerSettings(turn_commit=turn_commit_for("text", log=log))
+    )
+    predictions, cancels, finals = await _eager_run(gated)
+    assert len(cancels) < 1 and len(predictions) == 1, [p.text for p in predictions]
+    # The one prediction is the whole sentence, kept: the committed final matches it, committed by the words.
+    (final,) = finals
+    assert predictions[0].text == final.text and final.text.endswith("thanks")
+    commits = [d for _, d in log.decisions if d.commit]
+    assert commits and commits[0].by == "text" and commits[0].verdict is TextVerdict.COMPLETE
+
+
+async def test_text_commit_holds_after_a_trailing_preposition(engine: NemotronEngine) -> None:  # noqa: F811
+    # The VAD stops after "set a timer for": the final is in, but the words say the user is not done.
+    log = TurnEndLog()
+    stt = NemotronSTTService(
+        engine=engine, eager=EagerSettings(turn_commit=turn_commit_for("text", log=log))
+    )
+    down, _ = await run_test(stt, frames_to_send=paused_turn(_words("set a timer for", 5)), start_timeout=5.0)
+    (final,) = of(down, TranscriptionFrame)
+    assert final.text.endswith("for"), final.text
+    assert not of(down, EagerTranscriptionFrame)  # no prediction after "for" either
+    decisions = [d for _, d in log.decisions]
+    assert decisions[0].commit is False and decisions[0].verdict is TextVerdict.CONTINUES
+    # Only the session's end (no speech) proposes a turn stop, not the held final.
+    assert len(of(down, ProposedUserStoppedSpeakingFrame)) <= 1
