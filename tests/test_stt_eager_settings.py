@@ -33,3 +33,17 @@ def test_old_eager_keywords_still_work_with_a_deprecation_warning() -> None:
     assert off._pauses is None
     with pytest.raises(ValueError, match="not both"):
         NemotronSTTService(model=str(TINY_MODEL_PATH), eager=EagerSettings(), eager_silence_ms=80)
+
+
+def test_stateful_parts_of_eager_settings_are_not_shared_between_live_services() -> None:
+    from pipecat_nemotron.stt.eager import TurnCommit
+
+    settings = EagerSettings(turn_commit=TurnCommit())
+    first = NemotronSTTService(model=str(TINY_MODEL_PATH), eager=settings)
+    with pytest.raises(ValueError, match="give each STT service its own"):
+        NemotronSTTService(model=str(TINY_MODEL_PATH), eager=settings)
+    del first  # a service that is gone no longer holds them
+    import gc
+
+    gc.collect()
+    assert NemotronSTTService(model=str(TINY_MODEL_PATH), eager=settings).turn_commit is settings.turn_commit

@@ -134,6 +134,8 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
             default_settings.apply_update(settings)
         validate_latency_ms(default_settings.latency_ms)  # type: ignore[arg-type]
         eager = eager_from_kwargs(eager, kwargs)
+        if eager is not None:
+            eager.claim(self)
         super().__init__(
             ttfs_p99_latency=ttfs_p99_latency,
             settings=default_settings,

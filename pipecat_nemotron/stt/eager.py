@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -105,6 +106,25 @@ class EagerSettings:
     def __post_init__(self) -> None:
         object.__setattr__(self, "hold_words", frozenset(self.hold_words))
 
+    def claim(self, service: object) -> None:
+        """Bind this settings' stateful parts (VAD, turn analyzer, turn commit) to ``service``.
+
+        Raises:
+            ValueError: One of them is already in use by another live service: they keep per-session state, so
+                each service needs its own (build a new ``EagerSettings`` per service).
+
+        """
+        for part in (self.vad_analyzer, self.turn_analyzer, self.turn_commit):
+            if part is None:
+                continue
+            owner = _OWNERS.get(part)
+            if owner is not None and owner() not in (None, service):
+                raise ValueError(
+                    f"the {type(part).__name__} of these EagerSettings is already used by {owner()}: it keeps "
+                    "per-session state, so give each STT service its own (a new EagerSettings per service)"
+                )
+            _OWNERS[part] = weakref.ref(service)
+
     def commit(self) -> TurnCommit:
         """What decides, at each VAD stop, whether the turn is committed."""
         return self.turn_commit or TurnCommit(self.turn_analyzer)
@@ -113,6 +133,9 @@ class EagerSettings:
         """A new :class:`PauseDetector` with these settings (one per service: it keeps per-session state)."""
         return PauseDetector(silence_ms=self.silence_ms, signal=self.signal, vad_analyzer=self.vad_analyzer)
 
+
+#: Which live service each stateful part of an ``EagerSettings`` belongs to (see :meth:`EagerSettings.claim`).
+_OWNERS: weakref.WeakKeyDictionary[object, weakref.ref[object]] = weakref.WeakKeyDictionary()
 
 #: The eager keyword arguments of 0.1 (``NemotronSTTService(enable_eager_end_of_turn=True, eager_...)``) and the
 #: ``EagerSettings`` field each one sets.
