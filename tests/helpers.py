@@ -42,7 +42,7 @@ from pipecat_nemotron.server.app import ASRServer, ServerConfig
 from pipecat_nemotron.server.protocol import CloseCode, ConfigMessage, parse_server_message
 from pipecat_nemotron.stt import NemotronSTTSettings
 from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
-from pipecat_nemotron.wav_input import read_pcm16
+from pipecat_nemotron.wav_input import read_pcm16, silence
 
 
 def offline_decode(
@@ -460,3 +460,20 @@ async def started_engine(model: Any, *, one_thread: bool = False, **overrides: A
             yield engine
         finally:
             await engine.stop()
+
+
+def paused_turn(pcm: bytes, resume: bytes = b"") -> list[Frame]:
+    """A user turn with a 0.4 s pause after ``pcm`` (then ``resume``, if any), committed by a VAD stop."""
+    pause = audio_frames(silence(0.4, 16000))
+    # The audio arrives in a burst; a pause's peek answers once the engine has decoded all of it (~0.3 s here,
+    # over 1 s on a loaded 2-core machine). A final that comes first makes the peek moot and no eager frame is sent.
+    peek_lands = SleepFrame(sleep=2.5)
+    frames: list[Frame] = [SleepFrame(sleep=0.2), VADUserStartedSpeakingFrame(), *audio_frames(pcm), *pause]
+    frames.append(peek_lands)
+    if resume:
+        frames += [*audio_frames(resume), *pause, peek_lands]
+    return [*frames, VADUserStoppedSpeakingFrame(stop_secs=0.2), SleepFrame(sleep=1.5)]
+
+
+def of(frames: list[Frame], kind: type) -> list[Frame]:
+    return [f for f in frames if type(f) is kind]

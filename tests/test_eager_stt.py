@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers import SYNC, TOKEN, audio_frames, clip, open_session
+from helpers import SYNC, TOKEN, audio_frames, clip, of, open_session, paused_turn
 from pipecat.audio.turn.base_turn_analyzer import BaseTurnAnalyzer, BaseTurnParams, EndOfTurnState
 from pipecat.frames.frames import (
     EagerEndOfTurnCancelFrame,
@@ -19,8 +19,6 @@ from pipecat.frames.frames import (
     ProposedUserStartedSpeakingFrame,
     ProposedUserStoppedSpeakingFrame,
     TranscriptionFrame,
-    VADUserStartedSpeakingFrame,
-    VADUserStoppedSpeakingFrame,
 )
 from pipecat.tests.utils import SleepFrame, run_test
 from pipecat.turns.user_turn_strategies import EagerUserTurnStrategies
@@ -44,23 +42,6 @@ from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 from pipecat_nemotron.wav_input import silence
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-def paused_turn(pcm: bytes, resume: bytes = b"") -> list[Frame]:
-    """A user turn with a 0.4 s pause after ``pcm`` (then ``resume``, if any), committed by a VAD stop."""
-    pause = audio_frames(silence(0.4, 16000))
-    # The audio arrives in a burst; a pause's peek answers once the engine has decoded all of it (~0.3 s here,
-    # over 1 s on a loaded 2-core machine). A final that comes first makes the peek moot and no eager frame is sent.
-    peek_lands = SleepFrame(sleep=2.5)
-    frames: list[Frame] = [SleepFrame(sleep=0.2), VADUserStartedSpeakingFrame(), *audio_frames(pcm), *pause]
-    frames.append(peek_lands)
-    if resume:
-        frames += [*audio_frames(resume), *pause, peek_lands]
-    return [*frames, VADUserStoppedSpeakingFrame(stop_secs=0.2), SleepFrame(sleep=1.5)]
-
-
-def of(frames: list[Frame], kind: type) -> list[Frame]:
-    return [f for f in frames if type(f) is kind]
 
 
 def assert_committed_after(down: list[Frame], eager: Frame) -> TranscriptionFrame:

@@ -8,7 +8,7 @@ withdraw it; with the ``"text"`` commit the words so far are no complete sentenc
 from __future__ import annotations
 
 import pytest
-from helpers import to_pcm16
+from helpers import of, paused_turn, to_pcm16
 from pipecat.frames.frames import (
     EagerEndOfTurnCancelFrame,
     EagerTranscriptionFrame,
@@ -16,8 +16,6 @@ from pipecat.frames.frames import (
     TranscriptionFrame,
 )
 from pipecat.tests.utils import run_test
-from test_eager_stt import of, paused_turn
-from test_server import asr_model, engine  # noqa: F401
 from word_clips import spoken_word
 
 from pipecat_nemotron.engine import NemotronEngine
