@@ -76,3 +76,13 @@ def test_stt_services_import_no_torch_until_an_engine_is_made() -> None:
     # A bot on a machine without a GPU runs only the remote service: it never needs torch or NeMo.
     heavy = _heavy_after("import pipecat_nemotron.stt.remote.service, pipecat_nemotron.stt.local")
     assert "torch" not in heavy and "nemo" not in heavy
+
+
+def test_no_test_module_imports_another() -> None:
+    # Shared code lives in helpers.py (and the peers' modules), shared fixtures in conftest.py.
+    import re
+    from pathlib import Path
+
+    pattern = re.compile(r"^\s*(from (test_\w+|conftest) import|import (test_\w+|conftest)\b)", re.M)
+    offenders = [p.name for p in Path(__file__).parent.glob("*.py") if pattern.search(p.read_text())]
+    assert offenders == []
