@@ -1,0 +1,79 @@
+"""sherpa-onnx as a second opinion: the tiny model exported to its format gives our engine's transcripts.
+
+sherpa-onnx (C++ on ONNX Runtime) streams the exported model with its own cache handling, feature extractor and
+greedy search, none of it written here; equal transcripts check our cache-aware step against it. The full
+held-out comparison (both modes, with the differences explained) is ``python -m pipecat_nemotron.bench peer
+--agreement`` (docs/BENCHMARKS.md section 13).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from pipecat_nemotron.bench.audio import HELDOUT_MANIFEST, manifest_rows
+from pipecat_nemotron.bench.sherpa_run import sherpa_missing
+from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+from pipecat_nemotron.models import TINY_MODEL_PATH
+from pipecat_nemotron.wav_input import read_float32
+
+pytestmark = pytest.mark.skipif(sherpa_missing() is not None, reason=sherpa_missing() or "")
+
+#: Three held-out clips (training voices, sentences never seen in training).
+CLIPS = ("seen_000000.flac", "seen_000003.flac", "seen_000006.flac")
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory: pytest.TempPathFactory):
+    from pipecat_nemotron.bench.sherpa_export import export_sherpa_onnx
+
+    return export_sherpa_onnx(TINY_MODEL_PATH, tmp_path_factory.mktemp("sherpa") / "160", 160)
+
+
+def test_export_writes_what_sherpa_reads(tiny_export) -> None:
+    from pipecat_nemotron.bench.sherpa_run import read_metadata
+
+    assert tiny_export.exists() and dataclasses.replace(tiny_export, int8=True).exists()
+    meta = read_metadata(tiny_export)
+    # 160 ms mode: 16 mel frames per step plus the 9-frame pre-encode cache; 4 layers, 70 cached frames.
+    assert (meta["window_size"], meta["chunk_shift"], meta["subsampling_factor"]) == ("25", "16", "8")
+    assert (meta["cache_last_channel_dim1"], meta["cache_last_channel_dim2"]) == ("4", "70")
+    tokens = tiny_export.tokens.read_text().splitlines()
+    assert tokens[-1] == f"<blk> {len(tokens) - 1}" and int(meta["vocab_size"]) == len(tokens) - 1
+
+
+async def test_sherpa_onnx_gives_our_transcripts_at_160ms(tiny_export) -> None:
+    from pipecat_nemotron.bench import sherpa_run
+
+    rows = {r["audio"].rsplit("/", 1)[-1]: r for r in manifest_rows(HELDOUT_MANIFEST)}
+    audio = [read_float32(rows[name]["audio"]) for name in CLIPS]
+    config = EngineConfig(model=str(TINY_MODEL_PATH), device="cpu", max_streams=3, cpu_threads=1)
+    async with NemotronEngine(config) as engine:
+        ours = [f.text for f in await asyncio.gather(*(engine.transcribe(a, latency_ms=160) for a in audio))]
+    recognizer = sherpa_run.make_recognizer(tiny_export, threads=1)
+    theirs = sherpa_run.transcribe(recognizer, tiny_export, audio)
+    assert theirs == ours
+    assert all(t for t in ours), ours  # real sentences, not three empty strings
+
+
+def test_exporter_refuses_a_model_outside_the_family(tmp_path) -> None:
+    from omegaconf import OmegaConf
+
+    from pipecat_nemotron.bench.sherpa_export import SherpaExportError, export_sherpa_onnx
+    from pipecat_nemotron.engine.architectures import TINY, asr_model_config, train_tokenizer
+    from pipecat_nemotron.nemo_logs import quiet_nemo
+
+    # A cache-aware streaming model the engine runs, but with mel features sherpa-onnx does not compute.
+    cfg = asr_model_config(str(train_tokenizer(tmp_path / "tok")), TINY)
+    cfg["preprocessor"].update(window="hamming", n_fft=400)
+    with quiet_nemo():
+        from nemo.collections.asr.models import EncDecRNNTBPEModel
+
+        EncDecRNNTBPEModel(cfg=OmegaConf.create(cfg)).save_to(str(tmp_path / "hamming.nemo"))
+    with pytest.raises(
+        SherpaExportError, match=r"hamming\.nemo is not a model of the Nemotron.*window='hann'"
+    ):
+        export_sherpa_onnx(tmp_path / "hamming.nemo", tmp_path / "out", 160)
+    assert not list((tmp_path / "out").glob("*.onnx"))
