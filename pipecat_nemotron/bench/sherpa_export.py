@@ -220,14 +220,24 @@ def _export_graphs(model: Any, out_dir: Path, metadata: dict[str, str]) -> None:
 
 def quantize_int8(out_dir: Path) -> None:
     """``<graph>.int8.onnx`` beside each fp32 graph: onnxruntime's dynamic quantisation, uint8 weights."""
+    import io
+    import logging
+
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    for name in GRAPHS:
-        quantize_dynamic(
-            model_input=out_dir / f"{name}.onnx",
-            model_output=out_dir / f"{name}.int8.onnx",
-            weight_type=QuantType.QUInt8,
-        )
+    # The quantiser prints tensor protos and logs a warning per skipped node: keep the output readable.
+    previous = logging.getLogger().level
+    logging.getLogger().setLevel(logging.ERROR)
+    try:
+        for name in GRAPHS:
+            with contextlib.redirect_stdout(io.StringIO()):
+                quantize_dynamic(
+                    model_input=out_dir / f"{name}.onnx",
+                    model_output=out_dir / f"{name}.int8.onnx",
+                    weight_type=QuantType.QUInt8,
+                )
+    finally:
+        logging.getLogger().setLevel(previous)
 
 
 def export_sherpa_onnx(
