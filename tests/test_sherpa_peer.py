@@ -19,7 +19,13 @@ from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.models import TINY_MODEL_PATH
 from pipecat_nemotron.wav_input import read_float32
 
-pytestmark = pytest.mark.skipif(sherpa_missing() is not None, reason=sherpa_missing() or "")
+
+def heldout_audio(names: tuple[str, ...]) -> list:
+    rows = {r["audio"].rsplit("/", 1)[-1]: r for r in manifest_rows(HELDOUT_MANIFEST)}
+    return [read_float32(rows[name]["audio"]) for name in names]
+
+
+needs_sherpa = pytest.mark.skipif(sherpa_missing() is not None, reason=sherpa_missing() or "")
 
 #: Three held-out clips (training voices, sentences never seen in training).
 CLIPS = ("seen_000000.flac", "seen_000003.flac", "seen_000006.flac")
@@ -32,6 +38,7 @@ def tiny_export(tmp_path_factory: pytest.TempPathFactory):
     return export_sherpa_onnx(TINY_MODEL_PATH, tmp_path_factory.mktemp("sherpa") / "160", 160)
 
 
+@needs_sherpa
 def test_export_writes_what_sherpa_reads(tiny_export) -> None:
     from pipecat_nemotron.bench.sherpa_run import read_metadata
 
@@ -44,11 +51,11 @@ def test_export_writes_what_sherpa_reads(tiny_export) -> None:
     assert tokens[-1] == f"<blk> {len(tokens) - 1}" and int(meta["vocab_size"]) == len(tokens) - 1
 
 
+@needs_sherpa
 async def test_sherpa_onnx_gives_our_transcripts_at_160ms(tiny_export) -> None:
     from pipecat_nemotron.bench import sherpa_run
 
-    rows = {r["audio"].rsplit("/", 1)[-1]: r for r in manifest_rows(HELDOUT_MANIFEST)}
-    audio = [read_float32(rows[name]["audio"]) for name in CLIPS]
+    audio = heldout_audio(CLIPS)
     config = EngineConfig(model=str(TINY_MODEL_PATH), device="cpu", max_streams=3, cpu_threads=1)
     async with NemotronEngine(config) as engine:
         ours = [f.text for f in await asyncio.gather(*(engine.transcribe(a, latency_ms=160) for a in audio))]
@@ -77,3 +84,24 @@ def test_exporter_refuses_a_model_outside_the_family(tmp_path) -> None:
     ):
         export_sherpa_onnx(tmp_path / "hamming.nemo", tmp_path / "out", 160)
     assert not list((tmp_path / "out").glob("*.onnx"))
+
+
+async def test_int8_engine_quantises_the_feed_forward_and_transcribes() -> None:
+    """``EngineConfig(dtype="int8")``: the CPU option added because sherpa-onnx int8 beat our fp32 (BENCHMARKS §13)."""
+    import torch
+
+    with pytest.raises(ValueError, match="int8.*CPU only.*device='cpu'"):
+        EngineConfig(model=str(TINY_MODEL_PATH), device="cuda", dtype="int8")
+    audio = heldout_audio(CLIPS)
+    texts = {}
+    for dtype in ("float32", "int8"):
+        config = EngineConfig(
+            model=str(TINY_MODEL_PATH), device="cpu", dtype=dtype, max_streams=3, cpu_threads=1
+        )
+        async with NemotronEngine(config) as engine:
+            texts[dtype] = [
+                f.text for f in await asyncio.gather(*(engine.transcribe(a, latency_ms=160) for a in audio))
+            ]
+            linear1 = engine.model.encoder.layers[0].feed_forward1.linear1
+            assert isinstance(linear1, torch.nn.Linear) == (dtype == "float32"), type(linear1)
+    assert texts["int8"] == texts["float32"]

@@ -2,7 +2,7 @@
 
 The model is exported per latency mode with :mod:`~pipecat_nemotron.bench.sherpa_export` (fp32 and int8) and
 streamed by sherpa-onnx's own ``OnlineRecognizer`` with its batched ``decode_streams``; our engine runs its
-fast step (fp32, bf16, and int8 when the engine offers it). Both get the same clips in the same rounds: ``N``
+fast step (fp32, bf16, and int8: ``EngineConfig(dtype="int8")``). Both get the same clips in the same rounds: ``N``
 streams start an utterance each, all its audio at once (faster than real time, so every step batches all
 streams still speaking), then all ``N`` finalize together. Per (engine, mode, N):
 
@@ -15,7 +15,7 @@ streams still speaking), then all ``N`` finalize together. Per (engine, mode, N)
   (:func:`~pipecat_nemotron.bench.sherpa_run.tail_padding`) decoded to the end.
 
 ``--agreement`` instead compares transcripts (sherpa-onnx fp32 vs our fp32, hard finalize) on every clip in
-each mode, as they are and with 0.3 s of silence before and after each clip: a difference that disappears
+each mode (with the WER of our int8 beside them), as they are and with 0.3 s of silence before and after each clip: a difference that disappears
 with the silence comes from how the two engines treat a stream's first and last audio.
 
 Skips with a message (exit 0) when sherpa-onnx is not installed.
@@ -40,7 +40,7 @@ from pipecat_nemotron.bench.wer import WordErrorCount
 
 NAME = "peer"
 #: The compared engines: ours per dtype, sherpa-onnx per precision.
-VARIANTS = ("ours-fp32", "ours-bf16", "sherpa-fp32", "sherpa-int8")
+VARIANTS = ("ours-fp32", "ours-bf16", "ours-int8", "sherpa-fp32", "sherpa-int8")
 #: Silence around each clip in the agreement check's second pass, s.
 EDGE_SILENCE_S = 0.3
 
@@ -227,6 +227,7 @@ def run_mode(
     runners: dict[str, Callable[[], dict[int, tuple[list[RoundResult], stats.Meter]]]] = {
         "ours-fp32": lambda: asyncio.run(run_ours(args, spec, "float32", latency_ms, plan)),
         "ours-bf16": lambda: asyncio.run(run_ours(args, spec, "bfloat16", latency_ms, plan)),
+        "ours-int8": lambda: asyncio.run(run_ours(args, spec, "int8", latency_ms, plan)),
         "sherpa-fp32": lambda: run_sherpa(args, files, plan),
         "sherpa-int8": lambda: run_sherpa(args, dataclasses.replace(files, int8=True), plan),
     }
@@ -261,16 +262,18 @@ def run_agreement(args: argparse.Namespace, spec: common.ModelSpec, clips: Seque
         files = export_mode(args, spec, latency_ms)
         recognizer = sherpa_run.make_recognizer(files, threads=args.threads)
         for name, audio in passes.items():
-            ours = asyncio.run(
-                transcribe_clips(ours_config(spec, "float32", 16, args.threads), audio, [latency_ms])
+            ours, int8 = (
+                asyncio.run(transcribe_clips(ours_config(spec, dtype, 16, args.threads), audio, [latency_ms]))
+                for dtype in ("float32", "int8")
             )
             theirs = sherpa_run.transcribe(recognizer, files, audio)
-            wer_ours, wer_theirs = WordErrorCount(), WordErrorCount()
+            wer_ours, wer_theirs, wer_int8 = WordErrorCount(), WordErrorCount(), WordErrorCount()
             diffs = []
-            for clip, a, b in zip(clips, ours[latency_ms], theirs, strict=True):
+            for clip, a, b, q in zip(clips, ours[latency_ms], theirs, int8[latency_ms], strict=True):
                 if clip.text is not None:
                     wer_ours.add(clip.text, a)
                     wer_theirs.add(clip.text, b)
+                    wer_int8.add(clip.text, q)
                 if a != b:
                     diffs.append({"clip": clip.name, "ref": clip.text, "ours": a, "sherpa": b})
             modes.append(
@@ -281,6 +284,7 @@ def run_agreement(args: argparse.Namespace, spec: common.ModelSpec, clips: Seque
                     "same": len(clips) - len(diffs),
                     "wer_ours": wer_ours.percent if wer_ours.words else None,
                     "wer_sherpa": wer_theirs.percent if wer_theirs.words else None,
+                    "wer_ours_int8": wer_int8.percent if wer_int8.words else None,
                     "differences": diffs,
                 }
             )
@@ -302,6 +306,7 @@ def summary(result: dict[str, Any]) -> str:
                 ("same text", lambda r: f"{r['same']}/{r['clips']}"),
                 ("WER ours %", "wer_ours"),
                 ("WER sherpa-onnx %", "wer_sherpa"),
+                ("WER ours int8 %", "wer_ours_int8"),
             ],
         )
     return output.format_rows(
