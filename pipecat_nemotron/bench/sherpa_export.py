@@ -265,7 +265,7 @@ def export_sherpa_onnx(
     from pipecat_nemotron.engine.loading import load_asr_model
     from pipecat_nemotron.engine.modes import model_latency_modes
 
-    out = Path(out_dir)
+    out = Path(out_dir).resolve()  # the exporter runs in a scratch working directory
     out.mkdir(parents=True, exist_ok=True)
     model = load_asr_model(
         EngineConfig(model=str(model_path), device="cpu", dtype="float32", word_timings=False),
