@@ -195,16 +195,16 @@ def ours_config(spec: common.ModelSpec, dtype: str, streams: int, threads: int) 
 async def run_ours(
     args: argparse.Namespace, spec: common.ModelSpec, dtype: str, latency_ms: int, plan: dict[int, list]
 ) -> dict[int, tuple[list[RoundResult], stats.Meter]]:
-    """Our engine over every N's rounds (one engine per N: its slots are the batch)."""
+    """Our engine over every N's rounds (one engine, loaded once: a round of N streams batches N)."""
     from pipecat_nemotron.engine import NemotronEngine
 
     out: dict[int, tuple[list[RoundResult], stats.Meter]] = {}
-    for n, rounds in plan.items():
-        async with NemotronEngine(ours_config(spec, dtype, n, args.threads)) as engine:
+    async with NemotronEngine(ours_config(spec, dtype, max(plan), args.threads)) as engine:
+        for n, rounds in plan.items():
             await ours_round(engine, latency_ms, warmup_round(rounds))
             with stats.Meter() as meter:
                 results = [await ours_round(engine, latency_ms, r) for r in rounds]
-        out[n] = (results, meter)
+            out[n] = (results, meter)
     return out
 
 
