@@ -105,3 +105,14 @@ async def test_int8_engine_quantises_the_feed_forward_and_transcribes() -> None:
             linear1 = engine.model.encoder.layers[0].feed_forward1.linear1
             assert isinstance(linear1, torch.nn.Linear) == (dtype == "float32"), type(linear1)
     assert texts["int8"] == texts["float32"]
+
+
+def test_peer_benchmark_skips_with_a_message_without_sherpa_onnx(monkeypatch, capsys) -> None:
+    from pipecat_nemotron.bench import peer, sherpa_run
+
+    monkeypatch.setattr(sherpa_run, "sherpa_missing", lambda: sherpa_run.SHERPA_MISSING)
+    assert peer.main(["--model", "tiny"]) == {"skipped": sherpa_run.SHERPA_MISSING}
+    assert (
+        "peer: skipped: sherpa-onnx is not installed: pip install 'pipecat-nemotron[bench]'"
+        in capsys.readouterr().out
+    )
