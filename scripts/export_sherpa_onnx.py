@@ -3,7 +3,8 @@
 
 Writes, for each ``--latency`` mode, ``OUT/<ms>/encoder.onnx decoder.onnx joiner.onnx tokens.txt`` (fp32) and
 ``encoder.int8.onnx decoder.int8.onnx joiner.int8.onnx`` (onnxruntime dynamic quantisation), plus
-``export.json`` (the encoder metadata written). The format is described in
+``export.json`` (the encoder metadata written). A multilingual (prompt) model is exported for one language
+(``--language``, default ``auto``): sherpa-onnx's loader gives the encoder no language input. The format is described in
 ``pipecat_nemotron/bench/sherpa_export.py``. A model outside the family (not a cache-aware FastConformer RNNT
 with an LSTM prediction network and a preprocessor sherpa-onnx reproduces) is refused with the reason.
 
@@ -38,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("bench_out/sherpa"), help="output folder")
     parser.add_argument("--no-int8", action="store_true", help="skip the int8 (dynamic quantisation) graphs")
+    parser.add_argument(
+        "--language",
+        default=None,
+        help="a multilingual (prompt) model's language baked into the encoder (default: auto)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
     args = parser.parse_args(argv)
 
@@ -46,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     for ms in args.latency:
         try:
-            files = export_sherpa_onnx(args.model, args.out / str(ms), ms, int8=not args.no_int8)
+            files = export_sherpa_onnx(
+                args.model, args.out / str(ms), ms, int8=not args.no_int8, language=args.language
+            )
         except (SherpaExportError, ModelLoadError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

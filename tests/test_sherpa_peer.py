@@ -116,3 +116,21 @@ def test_peer_benchmark_skips_with_a_message_without_sherpa_onnx(monkeypatch, ca
         "peer: skipped: sherpa-onnx is not installed: pip install 'pipecat-nemotron[bench]'"
         in capsys.readouterr().out
     )
+
+
+@needs_sherpa
+async def test_multilingual_model_exports_with_its_language_baked_in(tmp_path) -> None:
+    """The tiny bilingual (prompt-class) model, exported for Spanish, transcribes as our engine does in es-ES."""
+    from pipecat_nemotron.bench import sherpa_run
+    from pipecat_nemotron.bench.sherpa_export import export_sherpa_onnx
+    from pipecat_nemotron.models import TINY_MULTILINGUAL_MODEL_PATH
+
+    heldout = HELDOUT_MANIFEST.parent.parent / "heldout_multilingual"
+    audio = [read_float32(heldout / name) for name in ("es_00.wav", "es_02.wav", "en_00.wav")]
+    files = export_sherpa_onnx(TINY_MULTILINGUAL_MODEL_PATH, tmp_path / "160", 160, int8=False, language="es")
+    assert "language es (prompt" in sherpa_run.read_metadata(files)["comment"]
+    config = EngineConfig(model=str(TINY_MULTILINGUAL_MODEL_PATH), device="cpu", max_streams=3, cpu_threads=1)
+    async with NemotronEngine(config) as engine:
+        ours = await asyncio.gather(*(engine.transcribe(a, latency_ms=160, language="es-ES") for a in audio))
+    theirs = sherpa_run.transcribe(sherpa_run.make_recognizer(files, threads=1), files, audio)
+    assert theirs == [f.text for f in ours]

@@ -114,10 +114,6 @@ def check_family(model: Any, description: str) -> None:
         problems.append("a prediction network whose blank is the padding symbol (blank_as_pad)")
     if not isinstance(getattr(model, "joint", None), RNNTJoint):
         problems.append(f"a plain RNNT joint, got {type(model.joint).__name__}")
-    if getattr(model, "prompt_kernel", None) is not None:
-        problems.append(
-            "no language prompt (a multilingual prompt model needs a prompt input sherpa's loader lacks)"
-        )
     pre = model.cfg.get("preprocessor", {})
     for key, want in SHERPA_PREPROCESSOR.items():
         have = pre.get(key, want)
@@ -201,7 +197,54 @@ def _save(onnx_model: Any, path: Path, metadata: dict[str, str] | None, large: b
         onnx.save(onnx_model, str(path))
 
 
-def _export_graphs(model: Any, out_dir: Path, metadata: dict[str, str]) -> None:
+@contextlib.contextmanager
+def _prompt_baked_in(model: Any, prompt_index: int | None) -> Iterator[None]:
+    """While exporting, the encoder's export forward also joins one language's one-hot (``prompt_kernel``).
+
+    A multilingual (prompt-class) model conditions the encoder output on a language one-hot; sherpa-onnx's
+    streaming NeMo loader feeds the encoder only audio and caches, so the export fixes one language. NeMo's
+    exporter traces ``type(encoder).forward_for_export``: the encoder gets a subclass for the duration, and the
+    projection a place among its submodules so that its weights are exported as weights.
+    """
+    if prompt_index is None:
+        yield
+        return
+    import torch
+
+    encoder, base = model.encoder, type(model.encoder)
+    one_hot = torch.nn.functional.one_hot(torch.tensor([prompt_index]), int(model.num_prompts)).float()
+
+    class PromptedEncoder(base):  # type: ignore[misc, valid-type]
+        def forward_for_export(
+            self,
+            audio_signal,
+            length,
+            cache_last_channel=None,
+            cache_last_time=None,
+            cache_last_channel_len=None,
+        ):  # noqa: ANN001, ANN202, D102
+            out = base.forward_for_export(
+                self, audio_signal, length, cache_last_channel, cache_last_time, cache_last_channel_len
+            )
+            frames = out[0].transpose(1, 2)  # [B, T, D]
+            prompt = self.export_prompt_one_hot[:, None, :].expand(frames.size(0), frames.size(1), -1)
+            joined = self.export_prompt_kernel(torch.cat((frames, prompt), dim=-1)).transpose(1, 2)
+            return (joined, *out[1:])
+
+    encoder.add_module("export_prompt_kernel", model.prompt_kernel)
+    encoder.register_buffer("export_prompt_one_hot", one_hot, persistent=False)
+    encoder.__class__ = PromptedEncoder
+    try:
+        yield
+    finally:
+        encoder.__class__ = base
+        del encoder.export_prompt_kernel
+        del encoder.export_prompt_one_hot
+
+
+def _export_graphs(
+    model: Any, out_dir: Path, metadata: dict[str, str], prompt_index: int | None = None
+) -> None:
     """NeMo's exports of encoder (with caches), decoder and joint, re-saved with metadata into ``out_dir``."""
     import onnx
     import torch
@@ -211,12 +254,31 @@ def _export_graphs(model: Any, out_dir: Path, metadata: dict[str, str]) -> None:
     large = sum(p.numel() * p.element_size() for p in model.parameters()) > EXTERNAL_DATA_BYTES
     model.set_export_config({"cache_support": True})
     modules = {"encoder": model.encoder, "decoder": model.decoder, "joiner": model.joint}
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp, _in_directory(Path(tmp)), torch.no_grad():
+    with (
+        tempfile.TemporaryDirectory(dir=out_dir) as tmp,
+        _in_directory(Path(tmp)),
+        torch.no_grad(),
+        _prompt_baked_in(model, prompt_index),
+    ):
         for name, module in modules.items():
             raw = Path(tmp) / f"{name}.onnx"
             with quiet_nemo():
                 module.export(str(raw), check_trace=False)
             _save(onnx.load(str(raw)), out_dir / raw.name, metadata if name == "encoder" else None, large)
+
+
+def _prompt_index(model: Any, language: str | None) -> int | None:
+    """The one-hot index of ``language`` on a prompt-class model (None for a model without prompts)."""
+    from pipecat_nemotron.engine.languages import AUTO, LanguagePrompts
+
+    prompts = LanguagePrompts.from_model(model)
+    if prompts is None:
+        return None
+    try:
+        key = prompts.resolve(language or AUTO)
+    except ValueError as e:
+        raise SherpaExportError(f"language {language!r}: {e}") from e
+    return prompts.dictionary[key]
 
 
 def quantize_int8(out_dir: Path) -> None:
@@ -242,7 +304,11 @@ def quantize_int8(out_dir: Path) -> None:
 
 
 def export_sherpa_onnx(
-    model_path: str | Path, out_dir: str | Path, latency_ms: int, int8: bool = True
+    model_path: str | Path,
+    out_dir: str | Path,
+    latency_ms: int,
+    int8: bool = True,
+    language: str | None = None,
 ) -> SherpaModelFiles:
     """Export one latency mode of a ``.nemo`` model to sherpa-onnx's streaming NeMo transducer files.
 
@@ -251,6 +317,8 @@ def export_sherpa_onnx(
         out_dir: Folder for ``encoder/decoder/joiner[.int8].onnx`` and ``tokens.txt`` (created).
         latency_ms: The latency mode (the model's own modes, e.g. 80/160/560/1120 ms).
         int8: Also write the dynamically quantised graphs.
+        language: For a multilingual (prompt-class) model, the language baked into the encoder (a locale of its
+            prompt dictionary, a bare language or ``auto``; default ``auto``). Ignored for the English model.
 
     Returns:
         The fp32 files (``dataclasses.replace(files, int8=True)`` names the int8 ones).
@@ -279,7 +347,10 @@ def export_sherpa_onnx(
         raise SherpaExportError(f"{model_path} has no {latency_ms} ms mode; its modes are {sorted(modes)} ms")
     model.encoder.set_default_att_context_size(list(modes[latency_ms]))
     metadata = encoder_metadata(model, latency_ms)
-    _export_graphs(model, out, metadata)
+    prompt_index = _prompt_index(model, language)
+    if prompt_index is not None:
+        metadata["comment"] += f", language {language or 'auto'} (prompt {prompt_index}) baked in"
+    _export_graphs(model, out, metadata, prompt_index)
     write_tokens(model, out / "tokens.txt")
     del model  # the 600M model is 2.5 GB: free it before the quantiser loads the graphs
     gc.collect()
