@@ -30,7 +30,6 @@ import contextlib
 import gc
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -360,8 +359,3 @@ def export_sherpa_onnx(
         json.dumps({"model": str(model_path), "latency_ms": latency_ms, "metadata": metadata}, indent=2)
     )
     return SherpaModelFiles(out, latency_ms)
-
-
-def remove_export(files: SherpaModelFiles) -> None:
-    """Delete an export folder."""
-    shutil.rmtree(files.directory, ignore_errors=True)
