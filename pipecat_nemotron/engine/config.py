@@ -90,7 +90,9 @@ class EngineConfig:
         model_revision: Git revision (commit hash or tag) of a model id; pin it in production, since the
             ``main`` checkpoint of the Nemotron model has changed over time. Ignored for local paths.
         device: ``"auto"`` (CUDA if present, else CPU with a warning), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
-        dtype: ``"auto"`` (bf16 on GPU, fp32 on CPU), ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        dtype: ``"auto"`` (bf16 on GPU, fp32 on CPU), ``"float32"``, ``"bfloat16"``, ``"float16"``, or
+            ``"int8"`` (CPU only: fp32 with the encoder's feed-forward Linear layers, two thirds of its weights,
+            quantised to int8 by torch's dynamic quantisation; see docs/BENCHMARKS.md section 13).
         max_streams: Concurrent streams (preallocated cache slots). One more ``open_stream`` raises
             :class:`~pipecat_nemotron.engine.errors.CapacityError`.
         max_batch_size: Most stream chunks in one batched model step.
@@ -163,9 +165,14 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError("model must be a .nemo path or a model id such as " + repr(DEFAULT_MODEL))
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16", "int8"):
             raise ValueError(
-                f"dtype must be one of 'auto', 'float32', 'bfloat16', 'float16', got {self.dtype!r}"
+                f"dtype must be one of 'auto', 'float32', 'bfloat16', 'float16', 'int8', got {self.dtype!r}"
+            )
+        if self.dtype == "int8" and self.device != "cpu":
+            raise ValueError(
+                f"dtype='int8' runs on the CPU only (torch's dynamic quantisation): set device='cpu', got "
+                f"{self.device!r}"
             )
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")

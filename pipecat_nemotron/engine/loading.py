@@ -58,9 +58,14 @@ def resolve_torch_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """Turn the config's dtype name into a :class:`torch.dtype` (``auto``: bf16 on CUDA, fp32 on CPU)."""
+    """Turn the config's dtype name into a :class:`torch.dtype` (``auto``: bf16 on CUDA, fp32 on CPU).
+
+    ``int8`` computes in fp32 around int8 weights (:func:`quantize_feed_forward`).
+    """
     import torch
 
+    if dtype == "int8":
+        return torch.float32
     if dtype == "auto":
         if device.type == "cuda" and torch.cuda.is_bf16_supported():
             return torch.bfloat16
@@ -136,7 +141,29 @@ def load_asr_model(config: EngineConfig, device: torch.device, dtype: torch.dtyp
         if getattr(model, name, None) is not None:
             getattr(model, name).to(dtype=dtype)
     model.to(device)
+    if config.dtype == "int8":
+        quantize_feed_forward(model)
     return model
+
+
+def quantize_feed_forward(model: Any) -> None:
+    """Quantise the encoder's feed-forward Linear layers to int8 in place (torch dynamic quantisation, CPU).
+
+    The two feed-forward modules of each layer hold two thirds of the encoder's weights, and both encoder
+    steps call them as modules, so swapping their Linear layers for dynamically quantised ones (int8 weights,
+    activations quantised per call) changes no other code. Attention and convolution weights stay fp32: the
+    fast step reads them as tensors.
+    """
+    import warnings
+
+    import torch
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notice (torchao replaces it)
+        for layer in model.encoder.layers:
+            for ff in (layer.feed_forward1, layer.feed_forward2):
+                quantize_dynamic(ff, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
 
 
 def validate_cache_aware(model: Any, description: str) -> None:
