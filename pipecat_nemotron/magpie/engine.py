@@ -415,6 +415,11 @@ class MagpieEngine:
 
         return codes_to_audio(self._model, codes)
 
+    def _decode_batch(self, codes: Any, lens: Any) -> list[Any]:
+        from pipecat_nemotron.magpie._nemo_private import codes_to_audio_batch
+
+        return codes_to_audio_batch(self._model, codes, lens)
+
     def _new_decoder(self, options: MagpieSynthesisOptions) -> StreamingDecoder:
         """A streaming codec decoder for one request."""
         from pipecat_nemotron.magpie.streaming import StreamingDecoder

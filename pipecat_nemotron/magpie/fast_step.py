@@ -23,6 +23,7 @@ check takes the argmax where NeMo samples at temperature 0.01 with top-k 1 (the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -87,70 +88,106 @@ class FastMagpieStep:
 
     @torch.inference_mode()
     def add_row(self, text: torch.Tensor, speaker_index: int, sampling: RowSampling) -> Row:
-        """Encode one text chunk, prefill its decoder context and return its row (its first frame comes next step).
+        """:meth:`add_rows` for one sequence."""
+        return self.add_rows([(text, speaker_index, sampling)])[0]
+
+    @torch.inference_mode()
+    def add_rows(self, requests: Sequence[tuple[torch.Tensor, int, RowSampling]]) -> list[Row]:
+        """Encode text chunks and prefill their decoder context in one batched call; return their rows.
+
+        The text encoder, the cross-attention keys/values and the context prefill (speaker context plus BOS
+        through every decoder layer) run once for all joiners, padded to the longest text (padding is masked, so
+        each row's outputs are those it gets alone). Each row's first frame comes at the next :meth:`forward`.
 
         Args:
-            text: Token ids ``(T,)`` of one chunk (as ``chunk_text_for_inference`` makes them).
-            speaker_index: Baked speaker index.
-            sampling: Sampling settings and generator.
+            requests: Per sequence: token ids ``(T,)`` of one chunk (as ``chunk_text_for_inference`` makes them),
+                baked speaker index, sampling settings and generator.
 
         """
-        model = self.model
-        batch = {
-            "text": text.unsqueeze(0).to(self.device),
-            "text_lens": torch.tensor([text.shape[0]], device=self.device, dtype=torch.long),
-            "speaker_indices": speaker_index,
-        }
-        ctx = model.prepare_context_tensors(batch)
-        bos = torch.full(
-            (1, model.num_audio_codebooks, 1), model.audio_bos_id, device=self.device, dtype=torch.long
-        )
-        bos_emb, _ = model.embed_audio_tokens(bos, torch.ones(1, device=self.device, dtype=torch.long))
-        cond, cond_mask = [ctx.cond], [ctx.cond_mask]
-        prefix = [
-            bos_emb
-            if ctx.additional_decoder_input is None
-            else torch.cat([ctx.additional_decoder_input, bos_emb], 1)
-        ]
-        if sampling.use_cfg:
-            dummy_cond, dummy_mask, dummy_add, _, _ = model.prepare_dummy_cond_for_cfg(
-                ctx.cond, ctx.cond_mask, ctx.additional_decoder_input, ctx.additional_decoder_mask
+        if not requests:
+            return []
+        ctx = self._encode(requests)
+        model, count = self.model, len(requests)
+        ones = torch.ones(count, device=self.device, dtype=torch.long)
+        bos = torch.full((count, model.num_audio_codebooks, 1), model.audio_bos_id, device=self.device)
+        bos_emb, _ = model.embed_audio_tokens(bos, ones)
+        add = ctx.additional_decoder_input
+        prefix = bos_emb if add is None else torch.cat([add, bos_emb], 1)
+        memory_lens = ctx.cond_mask.sum(dim=1).tolist()
+        rows = [
+            Row(
+                sampling=sampling,
+                text_len=int(ctx.text_lens[i]),
+                prefix_len=prefix.shape[1],
+                max_steps=int(self.params.max_decoder_steps),
+                memory_len=int(memory_lens[i]),
             )
-            cond.append(dummy_cond)
-            cond_mask.append(dummy_mask)
-            prefix.append(bos_emb if dummy_add is None else torch.cat([dummy_add, bos_emb], 1))
-        if ctx.additional_decoder_mask is not None and not bool(ctx.additional_decoder_mask.all()):
-            raise ValueError("the fast Magpie step needs a fully valid decoder context")
-        text_len = int(ctx.text_lens[0])
-        row = Row(
-            sampling=sampling,
-            text_len=text_len,
-            prefix_len=prefix[0].shape[1],
-            max_steps=int(self.params.max_decoder_steps),
-            memory_len=cond[0].shape[1],
-        )
-        slots = [self._take_slot(row) for _ in prefix]
-        row.slot = slots[0]
-        row.uncond_slot = slots[1] if len(slots) > 1 else -1
-        self._cache.grow(row.prefix_len + MIN_CAPACITY, cond[0].shape[1])
-        xmask = torch.cat(cond_mask, 0).bool()
+            for i, (_, _, sampling) in enumerate(requests)
+        ]
+        taken = len(self._slots)
+        try:
+            return self._prefill_rows(ctx, prefix, bos_emb, rows)
+        except BaseException:
+            del self._slots[taken:]  # The step's other rows are untouched; their slots come first.
+            raise
+
+    def _prefill_rows(self, ctx: Any, prefix: torch.Tensor, bos_emb: torch.Tensor, rows: list[Row]) -> list[Row]:
+        """Take slots for ``rows`` and prefill them (and, once per step object, the shared unconditional row)."""
+        model, count, add = self.model, len(rows), ctx.additional_decoder_input
+        for row in rows:
+            row.slot = self._take_slot(row)
+        cfg = [row for row in rows if row.sampling.use_cfg]
+        for row in cfg:
+            row.uncond_slot = self._take_slot(row)
+        self._cache.grow(prefix.shape[1] + MIN_CAPACITY, ctx.cond.shape[1])
+        xs, memories, masks, slots = [prefix], [ctx.cond], [ctx.cond_mask.bool()], [row.slot for row in rows]
+        cached = self._uncond_prefill
+        fresh_uncond = bool(cfg) and (cached is None or cached[0] != prefix.shape[1])
+        if fresh_uncond:  # The unconditional row sees zero context and zero text: one prefill for every request.
+            dummy_cond, dummy_mask, dummy_add, _, _ = model.prepare_dummy_cond_for_cfg(
+                ctx.cond[:1], ctx.cond_mask[:1], None if add is None else add[:1], ctx.additional_decoder_mask
+            )
+            xs.append(bos_emb[:1] if dummy_add is None else torch.cat([dummy_add, bos_emb[:1]], 1))
+            memories.append(dummy_cond)
+            masks.append(dummy_mask.bool())
+            slots.append(cfg[0].uncond_slot)
         slot_index = torch.tensor(slots, device=self.device)
+        xmask = torch.cat(masks, 0)
         self._cache.xmask[slot_index] = False
         self._cache.xmask[slot_index, : xmask.shape[1]] = xmask
-        cached = self._uncond_prefill if sampling.use_cfg else None
-        if cached is not None and cached[0] == row.prefix_len:
-            out, scores = self._prefill(prefix[0], cond[0], slot_index[:1])
-            row.pending = (torch.cat([out, cached[1]]), [scores[0], cached[2]])
-            self._cache.restore_prefix(int(slot_index[1]), cached[3])
-        else:
-            out, scores = self._prefill(torch.cat(prefix, 0), torch.cat(cond, 0), slot_index)
-            row.pending = (out, list(scores))
-            if sampling.use_cfg:
-                # The unconditional row sees zero context and zero text: the same prefill for every request.
-                saved = self._cache.save_prefix(row.uncond_slot, row.prefix_len)
-                self._uncond_prefill = (row.prefix_len, out[1:], scores[1], saved)
-        self.rows.append(row)
-        return row
+        out, scores = self._prefill(torch.cat(xs, 0), torch.cat(memories, 0), slot_index)
+        if fresh_uncond:
+            saved = self._cache.save_prefix(cfg[0].uncond_slot, prefix.shape[1])
+            self._uncond_prefill = (prefix.shape[1], out[count:], scores[count], saved)
+        _, uncond_out, uncond_scores, saved = self._uncond_prefill if cfg else (0, None, None, None)
+        for i, row in enumerate(rows):
+            if not row.sampling.use_cfg:
+                row.pending = (out[i : i + 1], [scores[i]])
+                continue
+            row.pending = (torch.cat([out[i : i + 1], uncond_out]), [scores[i], uncond_scores])
+            if not (fresh_uncond and row is cfg[0]):
+                self._cache.restore_prefix(row.uncond_slot, saved)
+                self._cache.xmask[row.uncond_slot] = False
+                self._cache.xmask[row.uncond_slot, 0] = True
+        self.rows.extend(rows)
+        return rows
+
+    def _encode(self, requests: Sequence[tuple[torch.Tensor, int, RowSampling]]) -> Any:
+        """NeMo's context tensors (text encoder, speaker context) for the joiners, texts padded to the longest."""
+        lens = [int(text.shape[0]) for text, _, _ in requests]
+        text = torch.zeros(len(requests), max(lens), dtype=torch.long, device=self.device)
+        for i, (tokens, _, _) in enumerate(requests):
+            text[i, : lens[i]] = tokens.to(self.device)
+        ctx = self.model.prepare_context_tensors(
+            {
+                "text": text,
+                "text_lens": torch.tensor(lens, device=self.device, dtype=torch.long),
+                "speaker_indices": torch.tensor([s for _, s, _ in requests], device=self.device),
+            }
+        )
+        if ctx.additional_decoder_mask is not None and not bool(ctx.additional_decoder_mask.all()):
+            raise ValueError("the fast Magpie step needs a fully valid decoder context")
+        return ctx
 
     @torch.inference_mode()
     def remove_row(self, row: Row) -> None:
