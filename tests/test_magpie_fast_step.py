@@ -253,3 +253,19 @@ def test_joiners_admitted_together_decode_as_admitted_alone(tiny_model: Any, fam
         assert float((first[i] - first_alone[i]).abs().max()) < 1e-5, i
         assert torch.equal(together[i], alone[i]), i
     assert sum(t.shape[1] for t in together) > 40  # They did decode (not all ended at once).
+
+
+@pytest.mark.slow
+def test_greedy_codes_equal_generate_speech_at_the_released_357m_shape(tmp_path: Path) -> None:
+    """The released architecture (12 decoder layers of 768, 110-frame speaker context, ...) with random weights:
+    top-k 1 codes equal NeMo's generate_speech (KV-cache mode) on a short sentence, 6 frames (~40 s of CPU, most of
+    it building the random model; scripts/check_magpie_step.py runs more sentences and frames)."""
+    from pipecat_nemotron.magpie.tiny import RELEASED_SHAPE, build_tiny_codec, random_magpie
+
+    model = random_magpie(build_tiny_codec(tmp_path), seed=7, end_of_speech_bias=0.0, shape=RELEASED_SHAPE)
+    assert model.decoder.n_layers == 12 and model.baked_context_embedding_len[0] == 110
+    with inference(model, topk=1, max_decoder_steps=6):
+        ids = tokens(model, "Hello there.")
+        ref, _ = nemo_run(model, ids, use_cfg=True, kv_cache=True)
+        assert ref.shape[1] > 0
+        assert torch.equal(fast_greedy(model, ids, use_cfg=True), ref)
