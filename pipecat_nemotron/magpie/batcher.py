@@ -59,10 +59,24 @@ class FastBatcher:
         """
         self._engine = engine
         self._max_batch = max_batch
-        self._step = FastMagpieStep(engine.model, max_slots=2 * max_batch)
+        self._step = self._new_step()
         self._active: list[_Active] = []
         self._waiting: collections.deque[SynthesisStream] = collections.deque()
         self.steps = 0
+
+    def _new_step(self) -> FastMagpieStep:
+        """A fresh step on the model: CUDA-graphed on a CUDA device (unless the engine has ``cuda_graphs=False``)."""
+        engine = self._engine
+        if engine._cuda_graphs and str(engine.device).startswith("cuda"):
+            from pipecat_nemotron.magpie.graphs import GraphedMagpieStep
+
+            return GraphedMagpieStep(engine.model, max_slots=2 * self._max_batch)
+        return FastMagpieStep(engine.model, max_slots=2 * self._max_batch)
+
+    @property
+    def step(self) -> FastMagpieStep:
+        """The step object decoding the active requests (replaced by a fresh one after a failed step)."""
+        return self._step
 
     @property
     def active(self) -> int:
@@ -213,7 +227,7 @@ class FastBatcher:
         for item in [*self._active]:
             item.row = None
             self._leave(item, "failed", error)
-        self._step = FastMagpieStep(self._engine.model, max_slots=2 * self._max_batch)
+        self._step = self._new_step()
 
     def run_step(self) -> None:
         """One decoder step for every active request, then hand out the new frames' audio."""
@@ -227,7 +241,7 @@ class FastBatcher:
             )
             for item in [*self._active]:
                 self._leave(item, "failed", e)
-            self._step = FastMagpieStep(self._engine.model, max_slots=2 * self._max_batch)
+            self._step = self._new_step()
             return
         self.steps += 1
         self._deliver()

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from pipecat_nemotron.magpie.alignment import align_row, attend, row_flags
 from pipecat_nemotron.magpie.step_state import (
     MIN_CAPACITY,
     Row,
@@ -63,8 +64,9 @@ class FastMagpieStep:
         if reason is not None:
             raise ValueError(f"the fast Magpie step does not support this model: {reason}")
         self.model = model
-        param = next(model.parameters())
+        param = next(model.decoder.parameters())  # (the codec may stay fp32 under a bf16 decoder)
         self.device, self.dtype = param.device, param.dtype
+        self.max_slots = max_slots
         self.params = model.inference_parameters
         self._cache = SlotCache(model, max_slots, self.device, self.dtype)
         self._slots: list[Row | None] = []  # slot -> row (compact: active slots are 0..n-1)
@@ -83,6 +85,7 @@ class FastMagpieStep:
         self._index_key: tuple[tuple[int, int], ...] | None = None
         self._index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._use_lt = str(getattr(model.local_transformer_type, "value", "none")) == "autoregressive"
+        self._lt_kv_cache = bool(self.params.use_LT_kv_cache)
 
     # Joining and leaving.
 
@@ -221,26 +224,6 @@ class FastMagpieStep:
 
     # The decoder on new positions.
 
-    def _attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        mask: torch.Tensor,
-        scale: float,
-        prior: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """NeMo's ``Attention.attn_naive`` (eval mode): ``q (B,H,T,dh)``, ``k``/``v (B,H,S,dh)``, ``mask (B,1,T|1,S)``."""
-        score = torch.matmul(q, k.transpose(2, 3)) * scale
-        score = score.masked_fill(~mask, float("-inf"))
-        prob = torch.softmax(score, dim=-1)
-        if prior is not None:
-            prob = prob * (prior[:, None, None, :] + torch.finfo(prior.dtype).tiny)
-            prob = prob / prob.sum(dim=-1, keepdim=True)
-        prob = prob.masked_fill(~mask, 0.0)
-        y = torch.matmul(prob, v)
-        return y.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1), prob
-
     def _run_layers(
         self,
         x: torch.Tensor,
@@ -273,14 +256,14 @@ class FastMagpieStep:
             kv["k"][rows, :, positions] = k.transpose(1, 2)
             kv["v"][rows, :, positions] = v.transpose(1, 2)
             keys, values = kv["k"][read, :, :length], kv["v"][read, :, :length]
-            y, _ = self._attend(q, keys, values, self_mask, sa.scale, None)
+            y, _ = attend(q, keys, values, self_mask, sa.scale, None)
             x = x + sa.o_net(y)
             xq = (
                 xa.q_net(layer.norm_xattn_query(x))
                 .reshape(batch, steps, xa.n_heads, xa.d_head)
                 .transpose(1, 2)
             )
-            y, prob = self._attend(
+            y, prob = attend(
                 xq,
                 kv["xk"][read],
                 kv["xv"][read],
@@ -291,7 +274,7 @@ class FastMagpieStep:
             x = x + xa.o_net(y)
             if index in self._align_layers:
                 scores.append(prob[:, :, -1, :].mean(dim=1))
-            x = x + layer.pos_ff(layer.norm_pos_ff(x), torch.ones(batch, steps, device=x.device))
+            x = x + layer.pos_ff(layer.norm_pos_ff(x), torch.ones(batch, steps, device=x.device, dtype=x.dtype))
         out = decoder.norm_out(x)[:, -1, :]
         return out, torch.stack(scores, 1).mean(dim=1)
 
@@ -346,18 +329,7 @@ class FastMagpieStep:
                             prior[slot, : row.prior.shape[1]] = row.prior[index]
                             has_prior = True
             emb, _ = self.model.embed_audio_tokens(codes, torch.ones(n, device=self.device, dtype=torch.long))
-            length = int(positions.max()) + 1
-            keys = torch.arange(length, device=self.device)
-            self_mask = (keys[None, :] <= positions)[:, None, None, :]
-            dec_out, scores = self._run_layers(
-                emb,
-                positions,
-                torch.arange(n, device=self.device),
-                self_mask,
-                length,
-                prior if has_prior else None,
-                read=slice(0, n),
-            )
+            dec_out, scores = self._decode_rows(emb, positions, prior if has_prior else None, n)
         for row in rows:
             if row.pending is not None:
                 out, row_scores = row.pending
@@ -365,8 +337,27 @@ class FastMagpieStep:
                     dec_out[slot] = out[i]
                     scores[slot] = 0.0
                     scores[slot, : row_scores[i].shape[0]] = row_scores[i]
-        logits = self.model.final_proj(dec_out)
+        logits = self.model.final_proj(dec_out).float()  # Sampling in fp32 whatever the model's dtype.
         return StepOutput(rows, dec_out, self._combine(rows, logits, self.params.cfg_scale), scores)
+
+    def _decode_rows(
+        self, emb: torch.Tensor, positions: torch.Tensor, prior: torch.Tensor | None, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder on slots ``0..n-1``: new frames ``emb (n, 1, d)`` at ``positions (n, 1)``; outputs, scores."""
+        length = int(positions.max()) + 1
+        keys = torch.arange(length, device=self.device)
+        self_mask = (keys[None, :] <= positions)[:, None, None, :]
+        return self._run_layers(
+            emb, positions, torch.arange(n, device=self.device), self_mask, length, prior, read=slice(0, n)
+        )
+
+    def _lt_logits(self, x: torch.Tensor, codebook: int) -> torch.Tensor:
+        """The local transformer on ``x (slots, codebook + 1, d_lt)``: per-slot logits of ``codebook``."""
+        helper = self.model._lt_helper
+        mask = torch.ones(x.shape[0], x.shape[1], device=self.device, dtype=x.dtype)
+        h = helper.local_transformer(x, mask)["output"]
+        h = helper.local_transformer_audio_out_projection(h[:, -1, :])
+        return helper.local_transformer_out_projections[codebook](h)
 
     def _combine(self, rows: list[Row], per_slot: torch.Tensor, scale: float) -> torch.Tensor:
         """Per-row logits from per-slot ones: NeMo's ``(1 - s) * uncond + s * cond`` for CFG rows."""
@@ -402,8 +393,8 @@ class FastMagpieStep:
         rows = out.rows
         if params.apply_attention_prior:
             for row in rows:
-                self._align(row, out.scores)
-        flags = [self._row_flags(row) for row in rows]
+                align_row(model, params, row, out.scores)
+        flags = [row_flags(model, params, row) for row in rows]
         draw = forced is None or len(forced) < len(rows)
         picker = RowsPicker(model, rows, flags, draw)
         codes = self._sample(out, picker) if draw else None
@@ -425,45 +416,6 @@ class FastMagpieStep:
                 finished.append(row)
         return finished
 
-    def _row_flags(self, row: Row) -> tuple[bool, bool, bool]:
-        """(forbid EOS now: too early, text unfinished; force EOS: text finished) as ``generate_speech`` decides."""
-        params, config = self.params, self.model.chunked_inference_config
-        early = row.step < params.min_generated_frames
-        if params.ignore_finished_sentence_tracking:
-            return early, False, False
-        unfinished = bool(row.unfinished.get(0, False))
-        finished = row.finished_counter.get(0, -1) >= config.finished_limit_first_chunk
-        return early, unfinished, finished
-
-    def _align(self, row: Row, scores: torch.Tensor) -> None:
-        """NeMo's alignment tracking and next-step prior for one row (``beginning_of_text=True``)."""
-        model, params = self.model, self.params
-        slots = [s for s in (row.slot, row.uncond_slot) if s >= 0]
-        row_scores = scores[slots, : row.memory_len]
-        text_lens = torch.tensor([row.text_len], device=self.device)
-        attended, row.counter = model.get_most_attended_text_timestep(
-            alignment_attention_scores=row_scores,
-            last_attended_timesteps=row.last_attended,
-            text_lens=text_lens,
-            lookahead_window_size=params.attention_prior_lookahead_window,
-            attended_timestep_counter=row.counter,
-            batch_size=1,
-        )
-        row.last_attended = [attended]
-        prior, row.unfinished, row.finished_counter = model.construct_inference_prior(
-            prior_epsilon=params.attention_prior_epsilon,
-            cross_attention_scores=row_scores,
-            text_lens=text_lens,
-            text_time_step_attended=attended,
-            attended_timestep_counter=row.counter,
-            unfinished_texts=row.unfinished,
-            finished_texts_counter=row.finished_counter,
-            end_indices=row.end_indices,
-            lookahead_window_size=params.attention_prior_lookahead_window,
-            batch_size=1,
-        )
-        row.prior = prior[:, 0, :]
-
     def _sample(self, out: StepOutput, picker: RowsPicker) -> torch.Tensor:
         """Every row's next frame ``(rows, num_codebooks)``: the local transformer over all slots, or the logits."""
         model = self.model
@@ -472,7 +424,7 @@ class FastMagpieStep:
             return torch.stack([picker.sample(view[:, c].clone(), c) for c in range(view.shape[1])], dim=1)
         helper = model._lt_helper
         lt = helper.local_transformer
-        lt.reset_cache(use_cache=self.params.use_LT_kv_cache)
+        lt.reset_cache(use_cache=self._lt_kv_cache)
         x = helper.local_transformer_in_projection(out.dec_out.unsqueeze(1))
         slot_rows = torch.zeros(out.dec_out.shape[0], dtype=torch.long, device=self.device)
         for i, row in enumerate(out.rows):
@@ -482,10 +434,7 @@ class FastMagpieStep:
         preds = []
         try:
             for codebook in range(model.num_audio_codebooks):
-                mask = torch.ones(x.shape[0], x.shape[1], device=self.device)
-                h = lt(x, mask)["output"]
-                h = helper.local_transformer_audio_out_projection(h[:, -1, :])
-                per_slot = helper.local_transformer_out_projections[codebook](h)
+                per_slot = self._lt_logits(x, codebook).float()
                 logits = self._combine(out.rows, per_slot, self.params.cfg_scale)
                 pred = picker.sample(logits, codebook)
                 preds.append(pred)
