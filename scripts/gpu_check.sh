@@ -30,6 +30,8 @@ if [[ "$DRY" == "1" ]]; then
   CONC_ARGS=(--streams 1 2 --seconds 2 --step-batches 1 4 --step-modes 160 --step-seconds 1)
   STEP_ARGS=(--modes 160 --batches 1 4 --repeats 2)
   TTS_ARGS=(--large small --large-frames 10 --tiny-frames 10 --tiny-counts 1 2)
+  TTS_BF16_ARGS=(--large small --large-frames 10 --no-tiny)
+  GREEDY_ARGS=(--shape small --frames 8)
   SOAK_STREAMS=2 SOAK_MAX_MIN=0.3
 else
   MODEL=600m DEVICE=cuda BUILD_MODEL=600m
@@ -38,6 +40,8 @@ else
   CONC_ARGS=(--streams 1 128 512 768 --seconds 5 --step-batches 1 4 16 64 --step-seconds 2)
   STEP_ARGS=(--modes 160 560 --batches 1 4 16 64 --repeats 5)
   TTS_ARGS=(--large 357m --large-frames 60 --tiny-frames 43 --tiny-counts 1 4 16)
+  TTS_BF16_ARGS=(--large 357m --large-frames 60 --no-tiny)
+  GREEDY_ARGS=(--shape 357m --frames 12 --threads 8)
   SOAK_STREAMS=127 SOAK_MAX_MIN=3
 fi
 
@@ -98,8 +102,19 @@ step time-to-final 60 "${BENCH[@]}" time-to-final "${COMMON[@]}" --model "$MODEL
 # 5. Real-time streams at 160 ms and the batched step cost (BRIEF: 560 streams/H100 at 320 ms chunks).
 step concurrency 75 "${BENCH[@]}" concurrency "${COMMON[@]}" --model "$MODEL" --latency 160 --keep-going "${CONC_ARGS[@]}"
 
-# 6. Magpie TTS: our KV-cached step vs NeMo's generate_speech (357M shape, random weights), batched requests.
+# 6. Magpie TTS: our KV-cached step (CUDA graphs per batch bucket on CUDA; the JSON's large.fast_graphs says what
+#    was captured and the memory it took) vs NeMo's generate_speech (357M shape, random weights), batched requests;
+#    then our step in bf16 (357M only). The two runs write tts.json in turn: the fp32 one is kept as tts_fp32.json.
 step tts 150 "${BENCH[@]}" tts "${COMMON[@]}" "${TTS_ARGS[@]}"
+[[ -f "$OUT_DIR/tts.json" ]] && cp "$OUT_DIR/tts.json" "$OUT_DIR/tts_fp32.json"
+step tts-bf16 75 "${BENCH[@]}" tts "${COMMON[@]}" --dtype bfloat16 "${TTS_BF16_ARGS[@]}"
+
+# 6b. The Magpie GPU tests first (CUDA graphs vs the eager step, bf16 + graphs end to end), then the full
+#     357M-shape greedy check (our codes vs NeMo's generate_speech) on the CPU side of the machine.
+if [[ "$DRY" != "1" ]]; then
+  step pytest-magpie-gpu 60 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_magpie_gpu_path.py tests/test_magpie_fast_step.py
+fi
+step magpie-greedy 90 "$PY" scripts/check_magpie_step.py "${GREEDY_ARGS[@]}"
 
 # 7. GPU-marked tests, if any (exit 5: none collected), including the fast Magpie step on CUDA.
 if [[ "$DRY" != "1" ]]; then

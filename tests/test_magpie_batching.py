@@ -34,6 +34,12 @@ def collect(stream: SynthesisStream) -> np.ndarray:
     return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
 
 
+def same_audio(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same codes decoded: equal to one int16 step (the codec decodes all rows' chunks in one call, and its
+    float rounding, ~1e-7, depends on the batch)."""
+    return a.shape == b.shape and int(np.abs(a.astype(np.int32) - b.astype(np.int32)).max(initial=0)) <= 1
+
+
 def test_constructor_validates_step_and_batch(tiny_magpie: tuple[Path, Path]) -> None:
     magpie, codec = tiny_magpie
     with pytest.raises(ValueError, match="step must be"):
@@ -71,7 +77,7 @@ def test_seeded_request_is_the_same_alone_and_in_a_batch_joining_at_different_ti
     in_batch = collect(seeded)
     for other in others:
         collect(other)
-    assert np.array_equal(alone, in_batch)
+    assert same_audio(alone, in_batch)
     different = collect(engine.submit("The seeded sentence.", options=dataclasses.replace(options, seed=99)))
     assert not np.array_equal(alone, different)
 
@@ -87,7 +93,7 @@ def test_cancelling_mid_batch_leaves_the_other_rows_unchanged(engine: MagpieEngi
     streams[1].cancel()
     audio = [collect(s) for s in streams]
     assert streams[1].status == "cancelled" and len(audio[1]) < len(alone[1])
-    assert np.array_equal(audio[0], alone[0]) and np.array_equal(audio[2], alone[2])
+    assert same_audio(audio[0], alone[0]) and same_audio(audio[2], alone[2])
     assert not engine.busy and engine.pending == 0
 
 

@@ -214,3 +214,58 @@ def test_fast_step_on_cuda_matches_nemo_on_cuda(tiny_magpie: tuple[Path, Path]) 
             worst = max(worst, float((out.logits[0] - logits[k]).abs().max()))
             step.advance(out, forced={id(row): codes[:, k]})
     assert worst < 1e-3, worst
+
+
+def decode_all(step: FastMagpieStep, rows: list[Any]) -> list[torch.Tensor]:
+    with torch.inference_mode():
+        while not all(r.done for r in rows):
+            step.advance(step.forward())
+            for row in [r for r in rows if r.done and r.slot >= 0]:
+                step.remove_row(row)
+    return [torch.stack(r.codes, -1) if r.codes else torch.zeros(8, 0, dtype=torch.long) for r in rows]
+
+
+@pytest.mark.parametrize("which", ["tiny", "family"])
+def test_joiners_admitted_together_decode_as_admitted_alone(tiny_model: Any, family_model: Any, which: str) -> None:
+    """Four requests prefilled in one batched call (texts of different lengths, CFG and not, greedy and seeded)
+    give the codes each gives admitted alone, and the same first-frame logits."""
+    model = tiny_model if which == "tiny" else family_model
+    texts = [tokens(model, t) for t in TEXTS]
+    speakers = [2, 0, 4, 2]
+
+    def sampling(i: int) -> RowSampling:
+        return RowSampling(0.7, 1 if i % 2 else 80, i != 2, torch.Generator().manual_seed(100 + i))
+
+    with inference(model, max_decoder_steps=25):
+        alone, first_alone = [], []
+        for i, text in enumerate(texts):
+            step = FastMagpieStep(model)
+            with torch.inference_mode():
+                row = step.add_row(text, speakers[i], sampling(i))
+                first_alone.append(step.forward().logits[0])
+            alone.append(decode_all(step, [row])[0])
+        step = FastMagpieStep(model)
+        with torch.inference_mode():
+            rows = step.add_rows([(t, speakers[i], sampling(i)) for i, t in enumerate(texts)])
+            first = step.forward().logits
+        together = decode_all(step, rows)
+    for i in range(4):
+        assert float((first[i] - first_alone[i]).abs().max()) < 1e-5, i
+        assert torch.equal(together[i], alone[i]), i
+    assert sum(t.shape[1] for t in together) > 40  # They did decode (not all ended at once).
+
+
+@pytest.mark.slow
+def test_greedy_codes_equal_generate_speech_at_the_released_357m_shape(tmp_path: Path) -> None:
+    """The released architecture (12 decoder layers of 768, 110-frame speaker context, ...) with random weights:
+    top-k 1 codes equal NeMo's generate_speech (KV-cache mode) on a short sentence, 6 frames (~40 s of CPU, most of
+    it building the random model; scripts/check_magpie_step.py runs more sentences and frames)."""
+    from pipecat_nemotron.magpie.tiny import RELEASED_SHAPE, build_tiny_codec, random_magpie
+
+    model = random_magpie(build_tiny_codec(tmp_path), seed=7, end_of_speech_bias=0.0, shape=RELEASED_SHAPE)
+    assert model.decoder.n_layers == 12 and model.baked_context_embedding_len[0] == 110
+    with inference(model, topk=1, max_decoder_steps=6):
+        ids = tokens(model, "Hello there.")
+        ref, _ = nemo_run(model, ids, use_cfg=True, kv_cache=True)
+        assert ref.shape[1] > 0
+        assert torch.equal(fast_greedy(model, ids, use_cfg=True), ref)

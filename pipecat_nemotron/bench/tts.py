@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-tiny", action="store_true", help="skip the tiny-model table")
     parser.add_argument("--no-cfg", action="store_true", help="disable classifier-free guidance")
+    parser.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], default="float32", help="our step's dtype (NeMo's: float32)"
+    )
 
 
 def _build(shape_name: str, models_dir: Path) -> tuple[Path, Path]:
@@ -61,11 +64,16 @@ def _build(shape_name: str, models_dir: Path) -> tuple[Path, Path]:
     return magpie, codec
 
 
-def _engine(paths: tuple[Path, Path], device: str, step: str, max_batch: int) -> Any:
+def _engine(paths: tuple[Path, Path], device: str, step: str, max_batch: int, dtype: str = "float32") -> Any:
     from pipecat_nemotron.magpie import MagpieEngine
 
     engine = MagpieEngine(
-        str(paths[0]), device=device, codec_model_path=str(paths[1]), step=step, max_batch=max_batch
+        str(paths[0]),
+        device=device,
+        codec_model_path=str(paths[1]),
+        step=step,
+        max_batch=max_batch,
+        dtype=dtype if step == "fast" else "float32",
     )
     engine.wait_until_ready(timeout=3600)
     return engine
@@ -106,14 +114,20 @@ def _together(engine: Any, count: int, frames: int, use_cfg: bool) -> dict[str, 
 def _step_times(
     engine: Any, rows: int, at: Sequence[int], use_cfg: bool, repeats: int = 8
 ) -> dict[int, float]:
-    """Our step's median time (ms) with ``rows`` rows around each frame index in ``at`` (run on this thread)."""
+    """Our step's median time (ms) with ``rows`` rows around each frame index in ``at`` (run on this thread).
+
+    On CUDA the step is the CUDA-graphed one the engine uses, and each timing waits for the GPU.
+    """
     import torch
 
     from pipecat_nemotron.magpie.fast_step import FastMagpieStep, RowSampling
+    from pipecat_nemotron.magpie.graphs import GraphedMagpieStep
 
     model = engine.model
     tokens = engine._text_chunks(engine_request(SENTENCE))[0]
-    step = FastMagpieStep(model, max_slots=2 * rows)
+    cuda = next(model.decoder.parameters()).is_cuda
+    step = (GraphedMagpieStep if cuda else FastMagpieStep)(model, max_slots=2 * rows)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     for i in range(rows):
         step.add_row(tokens, 2, RowSampling(0.7, 80, use_cfg, torch.Generator().manual_seed(i)))
     times: dict[int, float] = {}
@@ -124,8 +138,10 @@ def _step_times(
             frame += 1
         samples = []
         for _ in range(repeats):
+            sync()
             t0 = time.perf_counter()
             step.advance(step.forward())
+            sync()
             samples.append((time.perf_counter() - t0) * 1000)
             frame += 1
         times[target] = round(statistics.median(samples), 2)
@@ -151,10 +167,11 @@ def run_large(args: argparse.Namespace) -> dict[str, Any]:
         result["nemo_single"] = _together(nemo, 1, frames, use_cfg)
     finally:
         nemo.close()
-    fast = _engine(paths, args.device, "fast", 8)
+    fast = _engine(paths, args.device, "fast", 8, args.dtype)
     try:
         result["fast_single"] = _together(fast, 1, frames, use_cfg)
         result["fast_8"] = _together(fast, 8, frames, use_cfg)
+        result["fast_graphs"] = fast.graphs  # CUDA graphs captured (empty on CPU)
         result["fast_step_ms"] = _step_times(fast, 1, [40, 400], use_cfg)
     finally:
         fast.close()
@@ -180,7 +197,7 @@ def run_tiny(args: argparse.Namespace) -> dict[str, Any]:
         ("fast FIFO", "fast", 1),
         ("fast batched", "fast", top),
     ):
-        engine = _engine(paths, args.device, step, max_batch)
+        engine = _engine(paths, args.device, step, max_batch, args.dtype)
         try:
             for count in args.tiny_counts:
                 rows.append({"engine": label, **_together(engine, count, args.tiny_frames, use_cfg)})

@@ -135,6 +135,17 @@ def codes_to_audio(model: Any, codes: torch.Tensor) -> torch.Tensor:
     return audio[0, : int(audio_len[0])]
 
 
+def codes_to_audio_batch(model: Any, codes: torch.Tensor, lens: torch.Tensor) -> list[torch.Tensor]:
+    """Decode many right-padded code sequences ``(B, num_codebooks, T)`` of lengths ``lens (B,)`` in one call.
+
+    Returns:
+        Each item's float audio, ``(lens[i] * samples_per_frame,)``, on the model's device.
+
+    """
+    audio, audio_len, _ = model._codec_helper.codes_to_audio(codes, lens.to(codes.device))
+    return [audio[i, : int(audio_len[i])] for i in range(codes.shape[0])]
+
+
 def set_baked_speakers(model: Any, contexts: torch.Tensor) -> None:
     """Give a ``decoder_ce`` model fixed speaker contexts, as the released checkpoint has (tiny test models only).
 

@@ -23,6 +23,7 @@ import torch
 from loguru import logger
 
 from pipecat_nemotron.magpie.fast_step import FastMagpieStep, Row, RowSampling
+from pipecat_nemotron.magpie.streaming import flush_together
 
 if TYPE_CHECKING:
     from pipecat_nemotron.magpie.engine import MagpieEngine
@@ -58,10 +59,24 @@ class FastBatcher:
         """
         self._engine = engine
         self._max_batch = max_batch
-        self._step = FastMagpieStep(engine.model, max_slots=2 * max_batch)
+        self._step = self._new_step()
         self._active: list[_Active] = []
         self._waiting: collections.deque[SynthesisStream] = collections.deque()
         self.steps = 0
+
+    def _new_step(self) -> FastMagpieStep:
+        """A fresh step on the model: CUDA-graphed on a CUDA device (unless the engine has ``cuda_graphs=False``)."""
+        engine = self._engine
+        if engine._cuda_graphs and str(engine.device).startswith("cuda"):
+            from pipecat_nemotron.magpie.graphs import GraphedMagpieStep
+
+            return GraphedMagpieStep(engine.model, max_slots=2 * self._max_batch)
+        return FastMagpieStep(engine.model, max_slots=2 * self._max_batch)
+
+    @property
+    def step(self) -> FastMagpieStep:
+        """The step object decoding the active requests (replaced by a fresh one after a failed step)."""
+        return self._step
 
     @property
     def active(self) -> int:
@@ -109,7 +124,9 @@ class FastBatcher:
             self._waiting.append(stream)
 
     def _admit(self) -> None:
-        while self._waiting and len(self._active) < self._max_batch:
+        """Admit waiting requests up to ``max_batch``; their first chunks are prefilled in one batched call."""
+        joining: list[_Active] = []
+        while self._waiting and len(self._active) + len(joining) < self._max_batch:
             stream = self._waiting.popleft()
             if stream.cancelled or self._engine.closed:
                 stream._finish("cancelled")
@@ -121,7 +138,9 @@ class FastBatcher:
                 stream._finish("failed", e)
                 continue
             if item is not None:
-                self._active.append(item)
+                joining.append(item)
+        self._active.extend(joining)
+        self._next_rows(joining)
 
     def _start(self, stream: SynthesisStream) -> _Active | None:
         engine = self._engine
@@ -146,21 +165,38 @@ class FastBatcher:
             decoder=engine._new_decoder(request.options),
             max_frames=request.options.max_frames(engine.sample_rate, engine.samples_per_frame),
         )
-        self._next_row(item)
         return item
 
-    def _next_row(self, item: _Active) -> bool:
-        """Start the request's next text chunk; False when none is left."""
-        if item.row is not None:
-            self._step.remove_row(item.row)
-            item.row = None
-        if item.next_chunk >= len(item.chunks):
-            return False
-        with torch.inference_mode():
-            item.row = self._step.add_row(item.chunks[item.next_chunk], item.speaker, item.sampling)
-        item.next_chunk += 1
-        item.delivered = 0
-        return True
+    def _next_rows(self, items: list[_Active]) -> None:
+        """Start each request's next text chunk, all in one batched prefill; a request with none left completes.
+
+        A failed prefill fails the requests it was for (the step's other rows are untouched: it only appends).
+        """
+        starting = []
+        for item in items:
+            if item.row is not None:
+                self._step.remove_row(item.row)
+                item.row = None
+            if item.next_chunk < len(item.chunks):
+                starting.append(item)
+            else:
+                self._leave(item, "completed")
+        if not starting:
+            return
+        try:
+            with torch.inference_mode():
+                rows = self._step.add_rows(
+                    [(i.chunks[i.next_chunk], i.speaker, i.sampling) for i in starting]
+                )
+        except Exception as e:
+            logger.opt(exception=e).error(f"{self._engine}: starting {len(starting)} syntheses failed: {e}")
+            for item in starting:
+                self._leave(item, "failed", e)
+            return
+        for item, row in zip(starting, rows, strict=True):
+            item.row = row
+            item.next_chunk += 1
+            item.delivered = 0
 
     def _drop_cancelled(self) -> None:
         for item in [i for i in self._active if i.stream.cancelled or self._engine.closed]:
@@ -191,7 +227,7 @@ class FastBatcher:
         for item in [*self._active]:
             item.row = None
             self._leave(item, "failed", error)
-        self._step = FastMagpieStep(self._engine.model, max_slots=2 * self._max_batch)
+        self._step = self._new_step()
 
     def run_step(self) -> None:
         """One decoder step for every active request, then hand out the new frames' audio."""
@@ -205,40 +241,61 @@ class FastBatcher:
             )
             for item in [*self._active]:
                 self._leave(item, "failed", e)
-            self._step = FastMagpieStep(self._engine.model, max_slots=2 * self._max_batch)
+            self._step = self._new_step()
             return
         self.steps += 1
-        for item in [*self._active]:
-            self._deliver(item)
+        self._deliver()
 
-    def _deliver(self, item: _Active) -> None:
-        """Decode the request's new frame (if any) and move it on: next chunk, truncated or completed."""
-        row, stats = item.row, item.stream.stats
-        assert row is not None
-        try:
+    def _deliver(self) -> None:
+        """Hand every request its new frames, then move finished requests on (next chunk, truncated, completed).
+
+        The audio chunks due this step, of every row, are decoded in one codec call.
+        """
+        due: list[_Active] = []
+        moving: list[_Active] = []
+        ending: dict[int, str] = {}
+        for item in self._active:
+            row, stats = item.row, item.stream.stats
+            assert row is not None
+            chunk_due = False
             while item.delivered < len(row.codes) and stats.frames < item.max_frames:
-                frame = row.codes[item.delivered]
+                chunk_due |= item.decoder.append(row.codes[item.delivered])
                 item.delivered += 1
                 stats.frames += 1
-                with torch.inference_mode():
-                    self._engine._emit(item.stream, item.decoder, item.decoder.push(frame))
-        except Exception as e:
-            logger.opt(exception=e).error(f"{self._engine}: decoding #{item.stream.id} failed: {e}")
-            self._leave(item, "failed", e)
-            return
-        if stats.frames >= item.max_frames:
-            self._leave(item, "truncated")
-            return
-        if not row.done:
+            if stats.frames >= item.max_frames:
+                ending[id(item)] = "truncated"
+            elif row.done and item.next_chunk >= len(item.chunks):
+                ending[id(item)] = "completed"
+            elif row.done:
+                moving.append(item)
+            if chunk_due or id(item) in ending:
+                due.append(item)
+        self._decode_due(due)
+        for item in [i for i in self._active if id(i) in ending]:
+            self._leave(item, ending[id(item)])
+        self._next_rows([i for i in moving if i in self._active])
+
+    def _decode_due(self, items: list[_Active]) -> None:
+        """Decode and emit the pending audio of ``items`` in one codec call.
+
+        If the batched call fails, each is decoded alone, so a request whose decode fails fails alone.
+        """
+        if not items:
             return
         try:
-            more = self._next_row(item)
+            with torch.inference_mode():
+                audio = flush_together(self._engine._decode_batch, [i.decoder for i in items])
         except Exception as e:
-            logger.opt(exception=e).error(f"{self._engine}: synthesis #{item.stream.id} failed: {e}")
-            self._leave(item, "failed", e)
-            return
-        if not more:
-            self._leave(item, "completed")
+            logger.opt(exception=e).warning(f"{self._engine}: a batched codec decode failed ({e}); one at a time")
+            audio = None
+        for index, item in enumerate(items):
+            try:
+                with torch.inference_mode():
+                    chunk = audio[index] if audio is not None else item.decoder.flush()
+                self._engine._emit(item.stream, item.decoder, chunk)
+            except Exception as e:
+                logger.opt(exception=e).error(f"{self._engine}: decoding #{item.stream.id} failed: {e}")
+                self._leave(item, "failed", e)
 
 
 def describe(batcher: FastBatcher | None) -> dict[str, Any]:

@@ -78,6 +78,8 @@ class MagpieEngine:
         warmup: bool = True,
         step: str = "fast",
         max_batch: int = 8,
+        dtype: str = "float32",
+        cuda_graphs: bool = True,
     ) -> None:
         """Validate the arguments and start loading the model on the engine's worker thread.
 
@@ -93,6 +95,9 @@ class MagpieEngine:
             step: ``"fast"``: our KV-cached step with continuous batching; ``"nemo"``: NeMo's ``generate_speech``,
                 one request at a time. A model the fast step does not support falls back to ``"nemo"`` (warning).
             max_batch: Requests decoded together on the fast step (each takes two rows with CFG).
+            dtype: ``"float32"`` or ``"bfloat16"`` (fast step only; the codec stays fp32, sampling runs in fp32).
+            cuda_graphs: On CUDA, run the fast step's decoder and local transformer as CUDA graphs per batch bucket
+                (captured on first use; each capture is logged with the memory it took).
 
         Raises:
             ImportError: NeMo's TTS collection is missing (the message names the extra to install).
@@ -112,10 +117,16 @@ class MagpieEngine:
             raise ValueError(f'step must be "fast" or "nemo", got {step!r}')
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if dtype not in ("float32", "bfloat16"):
+            raise ValueError(f'dtype must be "float32" or "bfloat16", got {dtype!r}')
+        if dtype != "float32" and step != "fast":
+            raise ValueError(f'dtype={dtype!r} needs step="fast" (NeMo\'s step runs in float32)')
         self.model_name = model
         self.device = resolve_device(device)
         self._step = step
         self._max_batch = max_batch
+        self._dtype = dtype
+        self._cuda_graphs = cuda_graphs
         self._batcher: FastBatcher | None = None
         self.codec_model_path = codec_model_path
         self._decode_context_frames = decode_context_frames
@@ -135,7 +146,7 @@ class MagpieEngine:
         self._thread.start()
 
     def __repr__(self) -> str:
-        return f"MagpieEngine({self.model_name!r}, device={self.device!r}, step={self._step!r})"
+        return f"MagpieEngine({self.model_name!r}, device={self.device!r}, step={self._step!r}, dtype={self._dtype!r})"
 
     @property
     def step(self) -> str:
@@ -378,7 +389,19 @@ class MagpieEngine:
             return
         from pipecat_nemotron.magpie.batcher import FastBatcher
 
+        if self._dtype == "bfloat16":
+            import torch
+
+            from pipecat_nemotron.magpie.graphs import cast_for_fast_step
+
+            cast_for_fast_step(model, torch.bfloat16)
         self._batcher = FastBatcher(self, max_batch=self._max_batch)
+
+    @property
+    def graphs(self) -> dict[str, Any]:
+        """What the fast step captured as CUDA graphs (empty when none: CPU, NeMo's step, or disabled)."""
+        describe = getattr(getattr(self._batcher, "step", None), "describe", None)
+        return describe() if describe is not None else {}
 
     def _serve(self) -> None:
         if self._load_error is None and self._batcher is not None:
@@ -414,6 +437,11 @@ class MagpieEngine:
         from pipecat_nemotron.magpie._nemo_private import codes_to_audio
 
         return codes_to_audio(self._model, codes)
+
+    def _decode_batch(self, codes: Any, lens: Any) -> list[Any]:
+        from pipecat_nemotron.magpie._nemo_private import codes_to_audio_batch
+
+        return codes_to_audio_batch(self._model, codes, lens)
 
     def _new_decoder(self, options: MagpieSynthesisOptions) -> StreamingDecoder:
         """A streaming codec decoder for one request."""

@@ -23,10 +23,12 @@ check takes the argmax where NeMo samples at temperature 0.01 with top-k 1 (the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from pipecat_nemotron.magpie.alignment import align_row, attend, row_flags
 from pipecat_nemotron.magpie.step_state import (
     MIN_CAPACITY,
     Row,
@@ -62,8 +64,9 @@ class FastMagpieStep:
         if reason is not None:
             raise ValueError(f"the fast Magpie step does not support this model: {reason}")
         self.model = model
-        param = next(model.parameters())
+        param = next(model.decoder.parameters())  # (the codec may stay fp32 under a bf16 decoder)
         self.device, self.dtype = param.device, param.dtype
+        self.max_slots = max_slots
         self.params = model.inference_parameters
         self._cache = SlotCache(model, max_slots, self.device, self.dtype)
         self._slots: list[Row | None] = []  # slot -> row (compact: active slots are 0..n-1)
@@ -82,75 +85,112 @@ class FastMagpieStep:
         self._index_key: tuple[tuple[int, int], ...] | None = None
         self._index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._use_lt = str(getattr(model.local_transformer_type, "value", "none")) == "autoregressive"
+        self._lt_kv_cache = bool(self.params.use_LT_kv_cache)
 
     # Joining and leaving.
 
     @torch.inference_mode()
     def add_row(self, text: torch.Tensor, speaker_index: int, sampling: RowSampling) -> Row:
-        """Encode one text chunk, prefill its decoder context and return its row (its first frame comes next step).
+        """:meth:`add_rows` for one sequence."""
+        return self.add_rows([(text, speaker_index, sampling)])[0]
+
+    @torch.inference_mode()
+    def add_rows(self, requests: Sequence[tuple[torch.Tensor, int, RowSampling]]) -> list[Row]:
+        """Encode text chunks and prefill their decoder context in one batched call; return their rows.
+
+        The text encoder, the cross-attention keys/values and the context prefill (speaker context plus BOS
+        through every decoder layer) run once for all joiners, padded to the longest text (padding is masked, so
+        each row's outputs are those it gets alone). Each row's first frame comes at the next :meth:`forward`.
 
         Args:
-            text: Token ids ``(T,)`` of one chunk (as ``chunk_text_for_inference`` makes them).
-            speaker_index: Baked speaker index.
-            sampling: Sampling settings and generator.
+            requests: Per sequence: token ids ``(T,)`` of one chunk (as ``chunk_text_for_inference`` makes them),
+                baked speaker index, sampling settings and generator.
 
         """
-        model = self.model
-        batch = {
-            "text": text.unsqueeze(0).to(self.device),
-            "text_lens": torch.tensor([text.shape[0]], device=self.device, dtype=torch.long),
-            "speaker_indices": speaker_index,
-        }
-        ctx = model.prepare_context_tensors(batch)
-        bos = torch.full(
-            (1, model.num_audio_codebooks, 1), model.audio_bos_id, device=self.device, dtype=torch.long
-        )
-        bos_emb, _ = model.embed_audio_tokens(bos, torch.ones(1, device=self.device, dtype=torch.long))
-        cond, cond_mask = [ctx.cond], [ctx.cond_mask]
-        prefix = [
-            bos_emb
-            if ctx.additional_decoder_input is None
-            else torch.cat([ctx.additional_decoder_input, bos_emb], 1)
-        ]
-        if sampling.use_cfg:
-            dummy_cond, dummy_mask, dummy_add, _, _ = model.prepare_dummy_cond_for_cfg(
-                ctx.cond, ctx.cond_mask, ctx.additional_decoder_input, ctx.additional_decoder_mask
+        if not requests:
+            return []
+        ctx = self._encode(requests)
+        model, count = self.model, len(requests)
+        ones = torch.ones(count, device=self.device, dtype=torch.long)
+        bos = torch.full((count, model.num_audio_codebooks, 1), model.audio_bos_id, device=self.device)
+        bos_emb, _ = model.embed_audio_tokens(bos, ones)
+        add = ctx.additional_decoder_input
+        prefix = bos_emb if add is None else torch.cat([add, bos_emb], 1)
+        memory_lens = ctx.cond_mask.sum(dim=1).tolist()
+        rows = [
+            Row(
+                sampling=sampling,
+                text_len=int(ctx.text_lens[i]),
+                prefix_len=prefix.shape[1],
+                max_steps=int(self.params.max_decoder_steps),
+                memory_len=int(memory_lens[i]),
             )
-            cond.append(dummy_cond)
-            cond_mask.append(dummy_mask)
-            prefix.append(bos_emb if dummy_add is None else torch.cat([dummy_add, bos_emb], 1))
-        if ctx.additional_decoder_mask is not None and not bool(ctx.additional_decoder_mask.all()):
-            raise ValueError("the fast Magpie step needs a fully valid decoder context")
-        text_len = int(ctx.text_lens[0])
-        row = Row(
-            sampling=sampling,
-            text_len=text_len,
-            prefix_len=prefix[0].shape[1],
-            max_steps=int(self.params.max_decoder_steps),
-            memory_len=cond[0].shape[1],
-        )
-        slots = [self._take_slot(row) for _ in prefix]
-        row.slot = slots[0]
-        row.uncond_slot = slots[1] if len(slots) > 1 else -1
-        self._cache.grow(row.prefix_len + MIN_CAPACITY, cond[0].shape[1])
-        xmask = torch.cat(cond_mask, 0).bool()
+            for i, (_, _, sampling) in enumerate(requests)
+        ]
+        taken = len(self._slots)
+        try:
+            return self._prefill_rows(ctx, prefix, bos_emb, rows)
+        except BaseException:
+            del self._slots[taken:]  # The step's other rows are untouched; their slots come first.
+            raise
+
+    def _prefill_rows(self, ctx: Any, prefix: torch.Tensor, bos_emb: torch.Tensor, rows: list[Row]) -> list[Row]:
+        """Take slots for ``rows`` and prefill them (and, once per step object, the shared unconditional row)."""
+        model, count, add = self.model, len(rows), ctx.additional_decoder_input
+        for row in rows:
+            row.slot = self._take_slot(row)
+        cfg = [row for row in rows if row.sampling.use_cfg]
+        for row in cfg:
+            row.uncond_slot = self._take_slot(row)
+        self._cache.grow(prefix.shape[1] + MIN_CAPACITY, ctx.cond.shape[1])
+        xs, memories, masks, slots = [prefix], [ctx.cond], [ctx.cond_mask.bool()], [row.slot for row in rows]
+        cached = self._uncond_prefill
+        fresh_uncond = bool(cfg) and (cached is None or cached[0] != prefix.shape[1])
+        if fresh_uncond:  # The unconditional row sees zero context and zero text: one prefill for every request.
+            dummy_cond, dummy_mask, dummy_add, _, _ = model.prepare_dummy_cond_for_cfg(
+                ctx.cond[:1], ctx.cond_mask[:1], None if add is None else add[:1], ctx.additional_decoder_mask
+            )
+            xs.append(bos_emb[:1] if dummy_add is None else torch.cat([dummy_add, bos_emb[:1]], 1))
+            memories.append(dummy_cond)
+            masks.append(dummy_mask.bool())
+            slots.append(cfg[0].uncond_slot)
         slot_index = torch.tensor(slots, device=self.device)
+        xmask = torch.cat(masks, 0)
         self._cache.xmask[slot_index] = False
         self._cache.xmask[slot_index, : xmask.shape[1]] = xmask
-        cached = self._uncond_prefill if sampling.use_cfg else None
-        if cached is not None and cached[0] == row.prefix_len:
-            out, scores = self._prefill(prefix[0], cond[0], slot_index[:1])
-            row.pending = (torch.cat([out, cached[1]]), [scores[0], cached[2]])
-            self._cache.restore_prefix(int(slot_index[1]), cached[3])
-        else:
-            out, scores = self._prefill(torch.cat(prefix, 0), torch.cat(cond, 0), slot_index)
-            row.pending = (out, list(scores))
-            if sampling.use_cfg:
-                # The unconditional row sees zero context and zero text: the same prefill for every request.
-                saved = self._cache.save_prefix(row.uncond_slot, row.prefix_len)
-                self._uncond_prefill = (row.prefix_len, out[1:], scores[1], saved)
-        self.rows.append(row)
-        return row
+        out, scores = self._prefill(torch.cat(xs, 0), torch.cat(memories, 0), slot_index)
+        if fresh_uncond:
+            saved = self._cache.save_prefix(cfg[0].uncond_slot, prefix.shape[1])
+            self._uncond_prefill = (prefix.shape[1], out[count:], scores[count], saved)
+        _, uncond_out, uncond_scores, saved = self._uncond_prefill if cfg else (0, None, None, None)
+        for i, row in enumerate(rows):
+            if not row.sampling.use_cfg:
+                row.pending = (out[i : i + 1], [scores[i]])
+                continue
+            row.pending = (torch.cat([out[i : i + 1], uncond_out]), [scores[i], uncond_scores])
+            if not (fresh_uncond and row is cfg[0]):
+                self._cache.restore_prefix(row.uncond_slot, saved)
+                self._cache.xmask[row.uncond_slot] = False
+                self._cache.xmask[row.uncond_slot, 0] = True
+        self.rows.extend(rows)
+        return rows
+
+    def _encode(self, requests: Sequence[tuple[torch.Tensor, int, RowSampling]]) -> Any:
+        """NeMo's context tensors (text encoder, speaker context) for the joiners, texts padded to the longest."""
+        lens = [int(text.shape[0]) for text, _, _ in requests]
+        text = torch.zeros(len(requests), max(lens), dtype=torch.long, device=self.device)
+        for i, (tokens, _, _) in enumerate(requests):
+            text[i, : lens[i]] = tokens.to(self.device)
+        ctx = self.model.prepare_context_tensors(
+            {
+                "text": text,
+                "text_lens": torch.tensor(lens, device=self.device, dtype=torch.long),
+                "speaker_indices": torch.tensor([s for _, s, _ in requests], device=self.device),
+            }
+        )
+        if ctx.additional_decoder_mask is not None and not bool(ctx.additional_decoder_mask.all()):
+            raise ValueError("the fast Magpie step needs a fully valid decoder context")
+        return ctx
 
     @torch.inference_mode()
     def remove_row(self, row: Row) -> None:
@@ -184,26 +224,6 @@ class FastMagpieStep:
 
     # The decoder on new positions.
 
-    def _attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        mask: torch.Tensor,
-        scale: float,
-        prior: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """NeMo's ``Attention.attn_naive`` (eval mode): ``q (B,H,T,dh)``, ``k``/``v (B,H,S,dh)``, ``mask (B,1,T|1,S)``."""
-        score = torch.matmul(q, k.transpose(2, 3)) * scale
-        score = score.masked_fill(~mask, float("-inf"))
-        prob = torch.softmax(score, dim=-1)
-        if prior is not None:
-            prob = prob * (prior[:, None, None, :] + torch.finfo(prior.dtype).tiny)
-            prob = prob / prob.sum(dim=-1, keepdim=True)
-        prob = prob.masked_fill(~mask, 0.0)
-        y = torch.matmul(prob, v)
-        return y.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1), prob
-
     def _run_layers(
         self,
         x: torch.Tensor,
@@ -236,14 +256,14 @@ class FastMagpieStep:
             kv["k"][rows, :, positions] = k.transpose(1, 2)
             kv["v"][rows, :, positions] = v.transpose(1, 2)
             keys, values = kv["k"][read, :, :length], kv["v"][read, :, :length]
-            y, _ = self._attend(q, keys, values, self_mask, sa.scale, None)
+            y, _ = attend(q, keys, values, self_mask, sa.scale, None)
             x = x + sa.o_net(y)
             xq = (
                 xa.q_net(layer.norm_xattn_query(x))
                 .reshape(batch, steps, xa.n_heads, xa.d_head)
                 .transpose(1, 2)
             )
-            y, prob = self._attend(
+            y, prob = attend(
                 xq,
                 kv["xk"][read],
                 kv["xv"][read],
@@ -254,7 +274,7 @@ class FastMagpieStep:
             x = x + xa.o_net(y)
             if index in self._align_layers:
                 scores.append(prob[:, :, -1, :].mean(dim=1))
-            x = x + layer.pos_ff(layer.norm_pos_ff(x), torch.ones(batch, steps, device=x.device))
+            x = x + layer.pos_ff(layer.norm_pos_ff(x), torch.ones(batch, steps, device=x.device, dtype=x.dtype))
         out = decoder.norm_out(x)[:, -1, :]
         return out, torch.stack(scores, 1).mean(dim=1)
 
@@ -309,18 +329,7 @@ class FastMagpieStep:
                             prior[slot, : row.prior.shape[1]] = row.prior[index]
                             has_prior = True
             emb, _ = self.model.embed_audio_tokens(codes, torch.ones(n, device=self.device, dtype=torch.long))
-            length = int(positions.max()) + 1
-            keys = torch.arange(length, device=self.device)
-            self_mask = (keys[None, :] <= positions)[:, None, None, :]
-            dec_out, scores = self._run_layers(
-                emb,
-                positions,
-                torch.arange(n, device=self.device),
-                self_mask,
-                length,
-                prior if has_prior else None,
-                read=slice(0, n),
-            )
+            dec_out, scores = self._decode_rows(emb, positions, prior if has_prior else None, n)
         for row in rows:
             if row.pending is not None:
                 out, row_scores = row.pending
@@ -328,8 +337,27 @@ class FastMagpieStep:
                     dec_out[slot] = out[i]
                     scores[slot] = 0.0
                     scores[slot, : row_scores[i].shape[0]] = row_scores[i]
-        logits = self.model.final_proj(dec_out)
+        logits = self.model.final_proj(dec_out).float()  # Sampling in fp32 whatever the model's dtype.
         return StepOutput(rows, dec_out, self._combine(rows, logits, self.params.cfg_scale), scores)
+
+    def _decode_rows(
+        self, emb: torch.Tensor, positions: torch.Tensor, prior: torch.Tensor | None, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder on slots ``0..n-1``: new frames ``emb (n, 1, d)`` at ``positions (n, 1)``; outputs, scores."""
+        length = int(positions.max()) + 1
+        keys = torch.arange(length, device=self.device)
+        self_mask = (keys[None, :] <= positions)[:, None, None, :]
+        return self._run_layers(
+            emb, positions, torch.arange(n, device=self.device), self_mask, length, prior, read=slice(0, n)
+        )
+
+    def _lt_logits(self, x: torch.Tensor, codebook: int) -> torch.Tensor:
+        """The local transformer on ``x (slots, codebook + 1, d_lt)``: per-slot logits of ``codebook``."""
+        helper = self.model._lt_helper
+        mask = torch.ones(x.shape[0], x.shape[1], device=self.device, dtype=x.dtype)
+        h = helper.local_transformer(x, mask)["output"]
+        h = helper.local_transformer_audio_out_projection(h[:, -1, :])
+        return helper.local_transformer_out_projections[codebook](h)
 
     def _combine(self, rows: list[Row], per_slot: torch.Tensor, scale: float) -> torch.Tensor:
         """Per-row logits from per-slot ones: NeMo's ``(1 - s) * uncond + s * cond`` for CFG rows."""
@@ -365,8 +393,8 @@ class FastMagpieStep:
         rows = out.rows
         if params.apply_attention_prior:
             for row in rows:
-                self._align(row, out.scores)
-        flags = [self._row_flags(row) for row in rows]
+                align_row(model, params, row, out.scores)
+        flags = [row_flags(model, params, row) for row in rows]
         draw = forced is None or len(forced) < len(rows)
         picker = RowsPicker(model, rows, flags, draw)
         codes = self._sample(out, picker) if draw else None
@@ -388,45 +416,6 @@ class FastMagpieStep:
                 finished.append(row)
         return finished
 
-    def _row_flags(self, row: Row) -> tuple[bool, bool, bool]:
-        """(forbid EOS now: too early, text unfinished; force EOS: text finished) as ``generate_speech`` decides."""
-        params, config = self.params, self.model.chunked_inference_config
-        early = row.step < params.min_generated_frames
-        if params.ignore_finished_sentence_tracking:
-            return early, False, False
-        unfinished = bool(row.unfinished.get(0, False))
-        finished = row.finished_counter.get(0, -1) >= config.finished_limit_first_chunk
-        return early, unfinished, finished
-
-    def _align(self, row: Row, scores: torch.Tensor) -> None:
-        """NeMo's alignment tracking and next-step prior for one row (``beginning_of_text=True``)."""
-        model, params = self.model, self.params
-        slots = [s for s in (row.slot, row.uncond_slot) if s >= 0]
-        row_scores = scores[slots, : row.memory_len]
-        text_lens = torch.tensor([row.text_len], device=self.device)
-        attended, row.counter = model.get_most_attended_text_timestep(
-            alignment_attention_scores=row_scores,
-            last_attended_timesteps=row.last_attended,
-            text_lens=text_lens,
-            lookahead_window_size=params.attention_prior_lookahead_window,
-            attended_timestep_counter=row.counter,
-            batch_size=1,
-        )
-        row.last_attended = [attended]
-        prior, row.unfinished, row.finished_counter = model.construct_inference_prior(
-            prior_epsilon=params.attention_prior_epsilon,
-            cross_attention_scores=row_scores,
-            text_lens=text_lens,
-            text_time_step_attended=attended,
-            attended_timestep_counter=row.counter,
-            unfinished_texts=row.unfinished,
-            finished_texts_counter=row.finished_counter,
-            end_indices=row.end_indices,
-            lookahead_window_size=params.attention_prior_lookahead_window,
-            batch_size=1,
-        )
-        row.prior = prior[:, 0, :]
-
     def _sample(self, out: StepOutput, picker: RowsPicker) -> torch.Tensor:
         """Every row's next frame ``(rows, num_codebooks)``: the local transformer over all slots, or the logits."""
         model = self.model
@@ -435,7 +424,7 @@ class FastMagpieStep:
             return torch.stack([picker.sample(view[:, c].clone(), c) for c in range(view.shape[1])], dim=1)
         helper = model._lt_helper
         lt = helper.local_transformer
-        lt.reset_cache(use_cache=self.params.use_LT_kv_cache)
+        lt.reset_cache(use_cache=self._lt_kv_cache)
         x = helper.local_transformer_in_projection(out.dec_out.unsqueeze(1))
         slot_rows = torch.zeros(out.dec_out.shape[0], dtype=torch.long, device=self.device)
         for i, row in enumerate(out.rows):
@@ -445,10 +434,7 @@ class FastMagpieStep:
         preds = []
         try:
             for codebook in range(model.num_audio_codebooks):
-                mask = torch.ones(x.shape[0], x.shape[1], device=self.device)
-                h = lt(x, mask)["output"]
-                h = helper.local_transformer_audio_out_projection(h[:, -1, :])
-                per_slot = helper.local_transformer_out_projections[codebook](h)
+                per_slot = self._lt_logits(x, codebook).float()
                 logits = self._combine(out.rows, per_slot, self.params.cfg_scale)
                 pred = picker.sample(logits, codebook)
                 preds.append(pred)

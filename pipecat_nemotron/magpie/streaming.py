@@ -9,7 +9,7 @@ codec by :func:`measure_decoder_context`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,19 +139,61 @@ class StreamingDecoder:
             int16 audio of the frames not yet emitted, or None.
 
         """
+        return self.flush() if self.append(frame) else None
+
+    def append(self, frame: torch.Tensor) -> bool:
+        """Add one frame of codes ``(num_codebooks,)`` without decoding; return whether a chunk is now due."""
         self._frames.append(frame)
         due = self._first_chunk_frames if self._emitted == 0 else self._chunk_frames
-        if len(self._frames) - self._emitted >= due:
-            return self.flush()
-        return None
+        return len(self._frames) - self._emitted >= due
 
     def flush(self) -> np.ndarray | None:
         """Decode and return the audio of all frames not yet emitted (None if there are none)."""
-        end = len(self._frames)
-        if end == self._emitted:
+        segment = self.segment()
+        return None if segment is None else self.take(self._decode(segment))
+
+    def segment(self) -> torch.Tensor | None:
+        """Codes ``(num_codebooks, L)`` to decode for the frames not yet emitted (with their left context)."""
+        if len(self._frames) == self._emitted:
             return None
-        start = 0 if self._context_frames is None else max(0, self._emitted - self._context_frames)
-        audio = self._decode(torch.stack(self._frames[start:end], dim=-1))
-        new_audio = audio[(self._emitted - start) * self._samples_per_frame :]
-        self._emitted = end
+        return torch.stack(self._frames[self._start() :], dim=-1)
+
+    def take(self, audio: torch.Tensor) -> np.ndarray:
+        """Given the float audio of :meth:`segment`, mark its frames emitted and return their new int16 audio."""
+        new_audio = audio[(self._emitted - self._start()) * self._samples_per_frame :]
+        self._emitted = len(self._frames)
         return to_int16(new_audio)
+
+    def _start(self) -> int:
+        return 0 if self._context_frames is None else max(0, self._emitted - self._context_frames)
+
+
+DecodeBatchFn = Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]]
+"""Decodes codes ``(B, num_codebooks, T)`` with lengths ``(B,)`` to each item's float audio."""
+
+
+def flush_together(decode_batch: DecodeBatchFn, decoders: Sequence[StreamingDecoder]) -> list[np.ndarray | None]:
+    """:meth:`StreamingDecoder.flush` of many decoders in one codec call (segments right-padded to the longest).
+
+    The codec decoder is causal, so padding after a segment does not change its audio: each result equals the
+    decoder's own flush.
+
+    Returns:
+        Per decoder, its new int16 audio (None for one with nothing to emit).
+
+    """
+    segments = [d.segment() for d in decoders]
+    present = [i for i, seg in enumerate(segments) if seg is not None]
+    results: list[np.ndarray | None] = [None] * len(decoders)
+    if not present:
+        return results
+    lens = [segments[i].shape[-1] for i in present]  # type: ignore[union-attr]
+    first = segments[present[0]]
+    assert first is not None
+    codes = first.new_zeros(len(present), first.shape[0], max(lens))
+    for k, i in enumerate(present):
+        codes[k, :, : lens[k]] = segments[i]
+    audio = decode_batch(codes, torch.tensor(lens, device=codes.device))
+    for k, i in enumerate(present):
+        results[i] = decoders[i].take(audio[k])
+    return results
