@@ -397,7 +397,8 @@ def build_voice_agent(
         turn_end: How a VAD stop ends the user's turn (``"smart"``, ``"vad"``, ``"text"``; see
             :mod:`pipecat_nemotron.turn_end`); None: Pipecat's default (Smart Turn), or the STT's own commit
             when it owns turn detection (eager end of turn). With the eager end of turn on, the STT decides:
-            build it with ``eager=EagerSettings(turn_commit=turn_commit_for(turn_end))`` (``AgentSettings.create_stt`` does).
+            build it with ``eager=EagerSettings(turn_commit=turn_commit_for(turn_end))``
+            (``AgentSettings.create_stt`` does).
             Each decision goes to :attr:`VoiceAgent.turn_end_log` and the turn's latency message.
 
     Raises:
@@ -413,20 +414,9 @@ def build_voice_agent(
     source = input_processor or (transport.input() if transport is not None else None)
     sink = output_processor or (transport.output() if transport is not None else SimulatedPlayback())
     vad = VADProcessor(vad_analyzer=SileroVADAnalyzer(params=VADParams(stop_secs=vad_stop_secs)))
-    processors: list[FrameProcessor] = [p for p in (source, vad, stt) if p is not None]
-    processors.extend(after_stt)
-    context: LLMContext | None = None
-    if llm is not None:
-        context = LLMContext()
-        aggregators = LLMContextAggregatorPair(context, user_params=user_params)
-        processors += [aggregators.user(), llm]
-        if tts is not None:
-            processors.append(tts)
-        processors += [sink, aggregators.assistant()]
-    elif transport is not None or output_processor is not None:
-        # Transcription only: the output transport still carries RTVI messages (bot-ready, interim and final
-        # transcripts, metrics) to the client; without it a browser sees nothing.
-        processors.append(sink)
+    head = [p for p in (source, vad, stt) if p is not None] + list(after_stt)
+    has_output = transport is not None or output_processor is not None
+    processors, context = _pipeline_processors(head, llm, tts, sink, has_output, user_params)
     pipeline = Pipeline(processors)
     observer = VoiceLatencyObserver(jsonl_path=turns_jsonl)
     worker = PipelineWorker(
@@ -448,6 +438,28 @@ def build_voice_agent(
             await worker.queue_frame(RTVIServerMessageFrame(data=data))
 
     return VoiceAgent(pipeline, worker, observer, context, stt, processors, turn_end_log)
+
+
+def _pipeline_processors(
+    head: list[FrameProcessor],
+    llm: LLMService | None,
+    tts: TTSService | None,
+    sink: FrameProcessor,
+    has_output: bool,
+    user_params: LLMUserAggregatorParams | None,
+) -> tuple[list[FrameProcessor], LLMContext | None]:
+    """The processors after the input, VAD and STT (``head``): the LLM's context aggregators, LLM, TTS, output."""
+    processors = list(head)
+    if llm is None:
+        # Transcription only: the output transport still carries RTVI messages (bot-ready, interim and final
+        # transcripts, metrics) to the client; without it a browser sees nothing.
+        return processors + ([sink] if has_output else []), None
+    context = LLMContext()
+    aggregators = LLMContextAggregatorPair(context, user_params=user_params)
+    processors += [aggregators.user(), llm]
+    if tts is not None:
+        processors.append(tts)
+    return processors + [sink, aggregators.assistant()], context
 
 
 def _turn_end_setup(
