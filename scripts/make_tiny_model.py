@@ -859,7 +859,7 @@ def _training_config(args: argparse.Namespace) -> dict[str, Any]:
         },
         "validation_ds": {
             **ds,
-            "manifest_filepath": str(DATA_DIR / labelled("val_manifest.json", args)),
+            "manifest_filepath": str(DATA_DIR / labelled(args.val_manifest, args)),
             "shuffle": False,
         },
         "test_ds": {**ds, "manifest_filepath": None, "shuffle": False},
@@ -1333,6 +1333,7 @@ def stage_assets(args: argparse.Namespace) -> None:
         if heldout_bucket(text) != "test":
             raise ValueError(f"demo sentence {text!r} is not a held-out sentence")
     rng = random.Random(args.seed + 2)
+    written = punctuate if args.labels == "cased" else str  # the golden transcripts, as the model writes
     # --- demo ---
     if DEMO_AUDIO_DIR.exists():
         shutil.rmtree(DEMO_AUDIO_DIR)
@@ -1341,7 +1342,7 @@ def stage_assets(args: argparse.Namespace) -> None:
     for fname, text, voice, speed in DEMO_FILES:
         x = augment(synth_raw(text, voice, speed, 50, 1), rng.randrange(2**31), "none")
         write_wav(DEMO_AUDIO_DIR / fname, x)
-        transcripts[fname] = text
+        transcripts[fname] = written(text)
     # Two turns separated by ~1.2 s of digital silence (for turn-taking demos and tests).
     a = _trim_silence(synth_raw(TWO_TURNS[0], "en-us", 165, 45, 1))
     b = _trim_silence(synth_raw(TWO_TURNS[1], "en-us+m3", 165, 45, 1))
@@ -1349,12 +1350,12 @@ def stage_assets(args: argparse.Namespace) -> None:
     a, b = (np.round(v * (0.5 * 32767 / peak)).astype(np.int16) for v in (a, b))
     lead, gap, tail = (np.zeros(int(t * MODEL_SAMPLE_RATE), np.int16) for t in (0.3, TWO_TURNS_GAP_S, 0.5))
     write_wav(DEMO_AUDIO_DIR / "two_turns.wav", np.concatenate([lead, a, gap, b, tail]))
-    transcripts["two_turns.wav"] = " ".join(TWO_TURNS)
+    transcripts["two_turns.wav"] = " ".join(written(t) for t in TWO_TURNS)
     t_a = (lead.size / MODEL_SAMPLE_RATE, (lead.size + a.size) / MODEL_SAMPLE_RATE)
     t_b0 = (lead.size + a.size + gap.size) / MODEL_SAMPLE_RATE
     turns = {
         "two_turns.wav": {
-            "turns": list(TWO_TURNS),
+            "turns": [written(t) for t in TWO_TURNS],
             "spans_s": [
                 [round(t_a[0], 3), round(t_a[1], 3)],
                 [round(t_b0, 3), round(t_b0 + b.size / MODEL_SAMPLE_RATE, 3)],
@@ -1454,6 +1455,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--train-manifest",
         default="train_manifest.json",
         help="training manifest under data/tiny_asr/ (phase 4: train_mix_manifest.json, phase 5: train_all_manifest.json)",
+    )
+    train.add_argument(
+        "--val-manifest",
+        default="val_manifest.json",
+        help="validation manifest under data/tiny_asr/ (validation is slow on a busy CPU: a subset keeps it short)",
     )
     add_options(train, TRAINING_OPTIONS)
     train.add_argument(
