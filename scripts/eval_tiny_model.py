@@ -19,6 +19,15 @@ Backends:
 
 ``--offline`` adds ``model.transcribe()`` (whole utterance, same attention context) for comparison.
 
+Scores: word error rate on normalised text (lower case, no punctuation: a cased, punctuated model is scored on
+its words), and terminal-punctuation accuracy: the share of utterances whose transcript ends with the same mark
+(``?``, ``.`` or none) as the reference written the way the training labels are (``make_tiny_model.punctuate``).
+A model that writes no punctuation scores 0 there.
+
+``--lead-silence 0 1.5 3`` adds the leading-silence table: the same utterances (``--lead-utts`` of the CI set,
+spread over both splits) streamed through the engine at 160 ms after that much digital silence; an utterance is
+right when its normalised transcript equals the reference.
+
 Example::
 
     .venv/bin/python scripts/eval_tiny_model.py --sets ci full --offline --json runs/eval_tiny.json
@@ -49,6 +58,9 @@ from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
 from pipecat_nemotron.models import TINY_MODEL_PATH
 from pipecat_nemotron.wav_input import read_float32, read_pcm16
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_tiny_model import punctuate  # noqa: E402  (the training labels' rules, next to this script)
+
 FULL_MANIFESTS = {
     "seen_voice": REPO_ROOT / "data" / "tiny_asr" / "test_seen_voice_manifest.json",
     "unseen_voice": REPO_ROOT / "data" / "tiny_asr" / "test_unseen_voice_manifest.json",
@@ -68,6 +80,17 @@ class Utt:
     text: str
     split: str
 
+    @property
+    def written(self) -> str:
+        """The reference as a cased, punctuated model writes it (the training labels' rules)."""
+        return punctuate(normalize_text(self.text))
+
+
+def end_mark(text: str) -> str:
+    """The terminal punctuation of a transcript: ``?``, ``.``, ``!`` or ``""`` (none)."""
+    text = text.rstrip()
+    return text[-1] if text and text[-1] in "?.!" else ""
+
 
 @dataclass
 class Score(WordErrorCount):
@@ -75,6 +98,8 @@ class Score(WordErrorCount):
 
     utts: int = 0
     wrong_utts: int = 0
+    mark_right: int = 0
+    exact: int = 0
     examples: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -96,6 +121,8 @@ def score(utts: Sequence[Utt], hyps: Sequence[str]) -> dict[str, Score]:
     for u, h in zip(utts, hyps, strict=True):
         s = out.setdefault(u.split, Score())
         s.utts += 1
+        s.mark_right += end_mark(h) == end_mark(u.written)
+        s.exact += h.strip() == u.written
         if s.add(u.text, h):
             s.wrong_utts += 1
             if len(s.examples) < 5:
@@ -226,6 +253,8 @@ def result_rows(set_name: str, method: str, by_mode: dict[int, list[str]], utts:
                     "words": s.words,
                     "utts": s.utts,
                     "wrong_utts": s.wrong_utts,
+                    "end_mark_accuracy": round(100.0 * s.mark_right / max(1, s.utts), 1),
+                    "exact_written": s.exact,
                     "examples": s.examples,
                 }
             )
@@ -261,6 +290,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "results": [],
     }
     model = load_model(model_path) if ("nemo" in backends or args.offline) else None
+    if args.lead_silence:
+        ci = load_set("ci")
+        picked = [ci[i * len(ci) // args.lead_utts] for i in range(args.lead_utts)]
+        report["lead_silence"] = lead_silence_rows(model_path, picked, args.lead_silence, args.batch_size)
     for set_name in args.sets:
         utts = load_set(set_name)
         methods: list[tuple[str, dict[int, list[str]]]] = []
@@ -282,30 +315,60 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def print_table(report: dict[str, Any]) -> None:
-    """Markdown table: one row per (set, split, method), one column per latency mode."""
+def print_table(report: dict[str, Any], metric: str = "wer") -> None:
+    """Markdown table of ``metric`` (``wer`` or ``end_mark_accuracy``, %): one row per (set, split, method), one
+    column per latency mode."""
     rows: dict[tuple[str, str, str], dict[int, dict[str, Any]]] = {}
     modes: list[int] = []
     for r in report["results"]:
         rows.setdefault((r["set"], r["split"], r["method"]), {})[r["latency_ms"]] = r
         if r["latency_ms"] not in modes:
             modes.append(r["latency_ms"])
-    print(f"model {report['model']} ({report['model_bytes'] / 1e6:.2f} MB), backends {report['backends']}")
+    print(
+        f"model {report['model']} ({report['model_bytes'] / 1e6:.2f} MB), backends {report['backends']}, {metric}"
+    )
     print("| set | split | method | utts/words | " + " | ".join(f"{m} ms" for m in modes) + " |")
     print("|---|---|---|---|" + "---|" * len(modes))
     for (set_name, split, method), by_mode in rows.items():
         first = next(iter(by_mode.values()))
-        cells = " | ".join(f"{by_mode[m]['wer']:.2f}%" if m in by_mode else "" for m in modes)
+        cells = " | ".join(f"{by_mode[m][metric]:.2f}%" if m in by_mode else "" for m in modes)
         print(f"| {set_name} | {split} | {method} | {first['utts']}/{first['words']} | {cells} |")
-    if "stream_equals_offline" in report:
+    if "stream_equals_offline" in report and metric == "wer":
         print("streamed text == offline text:", json.dumps(report["stream_equals_offline"]))
+
+
+def lead_silence_rows(
+    model_path: Path, utts: Sequence[Utt], leads_s: Sequence[float], streams: int
+) -> list[dict[str, Any]]:
+    """Utterances transcribed exactly (normalised text) at 160 ms after each leading silence, through the engine."""
+    pcm = [read_pcm16(u.path) for u in utts]
+
+    async def go() -> list[dict[str, Any]]:
+        rows = []
+        async with bench_engine(model_path, "cpu", streams) as engine:
+            sem = asyncio.Semaphore(streams)
+
+            async def one(data: np.ndarray) -> str:
+                async with sem:
+                    return str((await engine.transcribe(data, latency_ms=160)).text)
+
+            for lead in leads_s:
+                pad = np.zeros(int(lead * MODEL_SAMPLE_RATE), np.int16)
+                hyps = await asyncio.gather(*(one(np.concatenate([pad, d])) for d in pcm))
+                right = sum(
+                    normalize_text(h) == normalize_text(u.text) for u, h in zip(utts, hyps, strict=True)
+                )
+                rows.append({"lead_silence_s": lead, "right": right, "utts": len(utts)})
+        return rows
+
+    return asyncio.run(go())
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=str(TINY_MODEL_PATH))
-    p.add_argument("--sets", nargs="+", choices=["ci", "full"], default=["ci"])
+    p.add_argument("--sets", nargs="*", choices=["ci", "full"], default=["ci"])
     p.add_argument(
         "--modes", nargs="+", type=int, choices=sorted(LATENCY_MODES), default=sorted(LATENCY_MODES)
     )
@@ -321,6 +384,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--batch-size", type=int, default=16, help="streams per forward (engine: concurrent streams)"
     )
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--lead-silence",
+        nargs="*",
+        type=float,
+        default=[],
+        help="leading-silence table: seconds of silence before speech (e.g. 0 1.5 3)",
+    )
+    p.add_argument("--lead-utts", type=int, default=60, help="CI utterances of the leading-silence table")
     p.add_argument("--json", default=None, help="write the full report here")
     p.add_argument("--show-errors", action="store_true", help="print up to 5 wrong transcripts per row")
     return p.parse_args(argv)
@@ -332,6 +403,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     report = run(args)
     print_table(report)
+    print_table(report, "end_mark_accuracy")
+    for row in report.get("lead_silence", []):
+        print(f"leading silence {row['lead_silence_s']:.1f} s: {row['right']}/{row['utts']} right")
     if args.show_errors:
         for r in report["results"]:
             for ref, hyp in r["examples"]:

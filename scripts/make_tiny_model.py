@@ -35,6 +35,7 @@ import logging
 import math
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -204,6 +205,87 @@ def compose_sentence(
 def sample_sentence(rng: random.Random) -> str:
     """A random English sentence (:func:`compose_sentence` over :func:`_core`)."""
     return compose_sentence(rng, _core, GREETINGS, "and ", POLITE_SUFFIX)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Cased, punctuated labels (``--labels cased``): how the real Nemotron models write the same words
+# --------------------------------------------------------------------------------------------------------------
+_D = "(?:" + "|".join(DIGITS) + ")"
+_DAY = "(?:" + "|".join(DAYS) + ")"
+_N = "(?:" + "|".join(TIMER_NUMBERS + ("one",)) + ")"
+#: Every core request of :func:`_core`, as a regular expression over its lower-case words (questions first).
+_QUESTION_CORES = (
+    rf"what is {_D} (?:plus|minus|times) {_D}",
+    r"what time is it",
+    rf"(?:what|how) is the weather (?:today|tomorrow|on {_DAY}|{_DAY})",
+    r"what day is it (?:today|tomorrow)",
+    rf"is it {_DAY} today",
+)
+_STATEMENT_CORES = (
+    rf"{_D} (?:plus|minus|times) {_D}",
+    rf"set a timer for {_N} minutes?",
+    r"stop the timer|cancel the timer|cancel that|stop please|stop|cancel",
+    rf"(?:my number is |the code is )?{_D}(?: {_D})+",
+    r"yes okay|yes please|no thanks|no thank you|thank you|yes|no|okay",
+    rf"remind me on {_DAY}(?: at {_D})?",
+    r"(?:hello|hi|hey)(?: (?:hello|hi|hey))?",
+)
+_CORE = "(?:" + "|".join(_QUESTION_CORES + _STATEMENT_CORES) + ")"
+_QUESTION = re.compile("(?:" + "|".join(_QUESTION_CORES) + ")")
+_SENTENCE = re.compile(
+    rf"(?:(?P<greet>(?:hello|hi|hey)(?: (?:hello|hi|hey))?) )?(?P<first>{_CORE})"
+    rf"(?: (?P<conj>and )?(?P<second>{_CORE}))?(?: (?P<suffix>please|thanks|thank you))?"
+)
+#: Words written with a capital wherever they stand.
+_PROPER = frozenset(DAYS)
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _clause(core: str) -> tuple[str, str]:
+    """A core request as written (proper nouns capitalised, a comma after an answer word) and its end mark."""
+    words = [w.capitalize() if w in _PROPER else w for w in core.split()]
+    if (
+        len(words) > 1
+        and words[0] in ("yes", "no", "stop")
+        and words[1] in ("okay", "please", "thanks", "thank")
+    ):
+        words[0] += ","
+    if len(words) > 1 and words[0] in GREETINGS:
+        words[0] += ","
+    return " ".join(words), "?" if _QUESTION.fullmatch(core) else "."
+
+
+def punctuate(text: str) -> str:
+    """The cased, punctuated form of an English training sentence (deterministic; words unchanged).
+
+    A leading greeting is a sentence of its own ("Hi. What time is it?"); questions end with ``?`` and everything
+    else with ``.``; two requests joined by "and" form one sentence, two without it two sentences; a closing
+    "please", "thanks" or "thank you" follows a comma ("What time is it, please?"); days of the week are capitalised.
+    A sentence outside the grammar is only capitalised and closed with a full stop.
+    """
+    m = _SENTENCE.fullmatch(text)
+    if m is None:
+        return _cap(text) + "."
+    out: list[str] = []
+    if m["greet"]:
+        out.append(_cap(_clause(m["greet"])[0]) + ".")
+    first, end = _clause(m["first"])
+    if m["second"] is None:
+        last = _cap(first)
+    elif m["conj"]:
+        second, end = _clause(m["second"])
+        last = f"{_cap(first)} and {second}"
+    else:
+        out.append(_cap(first) + end)
+        second, end = _clause(m["second"])
+        last = _cap(second)
+    if m["suffix"]:
+        last += f", {m['suffix']}"
+    out.append(last + end)
+    return " ".join(out)
 
 
 def heldout_bucket(text: str) -> str:
@@ -612,6 +694,53 @@ def stage_sessions(args: argparse.Namespace) -> None:
     join_manifests("train_all_manifest.json", "train_mix_manifest.json", "train_sessions_manifest.json")
 
 
+def stage_silences(args: argparse.Namespace) -> None:
+    """Training clips that start after a long silence (``train_lead``): a training or accent-mix utterance of at
+    most 4 s after 0-5 s (uniform) of silence, half of it digital zeros and half the clip's own noise floor.
+
+    The utterances of the other sets start after 0.05-0.35 s; a model that never saw more drops or garbles the
+    first words when a user starts speaking after a pause (the silence between turns of a live session). The
+    mixed manifest ``train_lead_all_manifest.json`` is ``train_all`` followed by these clips.
+    """
+    rng = random.Random(args.seed + 5)
+    rows = [json.loads(line) for line in (DATA_DIR / "train_mix_manifest.json").open()]
+    rows = [r for r in rows if r["duration"] <= 4.0]
+    out_dir = DATA_DIR / "train_lead"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (DATA_DIR / "train_lead_manifest.json").open("w") as f:
+        for i in range(args.n_lead):
+            r = rng.choice(rows)
+            x = read_pcm16(Path(r["audio_filepath"]))
+            n = int(rng.uniform(0.0, args.max_lead_s) * MODEL_SAMPLE_RATE)
+            if rng.random() < 0.5:
+                lead = np.zeros(n, np.int16)
+            else:  # white noise at the level of the clip's first 40 ms (its lead-in: silence plus its noise)
+                rms = float(np.sqrt(np.mean(x[:640].astype(np.float64) ** 2)))
+                noise = np.random.default_rng(rng.randrange(2**31)).standard_normal(n) * rms
+                lead = np.clip(np.round(noise), -32768, 32767).astype(np.int16)
+            x = np.concatenate([lead, x])
+            path = out_dir / f"lead_{i:06d}.wav"
+            write_wav(path, x)
+            row = {**r, "audio_filepath": str(path), "duration": round(x.size / MODEL_SAMPLE_RATE, 4)}
+            f.write(json.dumps(row) + "\n")
+    join_manifests("train_lead_all_manifest.json", "train_all_manifest.json", "train_lead_manifest.json")
+
+
+def stage_cased(args: argparse.Namespace) -> None:
+    """Cased, punctuated copies of every manifest under data/tiny_asr/: ``<name>_cased_manifest.json`` with the
+    label :func:`punctuate` of the spoken text (kept as ``spoken``). Train with ``--labels cased``."""
+    for path in sorted(DATA_DIR.glob("*_manifest.json")):
+        if path.name.endswith("_cased_manifest.json"):
+            continue
+        out = DATA_DIR / path.name.replace("_manifest.json", "_cased_manifest.json")
+        with path.open() as src, out.open("w") as dst:
+            for line in src:
+                row = json.loads(line)
+                spoken = row.get("spoken", row["text"])
+                dst.write(json.dumps({**row, "text": punctuate(spoken), "spoken": spoken}) + "\n")
+        print(f"[cased] {out.name}", flush=True)
+
+
 def stage_heldout_full(args: argparse.Namespace) -> None:
     """Full held-out test sets (new sentences; training voices / unseen voices) for the model card."""
     rng = random.Random(args.seed + 1)
@@ -626,14 +755,24 @@ def stage_heldout_full(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------------------------------
 # Tokenizer
 # --------------------------------------------------------------------------------------------------------------
+def labelled(manifest: str, args: argparse.Namespace) -> str:
+    """The name of ``manifest`` (under data/tiny_asr/) with ``--labels``'s labels (see the ``cased`` stage)."""
+    return manifest.replace("_manifest.json", "_cased_manifest.json") if args.labels == "cased" else manifest
+
+
+def tokenizer_dir(args: argparse.Namespace) -> Path:
+    """Where the tokenizer of ``--labels``'s labels lives."""
+    return DATA_DIR / ("tokenizer_cased" if args.labels == "cased" else "tokenizer")
+
+
 def stage_tokenizer(args: argparse.Namespace) -> None:
     """Train a SentencePiece BPE tokenizer (NeMo layout: tokenizer.model, tokenizer.vocab, vocab.txt)."""
     import sentencepiece as spm
 
-    out = DATA_DIR / "tokenizer"
+    out = tokenizer_dir(args)
     out.mkdir(parents=True, exist_ok=True)
-    texts = [json.loads(line)["text"] for line in (DATA_DIR / "train_manifest.json").open()]
-    corpus = DATA_DIR / "train_text.txt"
+    texts = [json.loads(line)["text"] for line in (DATA_DIR / labelled("train_manifest.json", args)).open()]
+    corpus = out / "train_text.txt"
     corpus.write_text("\n".join(texts) + "\n")
     spm.SentencePieceTrainer.Train(
         input=str(corpus),
@@ -718,7 +857,11 @@ def _training_config(args: argparse.Namespace) -> dict[str, Any]:
             "randomization_factor": 0.1,
             "semi_sort_sampler_seed": args.seed,
         },
-        "validation_ds": {**ds, "manifest_filepath": str(DATA_DIR / "val_manifest.json"), "shuffle": False},
+        "validation_ds": {
+            **ds,
+            "manifest_filepath": str(DATA_DIR / labelled(args.val_manifest, args)),
+            "shuffle": False,
+        },
         "test_ds": {**ds, "manifest_filepath": None, "shuffle": False},
         "spec_augment": {
             "_target_": "nemo.collections.asr.modules.SpectrogramAugmentation",
@@ -751,7 +894,7 @@ def build_model(args: argparse.Namespace, trainer: Any = None) -> Any:
 
     from pipecat_nemotron.engine.loading import quiet_nemo
 
-    cfg = OmegaConf.create(model_config(args, DATA_DIR / "tokenizer"))
+    cfg = OmegaConf.create(model_config(args, tokenizer_dir(args)))
     with quiet_nemo(logging.WARNING):
         model = EncDecHybridRNNTCTCBPEModel(cfg=cfg, trainer=trainer)
     return model
@@ -845,6 +988,59 @@ class StepOrClockCosine:
             trainer.should_stop = True
 
 
+class FastRNNTLoss:
+    """The RNNT loss of NeMo's ``RNNTLossPytorch`` (same inputs, same values), vectorised over the label axis.
+
+    NeMo's pure-PyTorch loss fills its alpha lattice one ``(t, u)`` cell at a time, and each cell's backward
+    allocates a gradient the size of the whole joint output: the cost grows with ``(T x U)^2`` (a 2 s clip with
+    punctuated labels took minutes per batch on a busy 2-core CPU). Here each time step is one vectorised update:
+    ``alpha[t, u] = E[u] + logcumsumexp_k<=u(alpha[t-1, k] + blank[t-1, k] - E[k])`` with ``E`` the cumulative
+    label log-probabilities at step ``t``, so a batch costs ``T`` small tensor operations. A ``torch.nn.Module``
+    once made by :func:`fast_rnnt_loss_module`.
+
+    Args:
+        blank: Index of the blank token (the last one in NeMo).
+
+    """
+
+    def __init__(self, blank: int) -> None:
+        super().__init__()
+        self.blank = blank
+        self.reduction: str | None = None
+
+    def forward(self, acts: Any, labels: Any, act_lens: Any, label_lens: Any) -> Any:
+        """Per-utterance negative log-likelihoods, shape ``(B,)`` (NeMo's wrapper reduces them)."""
+        import torch
+
+        acts = torch.log_softmax(acts.float(), -1)
+        b, t_max, u_max, _ = acts.shape  # u_max = longest label + 1
+        blank = acts[..., self.blank]  # (B, T, U)
+        emit = torch.gather(acts[:, :, :-1, :], 3, labels[:, None, : u_max - 1, None].expand(b, t_max, -1, 1))
+        emit = emit.squeeze(3)  # (B, T, U-1): log-prob of label u at (t, u)
+        zero = acts.new_zeros(b, t_max, 1)
+        cum = torch.cat([zero, emit.cumsum(2)], 2)  # (B, T, U): E[t, u] = sum_{j<u} emit[t, j]
+        alphas = []
+        alpha = cum[:, 0]  # t = 0: labels only
+        alphas.append(alpha)
+        for t in range(1, t_max):
+            stay = alpha + blank[:, t - 1]
+            alpha = cum[:, t] + torch.logcumsumexp(stay - cum[:, t], 1)
+            alphas.append(alpha)
+        lattice = torch.stack(alphas, 1)  # (B, T, U)
+        idx_t = (act_lens - 1).long()
+        idx_u = label_lens.long()
+        rows = torch.arange(b, device=acts.device)
+        return -(lattice[rows, idx_t, idx_u] + blank[rows, idx_t, idx_u])
+
+
+def fast_rnnt_loss_module(blank: int) -> Any:
+    """A :class:`FastRNNTLoss` as a ``torch.nn.Module``."""
+    import torch
+
+    cls = type("FastRNNTLoss", (FastRNNTLoss, torch.nn.Module), {"__call__": torch.nn.Module.__call__})
+    return cls(blank)
+
+
 def lightning_callback(cls: type) -> type:
     """``cls`` as a Lightning ``Callback`` (its hooks override the base class's no-ops)."""
     from lightning.pytorch.callbacks import Callback
@@ -886,11 +1082,72 @@ def _training_model(args: argparse.Namespace, trainer: Any) -> Any:
         state = torch.load(args.init_from, map_location="cpu", weights_only=False)["state_dict"]
         model.load_state_dict(state)
         print(f"[train] initialised from {args.init_from}", flush=True)
+    elif args.init_from_nemo:
+        init_from_other_vocabulary(model, Path(args.init_from_nemo))
+    if args.fast_rnnt_loss:
+        model.loss._loss = fast_rnnt_loss_module(model.loss._loss.blank)
     with quiet_nemo(logging.WARNING):
         model.setup_training_data(model.cfg.train_ds)
         model.setup_validation_data(model.cfg.validation_ds)
         model.setup_optimization(model.cfg.optim)
     return model
+
+
+#: SentencePiece's word-start mark.
+WORD_MARK = "\u2581"
+#: Parameters with one row per output token (blank last) of the hybrid RNNT+CTC model.
+_TOKEN_ROWS = (
+    "decoder.prediction.embed.weight",
+    "joint.joint_net.2.weight",
+    "joint.joint_net.2.bias",
+    "ctc_decoder.decoder_layers.0.weight",
+    "ctc_decoder.decoder_layers.0.bias",
+)
+
+
+def init_from_other_vocabulary(model: Any, source: Path) -> None:
+    """Copy a trained ``.nemo`` model's weights into ``model``, whose tokenizer differs (fine-tuning to new labels).
+
+    Every parameter but the per-token rows is copied as is. A token's rows (predictor embedding, joint and CTC
+    outputs) come from the old token with the same text once lower-cased ("▁What" from "▁what"), the blank's
+    from the old blank. A word piece without such a match ("▁Monday") takes its output rows from the first old
+    token of its lower-cased text (where the old model started emitting it) and its embedding from the last
+    (the old predictor's input after it); punctuation keeps its fresh initialisation.
+    """
+    import torch
+    from nemo.collections.asr.models import ASRModel
+
+    from pipecat_nemotron.engine.loading import quiet_nemo
+
+    with quiet_nemo(logging.WARNING):
+        old = ASRModel.restore_from(str(source), map_location="cpu")
+    old_ids = {p: i for i, p in enumerate(old.tokenizer.ids_to_tokens(list(range(old.tokenizer.vocab_size))))}
+    new_pieces = model.tokenizer.ids_to_tokens(list(range(model.tokenizer.vocab_size)))
+    first: dict[int, int] = {len(new_pieces): old.tokenizer.vocab_size}  # blank
+    last = dict(first)
+    for i, piece in enumerate(new_pieces):
+        if piece.lower() in old_ids:
+            first[i] = last[i] = old_ids[piece.lower()]
+        elif any(c.isalpha() for c in piece):
+            ids = old.tokenizer.text_to_ids(piece.lower().replace(WORD_MARK, " ").strip())
+            if ids:
+                first[i], last[i] = ids[0], ids[-1]
+    old_state, state = old.state_dict(), model.state_dict()
+    with torch.no_grad():
+        for name, value in old_state.items():
+            rows = last if name.startswith("decoder.prediction.embed") else first
+            if name not in _TOKEN_ROWS:
+                state[name].copy_(value)
+                continue
+            for new_id, old_id in rows.items():
+                state[name][new_id] = value[old_id]
+    exact = sum(p.lower() in old_ids for p in new_pieces)
+    fresh = [p for i, p in enumerate(new_pieces) if i not in first]
+    print(
+        f"[train] initialised from {source}: of {len(new_pieces)} tokens {exact} copied, "
+        f"{len(new_pieces) - exact - len(fresh)} from their old pieces, new: {' '.join(fresh)}",
+        flush=True,
+    )
 
 
 def stage_train(args: argparse.Namespace) -> None:
@@ -1076,6 +1333,7 @@ def stage_assets(args: argparse.Namespace) -> None:
         if heldout_bucket(text) != "test":
             raise ValueError(f"demo sentence {text!r} is not a held-out sentence")
     rng = random.Random(args.seed + 2)
+    written = punctuate if args.labels == "cased" else str  # the golden transcripts, as the model writes
     # --- demo ---
     if DEMO_AUDIO_DIR.exists():
         shutil.rmtree(DEMO_AUDIO_DIR)
@@ -1084,7 +1342,7 @@ def stage_assets(args: argparse.Namespace) -> None:
     for fname, text, voice, speed in DEMO_FILES:
         x = augment(synth_raw(text, voice, speed, 50, 1), rng.randrange(2**31), "none")
         write_wav(DEMO_AUDIO_DIR / fname, x)
-        transcripts[fname] = text
+        transcripts[fname] = written(text)
     # Two turns separated by ~1.2 s of digital silence (for turn-taking demos and tests).
     a = _trim_silence(synth_raw(TWO_TURNS[0], "en-us", 165, 45, 1))
     b = _trim_silence(synth_raw(TWO_TURNS[1], "en-us+m3", 165, 45, 1))
@@ -1092,12 +1350,12 @@ def stage_assets(args: argparse.Namespace) -> None:
     a, b = (np.round(v * (0.5 * 32767 / peak)).astype(np.int16) for v in (a, b))
     lead, gap, tail = (np.zeros(int(t * MODEL_SAMPLE_RATE), np.int16) for t in (0.3, TWO_TURNS_GAP_S, 0.5))
     write_wav(DEMO_AUDIO_DIR / "two_turns.wav", np.concatenate([lead, a, gap, b, tail]))
-    transcripts["two_turns.wav"] = " ".join(TWO_TURNS)
+    transcripts["two_turns.wav"] = " ".join(written(t) for t in TWO_TURNS)
     t_a = (lead.size / MODEL_SAMPLE_RATE, (lead.size + a.size) / MODEL_SAMPLE_RATE)
     t_b0 = (lead.size + a.size + gap.size) / MODEL_SAMPLE_RATE
     turns = {
         "two_turns.wav": {
-            "turns": list(TWO_TURNS),
+            "turns": [written(t) for t in TWO_TURNS],
             "spans_s": [
                 [round(t_a[0], 3), round(t_a[1], 3)],
                 [round(t_b0, 3), round(t_b0 + b.size / MODEL_SAMPLE_RATE, 3)],
@@ -1149,6 +1407,8 @@ DATA_OPTIONS: dict[str, tuple[Any, str]] = {
     "ci_every": (3, "CI held-out subset: every N-th utterance of each full held-out set"),
     "n_accents": (8000, "accent-mix training utterances"),
     "n_sessions": (3000, "multi-turn training clips"),
+    "n_lead": (3000, "training clips after a long leading silence (silences stage)"),
+    "max_lead_s": (5.0, "silences stage: longest leading silence, s"),
 }
 #: Model sizes and training settings: name -> (default, help or None).
 TRAINING_OPTIONS: dict[str, tuple[Any, str | None]] = {
@@ -1185,7 +1445,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "stages", nargs="+", choices=["all", "data", "accents", "sessions", "heldout", "tokenizer", "train", "recipe", "export", "assets"],
+        "stages", nargs="+", choices=["all", "data", "accents", "sessions", "silences", "cased", "heldout", "tokenizer", "train", "recipe", "export", "assets"],
         help="stages to run, in the order given ('all' = data accents sessions tokenizer recipe export assets)",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=1234)
@@ -1196,8 +1456,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="train_manifest.json",
         help="training manifest under data/tiny_asr/ (phase 4: train_mix_manifest.json, phase 5: train_all_manifest.json)",
     )
+    train.add_argument(
+        "--val-manifest",
+        default="val_manifest.json",
+        help="validation manifest under data/tiny_asr/ (validation is slow on a busy CPU: a subset keeps it short)",
+    )
     add_options(train, TRAINING_OPTIONS)
+    train.add_argument(
+        "--labels",
+        choices=["plain", "cased"],
+        default="plain",
+        help="training labels: lower case without punctuation, or cased and punctuated (the cased stage's manifests)",
+    )
     train.add_argument("--resume", action="store_true", help="resume from <run-dir>/checkpoints/last.ckpt")
+    train.add_argument(
+        "--init-from-nemo",
+        default=None,
+        help="start from a .nemo model with another tokenizer: all weights but the per-token rows are copied, and "
+        "a token's rows come from the old token of the same lower-case text where there is one",
+    )
     train.add_argument(
         "--init-from", default=None, help="start training from this checkpoint's weights (new schedule)"
     )
@@ -1206,6 +1483,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="SpecAugment during training",
+    )
+    train.add_argument(
+        "--fast-rnnt-loss",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the RNNT loss vectorised over labels (FastRNNTLoss; same values as NeMo's pure-PyTorch loss, which "
+        "the five phases of the bundled model used)",
     )
     train.add_argument("--run-dir", default=str(RUN_DIR))
     export = p.add_argument_group("export")
@@ -1245,6 +1529,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "data": stage_data,
         "accents": stage_accents,
         "sessions": stage_sessions,
+        "silences": stage_silences,
+        "cased": stage_cased,
         "heldout": stage_heldout_full,
         "tokenizer": stage_tokenizer,
         "train": stage_train,

@@ -195,6 +195,27 @@ async def test_pieces_starting_with_the_marker_start_words() -> None:
     assert [w.start_ms for w in words] == [1080.0, 1160.0, 1400.0]
 
 
+class _PunctuatedTokenizer(_Tokenizer):
+    """A cased, punctuated model's pieces: ``?`` and ``,`` are pieces of their own, joined to the word before."""
+
+    pieces = ["\u2581What", "\u2581is", "\u2581two", "?", "\u2581Hi", ","]
+    vocab_size = len(pieces)
+
+
+async def test_punctuation_joins_the_word_before_without_moving_its_end() -> None:
+    """A punctuation piece, emitted frames after its word's last sound, is part of the word's text but not of its
+    timing (as in NeMo's RNNT timestamps): "two?" ends where "two" was heard."""
+    aligner = WordAligner(_PunctuatedTokenizer(), hop_ms=10.0, subsampling=8)
+    trace = TokenTrace(frames=[16, 24, 40, 72, 88, 104], confidence=[0.9, 0.9, 0.8, 0.6, 0.9, 0.7])
+    words = aligner.words([0, 1, 2, 3, 4, 5], trace, utterance_start_ms=0.0)
+    assert [(w.text, w.start_ms, w.end_ms) for w in words] == [
+        ("What", 80.0, 160.0),
+        ("is", 160.0, 240.0),
+        ("two?", 320.0, 400.0),
+        ("Hi,", 800.0, 880.0),
+    ]
+
+
 async def test_calibration_shifts_and_clips_words() -> None:
     aligner = WordAligner(
         _Tokenizer(), 10.0, 8, TimingCalibration(start_offset_ms=-300.0, end_offset_ms=-50.0)

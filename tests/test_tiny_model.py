@@ -83,3 +83,48 @@ async def test_second_turn_is_transcribed_in_one_stream(finalize_mode: str) -> N
             finals.append(normalize_text((await stream.finalize()).text))
         stream.close()
     assert finals == [normalize_text(t) for t in turns["turns"]]
+
+
+def _make_tiny_model_script():
+    import importlib.util
+    import sys
+
+    from pipecat_nemotron.bench.common import REPO_ROOT
+
+    path = REPO_ROOT / "scripts" / "make_tiny_model.py"
+    spec = importlib.util.spec_from_file_location("make_tiny_model", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("make_tiny_model", module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_training_labels_are_written_like_nemotron() -> None:
+    """The cased, punctuated labels the bundled model is trained on (docs/TINY_MODEL.md, *Labels*)."""
+    punctuate = _make_tiny_model_script().punctuate
+    assert punctuate("what is nine plus four") == "What is nine plus four?"
+    assert punctuate("set a timer for six minutes") == "Set a timer for six minutes."
+    assert punctuate("hi what time is it please") == "Hi. What time is it, please?"
+    assert punctuate("no thank you") == "No, thank you."
+    assert punctuate("what is two plus two set a timer for five minutes") == (
+        "What is two plus two? Set a timer for five minutes."
+    )
+    assert punctuate("remind me on monday and what time is it") == "Remind me on Monday and what time is it?"
+
+
+def test_fast_rnnt_loss_equals_nemo_pytorch_loss() -> None:
+    """The training script's vectorised RNNT loss gives NeMo's pure-PyTorch loss values and gradients."""
+    import torch
+    from nemo.collections.asr.losses.rnnt_pytorch import RNNTLossPytorch
+
+    fast = _make_tiny_model_script().fast_rnnt_loss_module(blank=6)
+    torch.manual_seed(0)
+    acts = torch.randn(3, 9, 5, 7, requires_grad=True)  # (B, T, U + 1, V + 1)
+    labels = torch.randint(0, 6, (3, 4))
+    lens = {"act_lens": torch.tensor([9, 7, 5]), "label_lens": torch.tensor([4, 2, 3])}
+    want = RNNTLossPytorch(blank=6, reduction="none")(acts=acts, labels=labels, **lens)
+    got = fast(acts=acts, labels=labels, **lens)
+    assert torch.allclose(got, want, atol=1e-5)
+    (g_want,) = torch.autograd.grad(want.sum(), acts)
+    (g_got,) = torch.autograd.grad(got.sum(), acts)
+    assert torch.allclose(g_got, g_want, atol=1e-5)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipecat_nemotron.bench.wer import normalize_text
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 
 #: Held-out sentences and voices of the tiny model.
@@ -106,7 +107,9 @@ def sentence_clips(count: int, gap_s: tuple[float, float] = TRAINING_LIKE_GAPS_S
 
 def matched_words(predicted: list[str], truth: list[str]) -> list[tuple[int, int]]:
     """``(predicted index, true index)`` of the words the two sequences share (longest matching blocks)."""
-    matcher = difflib.SequenceMatcher(a=predicted, b=truth, autojunk=False)
+    # Compared as words: a cased, punctuated model writes "What" and "it?" for "what" and "it".
+    a, b = [normalize_text(w) for w in predicted], [normalize_text(w) for w in truth]
+    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
     return [(a + k, b + k) for a, b, n in matcher.get_matching_blocks() for k in range(n)]
 
 

@@ -10,6 +10,9 @@ with. This module turns an utterance's tokens, frames and confidences into words
 SentencePiece pieces that start with ``"▁"`` start a word. As in NeMo's own RNNT timestamps, a token spans the
 one encoder frame it was emitted at; a word spans its first token's frame start to its last token's frame end,
 shifted by constant offsets measured on speech (:class:`TimingCalibration`, see ``docs/TRANSCRIPTS.md``).
+Punctuation pieces (no letter or digit: ``?``, ``,``) belong to the word before in the text ("it?") but not in
+time: a cased, punctuated model emits them frames after the word's last sound, so a word ends at its last piece
+that has a letter or digit, as NeMo's timestamps place punctuation at the previous token.
 """
 
 from __future__ import annotations
@@ -104,11 +107,19 @@ class WordAligner:
         self.calibration = calibration or TimingCalibration()
         pieces = tokenizer.ids_to_tokens(list(range(int(tokenizer.vocab_size))))
         self._starts_word = [str(piece).startswith(WORD_START) for piece in pieces]
+        self._sounds = [any(c.isalnum() for c in str(piece)) for piece in pieces]
         self._text: dict[tuple[int, ...], str] = {}
 
     def starts_word(self, token: int) -> bool:
         """Whether ``token`` starts a word (a piece with SentencePiece's ``"▁"``, or an id past the vocabulary)."""
         return token >= len(self._starts_word) or self._starts_word[token]
+
+    def _sound_end(self, tokens: list[int], first: int, last: int) -> int:
+        """Index of the word's last token that is not punctuation (``last - 1`` if all are)."""
+        for i in range(last - 1, first - 1, -1):
+            if tokens[i] >= len(self._sounds) or self._sounds[tokens[i]]:
+                return i
+        return last - 1
 
     def _word_text(self, ids: tuple[int, ...]) -> str:
         text = self._text.get(ids)
@@ -159,7 +170,10 @@ class WordAligner:
                 continue
             frame_start = trace.frames[first] * self.hop_ms - self.frame_ms
             start = max(previous_start, frame_start + self.calibration.start_offset_ms)
-            end = trace.frames[last - 1] * self.hop_ms + self.calibration.end_offset_ms
+            end = (
+                trace.frames[self._sound_end(tokens, first, last)] * self.hop_ms
+                + self.calibration.end_offset_ms
+            )
             if utterance_ms is not None:
                 start, end = min(start, utterance_ms), min(end, utterance_ms)
             end = max(end, start)
