@@ -110,6 +110,27 @@ def fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def server_socket_count(port: int) -> int:
+    """Open sockets of this process whose local port is ``port``: the server's listener and accepted connections.
+
+    Counting only these (not every fd of the process) keeps files and sockets opened meanwhile by anything else in
+    the test process (an earlier test's threads, a background import) out of the measure.
+    """
+    inodes: set[str] = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.read().splitlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            count += target.startswith("socket:[") and target[8:-1] in inodes
+    return count
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -376,7 +397,7 @@ async def test_set_latency_then_tcp_reset_is_not_a_crash(
 
 async def test_half_sent_requests_and_silent_connections_are_closed(server: ASRServer) -> None:
     gc.collect()
-    baseline = fd_count()
+    baseline = server_socket_count(server.port)
     timeout_s = server.config.handshake_timeout_s
     partial = b"GET /v1/asr HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
     socks = [await raw_socket(port=server.port) for _ in range(24)]
@@ -400,6 +421,7 @@ async def test_half_sent_requests_and_silent_connections_are_closed(server: ASRS
     idle = await raw_socket(port=server.port)
     await loop.sock_sendall(idle, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert (await loop.sock_recv(idle, 4096)).startswith(b"HTTP/1.1 200")
+    assert server_socket_count(server.port) > baseline  # the measure sees the server's accepted connections
     try:
         closed = await asyncio.gather(*(wait_closed_by_server(s, timeout=20 * timeout_s + 10) for s in socks))
         assert all(closed), f"{closed.count(False)} of {len(socks)} connections still open"
@@ -410,7 +432,9 @@ async def test_half_sent_requests_and_silent_connections_are_closed(server: ASRS
             t.cancel()
         for s in [*socks, *drippers, idle]:
             s.close()
-    await wait_for(lambda: fd_count() <= baseline, timeout=10, what="the server's sockets to close")
+    await wait_for(
+        lambda: server_socket_count(server.port) <= baseline, timeout=10, what="the server's sockets to close"
+    )
 
 
 # ---- 7: connections that never authenticate -----------------------------------------------------------------------

@@ -207,7 +207,7 @@ async def test_punctuation_joins_the_word_before_without_moving_its_end() -> Non
     timing (as in NeMo's RNNT timestamps): "two?" ends where "two" was heard."""
     aligner = WordAligner(_PunctuatedTokenizer(), hop_ms=10.0, subsampling=8)
     trace = TokenTrace(frames=[16, 24, 40, 72, 88, 104], confidence=[0.9, 0.9, 0.8, 0.6, 0.9, 0.7])
-    words = aligner.words([0, 1, 2, 3, 4, 5], trace, utterance_start_ms=0.0)
+    words = aligner.words([0, 1, 2, 3, 4, 5], trace, start_ms=0.0)
     assert [(w.text, w.start_ms, w.end_ms) for w in words] == [
         ("What", 80.0, 160.0),
         ("is", 160.0, 240.0),
