@@ -146,7 +146,6 @@ LEGACY_EAGER_KWARGS = {
     "eager_match_policy": "match_policy",
     "eager_turn_analyzer": "turn_analyzer",
     "eager_hold_words": "hold_words",
-    "eager_turn_commit": "turn_commit",
 }
 
 
