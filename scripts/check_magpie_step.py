@@ -17,12 +17,13 @@ loaded from ``--model``. Prints the time of each part. Exits non-zero when any c
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
+
+from pipecat_nemotron.magpie.tiny import english_tokens, inference_parameters
 
 SENTENCES = [
     "Hello there.",
@@ -42,33 +43,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--frames", type=int, default=30, help="max decoder steps per sentence (default: 30)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     return p.parse_args(argv)
-
-
-@contextlib.contextmanager
-def inference(model: Any, **params: Any) -> Iterator[None]:
-    """Temporarily set ``model.inference_parameters`` fields."""
-    old = {k: getattr(model.inference_parameters, k) for k in params}
-    for k, v in params.items():
-        setattr(model.inference_parameters, k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            setattr(model.inference_parameters, k, v)
-
-
-def tokens(model: Any, text: str) -> Any:
-    """One chunk of token ids, as the engine makes them."""
-    from nemo.collections.tts.parts.utils.tts_dataset_utils import (
-        chunk_text_for_inference,
-        get_tokenizer_for_language,
-    )
-
-    name = get_tokenizer_for_language("en", list(model.tokenizer.tokenizers.keys()))
-    chunks, lens, _ = chunk_text_for_inference(
-        text=text, language="en", tokenizer_name=name, text_tokenizer=model.tokenizer, eos_token_id=model.eos_id
-    )
-    return chunks[0][: int(lens[0])]
 
 
 def nemo_codes(model: Any, text: Any, *, kv_cache: bool) -> Any:
@@ -129,9 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.perf_counter()
         model = load(args, tmp)
         print(f"model ready in {time.perf_counter() - t0:.1f} s", flush=True)
-    texts = [tokens(model, s) for s in SENTENCES]
+    texts = [english_tokens(model, s) for s in SENTENCES]
     for prior, kv_cache in ((True, True), (False, False)):
-        with inference(model, topk=1, max_decoder_steps=args.frames, apply_attention_prior=prior):
+        with inference_parameters(model, topk=1, max_decoder_steps=args.frames, apply_attention_prior=prior):
             t0 = time.perf_counter()
             refs = [nemo_codes(model, t, kv_cache=kv_cache) for t in texts]
             t1 = time.perf_counter()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +11,7 @@ from helpers import one_torch_thread
 
 from pipecat_nemotron.magpie.fast_step import FastMagpieStep, RowSampling, unsupported_reason
 from pipecat_nemotron.magpie.loading import load_magpie_model
+from pipecat_nemotron.magpie.tiny import english_tokens, inference_parameters
 
 TEXTS = [
     "Hello there, this is a test of speech.",
@@ -43,37 +42,6 @@ def family_model(tmp_path_factory: pytest.TempPathFactory) -> Any:
         tmp_path_factory.mktemp("family"), seed=3, end_of_speech_bias=0.0, shape=SMALL_RELEASED_FAMILY_SHAPE
     )
     return load_magpie_model(str(magpie), "cpu", str(codec))
-
-
-def tokens(model: Any, text: str) -> torch.Tensor:
-    from nemo.collections.tts.parts.utils.tts_dataset_utils import (
-        chunk_text_for_inference,
-        get_tokenizer_for_language,
-    )
-
-    name = get_tokenizer_for_language("en", list(model.tokenizer.tokenizers.keys()))
-    chunks, lens, _ = chunk_text_for_inference(
-        text=text,
-        language="en",
-        tokenizer_name=name,
-        text_tokenizer=model.tokenizer,
-        eos_token_id=model.eos_id,
-    )
-    assert len(chunks) == 1
-    return chunks[0][: int(lens[0])]
-
-
-@contextlib.contextmanager
-def inference(model: Any, **params: Any) -> Iterator[None]:
-    """Temporarily set ``model.inference_parameters`` fields."""
-    old = {k: getattr(model.inference_parameters, k) for k in params}
-    for k, v in params.items():
-        setattr(model.inference_parameters, k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            setattr(model.inference_parameters, k, v)
 
 
 def nemo_run(
@@ -131,15 +99,15 @@ def test_teacher_forced_logits_equal_nemo(tiny_model: Any, use_cfg: bool) -> Non
     is NeMo's generate_speech with its decoder in NeMo's KV-cache mode (the attention prior of each frame's own step).
     """
     model = tiny_model
-    texts = [tokens(model, t) for t in TEXTS]
-    with inference(model, max_decoder_steps=60):
+    texts = [english_tokens(model, t) for t in TEXTS]
+    with inference_parameters(model, max_decoder_steps=60):
         refs = [nemo_run(model, t, use_cfg=use_cfg, kv_cache=True, seed=i) for i, t in enumerate(texts)]
     joins = [0, 7, 19, 33]
     step = FastMagpieStep(model)
     rows: dict[int, Any] = {}
     worst = [0.0] * 4
     checked = [0] * 4
-    with inference(model, max_decoder_steps=60), torch.inference_mode():
+    with inference_parameters(model, max_decoder_steps=60), torch.inference_mode():
         for t in range(60 + joins[-1]):
             for i, join in enumerate(joins):
                 if t == join:
@@ -163,8 +131,8 @@ def test_teacher_forced_logits_equal_nemo(tiny_model: Any, use_cfg: bool) -> Non
 
 def test_first_frame_equals_nemo_without_cache(tiny_model: Any) -> None:
     """Before any attention prior exists, NeMo's cache-less forward gives the same first-frame logits."""
-    text = tokens(tiny_model, TEXTS[0])
-    with inference(tiny_model, max_decoder_steps=1):
+    text = english_tokens(tiny_model, TEXTS[0])
+    with inference_parameters(tiny_model, max_decoder_steps=1):
         _, logits = nemo_run(tiny_model, text, use_cfg=True, kv_cache=False)
     step = FastMagpieStep(tiny_model)
     with torch.inference_mode():
@@ -185,13 +153,13 @@ def test_greedy_codes_equal_generate_speech(tiny_model: Any, family_model: Any, 
 
     set_end_of_speech_bias(model, 0.0)  # Random weights: end of speech comes when it comes.
     try:
-        with inference(model, topk=1, max_decoder_steps=40):
+        with inference_parameters(model, topk=1, max_decoder_steps=40):
             for text in TEXTS[:3]:
-                ids = tokens(model, text)
+                ids = english_tokens(model, text)
                 ref, _ = nemo_run(model, ids, use_cfg=True, kv_cache=True)
                 assert torch.equal(fast_greedy(model, ids, use_cfg=True), ref), text
-            with inference(model, apply_attention_prior=False):
-                ids = tokens(model, TEXTS[1])
+            with inference_parameters(model, apply_attention_prior=False):
+                ids = english_tokens(model, TEXTS[1])
                 ref, _ = nemo_run(model, ids, use_cfg=True, kv_cache=False)
                 assert torch.equal(fast_greedy(model, ids, use_cfg=True), ref)
     finally:
@@ -203,8 +171,8 @@ def test_fast_step_on_cuda_matches_nemo_on_cuda(tiny_magpie: tuple[Path, Path]) 
     """On CUDA (fp32), teacher-forced logits of our step follow NeMo's cached generate_speech on the same device."""
     magpie, codec = tiny_magpie
     model = load_magpie_model(str(magpie), "cuda", str(codec))
-    text = tokens(model, TEXTS[0]).cuda()
-    with inference(model, max_decoder_steps=30):
+    text = english_tokens(model, TEXTS[0]).cuda()
+    with inference_parameters(model, max_decoder_steps=30):
         codes, logits = nemo_run(model, text, use_cfg=True, kv_cache=True)
         step = FastMagpieStep(model)
         row = step.add_row(text, 2, RowSampling(0.7, 80, True, torch.Generator(device="cuda").manual_seed(0)))
@@ -230,13 +198,13 @@ def test_joiners_admitted_together_decode_as_admitted_alone(tiny_model: Any, fam
     """Four requests prefilled in one batched call (texts of different lengths, CFG and not, greedy and seeded)
     give the codes each gives admitted alone, and the same first-frame logits."""
     model = tiny_model if which == "tiny" else family_model
-    texts = [tokens(model, t) for t in TEXTS]
+    texts = [english_tokens(model, t) for t in TEXTS]
     speakers = [2, 0, 4, 2]
 
     def sampling(i: int) -> RowSampling:
         return RowSampling(0.7, 1 if i % 2 else 80, i != 2, torch.Generator().manual_seed(100 + i))
 
-    with inference(model, max_decoder_steps=25):
+    with inference_parameters(model, max_decoder_steps=25):
         alone, first_alone = [], []
         for i, text in enumerate(texts):
             step = FastMagpieStep(model)
@@ -264,8 +232,8 @@ def test_greedy_codes_equal_generate_speech_at_the_released_357m_shape(tmp_path:
 
     model = random_magpie(build_tiny_codec(tmp_path), seed=7, end_of_speech_bias=0.0, shape=RELEASED_SHAPE)
     assert model.decoder.n_layers == 12 and model.baked_context_embedding_len[0] == 110
-    with inference(model, topk=1, max_decoder_steps=6):
-        ids = tokens(model, "Hello there.")
+    with inference_parameters(model, topk=1, max_decoder_steps=6):
+        ids = english_tokens(model, "Hello there.")
         ref, _ = nemo_run(model, ids, use_cfg=True, kv_cache=True)
         assert ref.shape[1] > 0
         assert torch.equal(fast_greedy(model, ids, use_cfg=True), ref)

@@ -9,7 +9,9 @@ is ~1.7M parameters and says nothing intelligible. Nothing is downloaded.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -285,3 +287,31 @@ def build_tiny_magpie(
     with quiet_nemo(logging.WARNING):
         model.save_to(str(magpie_path))
     return magpie_path, codec_path
+
+
+@contextlib.contextmanager
+def inference_parameters(model: Any, **params: Any) -> Iterator[None]:
+    """Temporarily set fields of ``model.inference_parameters`` (for comparisons with NeMo's own loop)."""
+    old = {k: getattr(model.inference_parameters, k) for k in params}
+    for k, v in params.items():
+        setattr(model.inference_parameters, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(model.inference_parameters, k, v)
+
+
+def english_tokens(model: Any, text: str) -> Any:
+    """The token ids of ``text`` as one English chunk, as NeMo's ``chunk_text_for_inference`` makes them."""
+    from nemo.collections.tts.parts.utils.tts_dataset_utils import (
+        chunk_text_for_inference,
+        get_tokenizer_for_language,
+    )
+
+    name = get_tokenizer_for_language("en", list(model.tokenizer.tokenizers.keys()))
+    chunks, lens, _ = chunk_text_for_inference(
+        text=text, language="en", tokenizer_name=name, text_tokenizer=model.tokenizer, eos_token_id=model.eos_id
+    )
+    assert len(chunks) == 1, f"{text!r} is more than one text chunk"
+    return chunks[0][: int(lens[0])]
