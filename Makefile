@@ -25,8 +25,14 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(PY) -m pipecat_nemotron.demo
 
+# The suite on TEST_WORKERS pytest-xdist workers (whole files per worker, one torch thread each), then the
+# `serial` tests (real-time sessions that need a quiet CPU, Ray clusters) alone. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: setup system-deps
-	$(PY) -m pytest -q -ra
+	@status=0; \
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile -m "not serial" || status=$$?; \
+	$(PY) -m pytest -q -ra -m serial || status=$$?; \
+	exit $$status
 
 system-deps:
 	@missing=""; for b in $(SYSTEM_BINARIES); do command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-# Tests run on CPU with two cores; keep torch from oversubscribing them.
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# Tests run on CPU with two cores; keep torch from oversubscribing them: one thread per pytest-xdist worker
+# (`make test` runs two), two when the suite runs in one process.
+os.environ.setdefault("OMP_NUM_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2")
 
 from openai_server import openai_server  # noqa: E402,F401  (fixture shared by all test files)
 

@@ -84,6 +84,7 @@ async def test_server_answers_peek_with_the_final_to_be(server: ASRServer, engin
         await ws.close()
 
 
+@pytest.mark.serial
 async def test_server_stt_eager_end_of_turn(server: ASRServer, engine: NemotronEngine) -> None:  # noqa: F811
     stt = NemotronServerSTTService(url=server.url, token=TOKEN, eager=EagerSettings())
     assert isinstance(stt.service_metadata_frame().user_turn_strategies, EagerUserTurnStrategies)
@@ -94,6 +95,7 @@ async def test_server_stt_eager_end_of_turn(server: ASRServer, engine: NemotronE
     assert not of(down, EagerEndOfTurnCancelFrame)
 
 
+@pytest.mark.serial
 async def test_in_process_stt_eager_end_of_turn_and_withdrawal(engine: NemotronEngine) -> None:  # noqa: F811
     off = NemotronSTTService(engine=engine)
     assert off.service_metadata_frame().user_turn_strategies is None  # off: Pipecat's default turn strategies

@@ -89,6 +89,7 @@ async def _wait_for(done, what: str, proc: subprocess.Popen, timeout_s: float, l
         await asyncio.sleep(0.2)
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 async def test_pipecat_eval_harness_passes_our_scenarios(bot_magpie: Path, tmp_path: Path) -> None:

@@ -234,6 +234,7 @@ async def test_service_pushes_forced_finals_as_transcription_frames_in_order() -
     assert [f.result.utterance for f in finals] == sorted(f.result.utterance for f in finals)
 
 
+@pytest.mark.serial
 async def test_server_delivers_forced_finals_within_max_message_bytes() -> None:
     pcm = to_pcm16(speech(40.0)[0])
     with one_torch_thread():

@@ -2,9 +2,10 @@
 
 Two CPU replicas of 4 sessions each (tiny trained model, hard finalize so every utterance decodes alone), and
 8 ``NemotronServerSTTService`` clients started together, each streaming utterances in real time with VAD
-frames around them. Then a replica is killed mid-utterance, the other 2 s later, and once every client is back
-the HTTP proxy is killed. Every client must get every final, each equal to the in-process transcript, and no
-client may see HTTP 500 at start. Last, Serve's graceful shutdown of a replica must drain a session (1001).
+frames around them; the 8 sessions must fill both replicas, and no client may see HTTP 500 at start. Then a
+replica is killed mid-utterance, the other 2 s later, and once every client is back the HTTP proxy is killed.
+Every client must get every final, each equal to the in-process transcript. Last, Serve's graceful shutdown of a
+replica must drain a session (1001).
 The proxy's health-check period is cut to 2 s (Serve's default 10 s, three failures: ~30 s). Most of the
 test's time is Ray starting replicas: the file took 3 minutes on the 2-core development machine, 8-10 minutes
 while other jobs loaded it.
@@ -39,7 +40,7 @@ from pipecat_nemotron.server.config import ServerConfig
 from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 from pipecat_nemotron.wav_input import read_pcm16
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.serial]
 
 CLIPS = ("demo_weather.wav", "demo_timer.wav", "demo_math.wav")
 CLIENTS = 8
@@ -248,6 +249,7 @@ async def test_burst_double_replica_kill_and_proxy_kill_lose_no_final() -> None:
         await wait_until(lambda: all(s.ready for s in stts), 60, "every client's first session")
         report["start_failures"] = [list(s.keeper.failed_attempts) for s in stts]
         replicas = sorted({s.ready.server_id for s in stts})
+        assert len(replicas) == 2, replicas  # 4 slots per replica: 8 sessions need both, each pinned to its own
         # 2. Mid-utterance, kill one replica, the other 2 s later.
         await asyncio.sleep(1.5)
         marks = [len(s.keeper.reconnects) for s in stts]

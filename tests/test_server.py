@@ -44,7 +44,6 @@ from pipecat.metrics.metrics import TTFBMetricsData
 from pipecat.pipeline.worker import PipelineParams
 from pipecat.tests.utils import SleepFrame, run_test
 from pipecat.transcriptions.language import Language
-from processes import free_port
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 from ws_client import raw_messages, stream
@@ -525,6 +524,7 @@ async def test_pipecat_client_stops_on_a_permanent_refusal(server: ASRServer) ->
 # ---- load ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 async def test_load_generator_8_clients_every_final_no_error(engine: NemotronEngine, tmp_path: Path) -> None:
     """8 concurrent real-time sessions through the load generator: all admitted, no error, no final missing.
@@ -565,54 +565,3 @@ async def test_load_generator_8_clients_every_final_no_error(engine: NemotronEng
     assert s["sessions_opened"] == 8 and s["refused"] == 0 and s["errors"] == 0, report["clients"]
     assert s["partials"] > 0 and s["finals"] >= 8 * 4
     assert (tmp_path / "load.json").exists() and (tmp_path / "load.png").exists()
-
-
-# ---- Ray Serve -------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-async def test_ray_serve_two_cpu_replicas_pin_sessions(asr_model: Path, engine: NemotronEngine) -> None:
-    ray = pytest.importorskip(
-        "ray", reason="ray[serve] is not installed (pip install 'pipecat-nemotron[ray]')"
-    )
-    from ray import serve
-
-    from pipecat_nemotron.server.ray_serve import build_app
-
-    pcm = clip("demo_timer.wav", seed=68)
-    expected = (await engine.transcribe(pcm)).text
-    port = free_port()
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
-    )
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        app = build_app(
-            EngineConfig(model=str(asr_model), device="cpu", max_streams=2, max_batch_size=2),
-            ServerConfig(insecure=True, max_sessions=2),
-            num_replicas=2,
-            gpus_per_replica=0,
-            cpus_per_replica=0.5,
-        )
-        await asyncio.to_thread(serve.run, app, route_prefix="/", blocking=False)
-        url = f"ws://127.0.0.1:{port}/v1/asr"
-        sessions = [await open_session(url, token=None, open_timeout=60) for _ in range(4)]
-        servers = {ready.server_id for _, ready in sessions}
-        assert len(servers) == 2, servers  # 2 slots per replica: 4 sessions need both replicas
-        results = await asyncio.gather(*(_stream_and_close(ws, pcm) for ws, _ in sessions))
-        assert all(texts == [expected] for texts in results), results
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-
-
-async def _stream_and_close(ws, pcm: bytes) -> list[str]:
-    await stream(ws, pcm, speed=2.0)
-    await ws.send('{"type": "finalize"}')
-    await ws.send('{"type": "close"}')
-    return [
-        m.text for m in await expect_close(ws, CloseCode.NORMAL, timeout=60) if isinstance(m, FinalMessage)
-    ]

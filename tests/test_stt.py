@@ -33,6 +33,7 @@ async def engine(engine_factory, tiny_random_model):
     return await engine_factory(tiny_random_model)
 
 
+@pytest.mark.serial
 async def test_frames_in_order_final_equals_engine_and_ttfs(engine: NemotronEngine) -> None:
     pcm = to_pcm16(noise_clip(1.6, seed=61))
     expected = await engine.transcribe(pcm, latency_ms=160)
