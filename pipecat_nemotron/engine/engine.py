@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -15,8 +15,19 @@ import numpy as np
 from loguru import logger
 
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
+from pipecat_nemotron.engine.boosting import (
+    BoostList,
+    check_alphabet,
+    validate_boost_alpha,
+    validate_boost_phrases,
+)
 from pipecat_nemotron.engine.config import EngineConfig, default_cpu_threads, validate_latency_ms
-from pipecat_nemotron.engine.errors import CapacityError, EngineNotRunningError, ModelLoadError
+from pipecat_nemotron.engine.errors import (
+    BoostingUnavailableError,
+    CapacityError,
+    EngineNotRunningError,
+    ModelLoadError,
+)
 from pipecat_nemotron.engine.languages import LanguagePrompts, resolve_prompt
 from pipecat_nemotron.engine.scheduler import Scheduler, StepStats
 from pipecat_nemotron.engine.splits import join_forced_finals
@@ -313,7 +324,13 @@ class NemotronEngine:
             raise EngineNotRunningError(f"the engine's scheduler crashed: {self._scheduler.error!r}")
         return self._scheduler
 
-    def open_stream(self, latency_ms: int | None = None, language: Any = None) -> ASRStream:
+    def open_stream(
+        self,
+        latency_ms: int | None = None,
+        language: Any = None,
+        boost_phrases: Sequence[str] | None = None,
+        boost_alpha: float | None = None,
+    ) -> ASRStream:
         """Open a stream.
 
         Args:
@@ -322,11 +339,20 @@ class NemotronEngine:
             language: On a multilingual model, the language to transcribe: a locale of ``info.languages``
                 (``"es-ES"``), a bare language (``"es"``, or Pipecat's ``Language.ES``) or ``"auto"``; default:
                 the config's ``default_language``. Streams of different languages share batched steps.
+            boost_phrases: Phrases the decoder favours on this stream (names, product words), spelled and cased
+                as the model writes them (:mod:`~pipecat_nemotron.engine.boosting`); default: the config's
+                ``default_boost_phrases``; an empty list: none. Streams with different lists, or none, share
+                batched steps; one stream's phrases never change another's tokens.
+            boost_alpha: Weight of the boost, in (0, 10]; default: the config's ``default_boost_alpha``.
 
         Raises:
             CapacityError: ``max_streams`` streams are already open (existing streams are unaffected).
             EngineNotRunningError: ``start()`` has not completed.
             ValueError: Unsupported latency or language (names the allowed values).
+            BoostPhraseError: A phrase list over the limits or with characters the model cannot write (a
+                ``ValueError``; nothing is opened).
+            BoostingUnavailableError: Phrases were given but the engine has no per-stream biasing (NeMo older
+                than 3.0.0, or ``max_boost_phrases=0``).
 
         """
         scheduler = self._require()
@@ -334,13 +360,20 @@ class NemotronEngine:
             self.config.default_latency_ms if latency_ms is None else latency_ms, scheduler.runner.modes
         )
         prompt = self._resolve_language(language)
+        if boost_phrases is None:
+            boost_phrases = self.config.default_boost_phrases
+        boost = self._boost_list(boost_phrases, boost_alpha)
         if len(scheduler.streams) >= self.config.max_streams:
             raise CapacityError(
                 f"all {self.config.max_streams} ASR stream slots are in use; close a stream or raise "
                 "EngineConfig.max_streams"
             )
         state = StreamState(
-            stream_id=next(self._ids), latency_ms=latency, language=prompt[0], prompt_index=prompt[1]
+            stream_id=next(self._ids),
+            latency_ms=latency,
+            language=prompt[0],
+            prompt_index=prompt[1],
+            boost=None if boost.empty else boost,
         )
         stream = ASRStream(self, state)
         scheduler.add(state, stream.updates_queue.put, stream.updates_queue.close)
@@ -401,6 +434,36 @@ class NemotronEngine:
         """
         self._require().request_language(state, *self._resolve_language(language))
 
+    def request_boost(self, state: StreamState, phrases: Sequence[str] | None, alpha: float | None) -> None:
+        """Queue a stream's boost-list change (:meth:`ASRStream.set_boost_phrases`).
+
+        Raises:
+            BoostPhraseError: The list is over the limits or has characters the model cannot write.
+            BoostingUnavailableError: Phrases were given but the engine has no per-stream biasing.
+            EngineNotRunningError: The engine is not running.
+
+        """
+        self._require().request_boost(state, self._boost_list(phrases, alpha))
+
+    def _boost_list(self, phrases: Sequence[str] | None, alpha: float | None) -> BoostList:
+        """Validate a stream's phrases (count, length, the model's characters) and weight.
+
+        Raises:
+            BoostPhraseError: Naming the limit or the phrase.
+            BoostingUnavailableError: Phrases were given but the engine has no per-stream biasing.
+
+        """
+        config = self.config
+        normalised = validate_boost_phrases(
+            phrases, max_phrases=config.max_boost_phrases, max_chars=config.max_boost_phrase_chars
+        )
+        weight = validate_boost_alpha(config.default_boost_alpha if alpha is None else alpha)
+        runner = self._require().runner
+        if normalised and runner.boost is None:
+            raise BoostingUnavailableError(_boosting_unavailable(config))
+        check_alphabet(normalised, runner.alphabet, config.model)
+        return BoostList(normalised, weight)
+
     async def close_stream(self, state: StreamState, error: BaseException | None = None) -> None:
         """Close a stream, failed with ``error`` if given (:meth:`ASRStream.close`); returns once its slot is free."""
         if self._scheduler is None or state.stream_id not in self._scheduler.streams:
@@ -456,3 +519,19 @@ def _check_defaults(config: EngineConfig, runner: ModelRunner) -> None:
         resolve_prompt(runner.prompts, config.default_language, config.model)
     except ValueError as e:
         raise ModelLoadError(f"default_language: {e}") from None
+    if config.default_boost_phrases:
+        if runner.boost is None:
+            raise ModelLoadError(f"default_boost_phrases: {_boosting_unavailable(config)}")
+        try:
+            check_alphabet(config.default_boost_phrases, runner.alphabet, config.model)
+        except ValueError as e:
+            raise ModelLoadError(f"default_boost_phrases: {e}") from None
+
+
+def _boosting_unavailable(config: EngineConfig) -> str:
+    """Why an engine without per-stream biasing cannot boost, naming the fix."""
+    if config.max_boost_phrases == 0:
+        return "phrase boosting is off (EngineConfig.max_boost_phrases=0); raise max_boost_phrases to use it"
+    from pipecat_nemotron.engine.boost_models import biasing_unavailable_message
+
+    return biasing_unavailable_message()

@@ -133,7 +133,7 @@ def load_asr_model(config: EngineConfig, device: torch.device, dtype: torch.dtyp
                 "checkpoint of a cache-aware FastConformer-RNNT (e.g. nvidia/nemotron-speech-streaming-en-0.6b)."
             ) from e
     validate_cache_aware(model, description)
-    _configure_decoding(model, confidence=config.word_timings)
+    _configure_decoding(model, confidence=config.word_timings, per_stream_biasing=config.max_boost_phrases > 0)
     model.eval()
     model.preprocessor.float()
     # ``prompt_kernel``: the language projection of a multilingual (prompt-class) model, fed the encoder output.
@@ -211,8 +211,12 @@ TOKEN_CONFIDENCE_CFG: dict[str, Any] = {
 }
 
 
-def _configure_decoding(model: Any, confidence: bool = True) -> None:
+def _configure_decoding(model: Any, confidence: bool = True, per_stream_biasing: bool = False) -> None:
     """Select label-looping batched greedy RNNT decoding (with token confidence), the CUDA-graph decoder off.
+
+    ``per_stream_biasing`` asks NeMo for the decoder's multi-model of phrase-boosting trees (rows without a
+    tree decode exactly as without it); an older NeMo ignores the key, which
+    :func:`~pipecat_nemotron.engine.boost_models.biasing_multi_model` detects.
 
     The CUDA-graph decoder is off because it has crashed with this model's streaming path; it can be enabled
     once tested on the target GPU. Token frames (``Hypothesis.timestamp``) come with every label-looping
@@ -229,5 +233,6 @@ def _configure_decoding(model: Any, confidence: bool = True) -> None:
         decoding_cfg.fused_batch_size = -1
         decoding_cfg.compute_timestamps = False
         decoding_cfg.confidence_cfg = TOKEN_CONFIDENCE_CFG if confidence else {}
+        decoding_cfg.greedy.enable_per_stream_biasing = per_stream_biasing
     with quiet_nemo():
         model.change_decoding_strategy(decoding_cfg, verbose=False)
