@@ -24,7 +24,6 @@ from loguru import logger
 
 from pipecat_nemotron.engine import (
     ASRStream,
-    BoostPhraseError,
     CapacityError,
     EngineNotRunningError,
     InvalidAudioError,
@@ -32,6 +31,7 @@ from pipecat_nemotron.engine import (
     StreamClosedError,
     StreamFailedError,
 )
+from pipecat_nemotron.engine.errors import BoostingUnavailableError, BoostPhraseError
 from pipecat_nemotron.server.errors import ClientGone, SessionError
 from pipecat_nemotron.server.pacing import BOOST_CONTROL_COST, PEEK_CONTROL_COST, Pacer
 from pipecat_nemotron.server.peeks import PeekReplies
@@ -268,7 +268,7 @@ class Session:
                 if not await self.context.slot_freed(1.0):
                     raise
                 return open_stream()
-        except BoostPhraseError as e:  # characters the model cannot write, or a weight out of range
+        except (BoostPhraseError, BoostingUnavailableError) as e:  # the model's characters, the weight, old NeMo
             raise SessionError(CloseCode.PROTOCOL_ERROR, str(e)) from None
         except CapacityError as e:
             self.context.metrics.refused.labels("capacity").inc()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from pipecat_nemotron.engine import ASRStream, NemotronEngine, TranscriptUpdate
 from pipecat_nemotron.engine.boosting import validate_boost_phrases
+from pipecat_nemotron.engine.errors import BoostingUnavailableError
 from pipecat_nemotron.server.config import ServerConfig
 from pipecat_nemotron.server.errors import SessionError
 from pipecat_nemotron.server.protocol import (
@@ -44,9 +45,14 @@ class BoostLimits(NamedTuple):
     max_phrases: int
     max_chars: int
 
-    def check(self, phrases: tuple[str, ...]) -> None:
-        """Raise the engine's ``ValueError`` (naming the limit) for too many or too long phrases."""
-        validate_boost_phrases(phrases, max_phrases=self.max_phrases, max_chars=self.max_chars)
+    def check(self, phrases: tuple[str, ...]) -> tuple[str, ...]:
+        """``phrases`` normalised as the engine keeps them (whitespace collapsed, repeats removed).
+
+        Raises:
+            BoostPhraseError: Too many or too long phrases (a ``ValueError`` naming the limit).
+
+        """
+        return validate_boost_phrases(phrases, max_phrases=self.max_phrases, max_chars=self.max_chars)
 
     def announced(self) -> dict[str, float]:
         """The entries of ``ready.limits`` (only where the ``boost`` feature is announced)."""
@@ -149,13 +155,13 @@ async def boost_reply(stream: ASRStream, msg: SetBoostPhrasesMessage, limits: Bo
     word yet (as in :func:`latency_reply`).
     """
     try:
-        limits.check(msg.phrases)
-        stream.set_boost_phrases(msg.phrases, alpha=msg.alpha)
-    except ValueError as e:
+        phrases = limits.check(msg.phrases)
+        stream.set_boost_phrases(phrases, alpha=msg.alpha)
+    except (ValueError, BoostingUnavailableError) as e:  # the model's characters, the weight, an older NeMo
         return _refusal(str(e), request=msg.type)
     await stream.settled()
-    applied = "now" if tuple(stream.boost_phrases) == msg.phrases else "next_utterance"
-    return BoostMessage(count=len(msg.phrases), applied=applied)
+    applied = "now" if stream.boost_phrases == phrases else "next_utterance"
+    return BoostMessage(count=len(phrases), applied=applied)
 
 
 def partial_message(update: TranscriptUpdate, audio_ms: float) -> PartialMessage:

@@ -134,9 +134,8 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         validate_latency_ms(latency_ms)
         if language is not None:
             language_code(language)
-        default_settings = NemotronSTTSettings(
-            model=model, language=language, latency_ms=latency_ms, boost_phrases=boost_phrases, boost_alpha=boost_alpha  # type: ignore[arg-type]
-        )
+        default_settings = NemotronSTTSettings(model=model, language=language, latency_ms=latency_ms)
+        default_settings.boost_phrases, default_settings.boost_alpha = boost_phrases, boost_alpha  # type: ignore[assignment]
         if settings is not None:
             default_settings.apply_update(settings)
         validate_latency_ms(default_settings.latency_ms)  # type: ignore[arg-type]
@@ -204,8 +203,8 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
     def _check_boost(self, phrases: tuple[str, ...]) -> None:
         """Raise ``ValueError`` if the model (or server) would refuse ``phrases`` (nothing while it is unknown)."""
 
-    async def _apply_boost(self) -> None:
-        """Give the engine side of this session :attr:`boost_phrases` (called after the settings changed)."""
+    async def _apply_boost(self) -> str | None:
+        """Give the engine side :attr:`boost_phrases` (after the settings changed); why it refused them, or None."""
         raise NotImplementedError
 
     def _model_change_refusal(self) -> str:
@@ -465,12 +464,14 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
             logger.info(
                 f"{self}: language -> {self.language or 'the model default'} (from the next utterance)"
             )
-        if changed.keys() & {"boost_phrases", "boost_alpha"}:
-            await self._apply_boost()
+        boost = {"boost_phrases", "boost_alpha"}
+        if changed.keys() & boost and (refusal := await self._apply_boost()) is not None:
+            for name in boost & changed.keys():  # the engine refused them: the settings keep the previous ones
+                setattr(self._settings, name, changed.pop(name))
+            await self.push_error(error_msg=f"boost phrases unchanged: {refusal}")
+        elif changed.keys() & boost:
             logger.info(f"{self}: {len(self.boost_phrases)} boosted phrase(s) from the next utterance")
-        self._warn_unhandled_updated_settings(
-            set(changed) - {"latency_ms", "model", "language", "boost_phrases", "boost_alpha"}
-        )
+        self._warn_unhandled_updated_settings(set(changed) - {"latency_ms", "model", "language", *boost})
         return changed
 
     async def _check_settings_delta(self, delta: STTSettings) -> None:

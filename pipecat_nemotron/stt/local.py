@@ -33,6 +33,7 @@ from pipecat_nemotron.engine import (
 )
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.engine.boosting import validate_boost_phrases
+from pipecat_nemotron.engine.errors import BoostingUnavailableError, BoostPhraseError
 from pipecat_nemotron.engine.shared import SharedEngines, shared_engines
 from pipecat_nemotron.nemo_loading import prefetch_nemo_imports
 from pipecat_nemotron.stt.base import NEMOTRON_TTFS_P99, NemotronSTTBase, NemotronSTTSettings
@@ -169,7 +170,9 @@ class NemotronSTTService(NemotronSTTBase):
             **kwargs,
         )
         self._engine_config = config
-        self._check_boost(self.boost_phrases)
+        validate_boost_phrases(  # the engine's limits now; its model's characters when the stream opens
+            self.boost_phrases, max_phrases=config.max_boost_phrases, max_chars=config.max_boost_phrase_chars
+        )
         self._owned_engine = engine
         self._registry = registry or shared_engines
         self._load_wait_s = float(load_wait_s)
@@ -486,14 +489,11 @@ class NemotronSTTService(NemotronSTTBase):
         if self._stream is not None and not self._stream.closed:
             self._stream.set_latency(self.latency_ms)
 
-    def _check_boost(self, phrases: tuple[str, ...]) -> None:
-        """The engine's limits, and once it runs its model's characters (before that, the stream's open checks)."""
-        cfg = self._engine_config
-        validate_boost_phrases(phrases, max_phrases=cfg.max_boost_phrases, max_chars=cfg.max_boost_phrase_chars)
-        if self._engine is not None and self._engine.running:
-            self._engine.check_boost_phrases(phrases)
-
-    async def _apply_boost(self) -> None:
-        """Give the open stream the new phrases from its next utterance (a stream opened later starts with them)."""
+    async def _apply_boost(self) -> str | None:
+        """Give the open stream the new phrases from its next utterance; the engine's refusal (limits, characters)."""
         if self._stream is not None and not self._stream.closed:
-            self._stream.set_boost_phrases(self.boost_phrases, alpha=self.boost_alpha)
+            try:
+                self._stream.set_boost_phrases(self.boost_phrases, alpha=self.boost_alpha)
+            except (BoostPhraseError, BoostingUnavailableError) as e:
+                return str(e)
+        return None
