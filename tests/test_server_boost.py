@@ -163,6 +163,16 @@ async def test_refusals_name_the_limit_and_malformed_lists_close_with_4400(boost
     assert messages[-1]["fatal"] and "phrases must be a list of strings" in messages[-1]["message"]
 
 
+async def test_a_server_that_boosts_nothing_does_not_announce_the_feature(engine: NemotronEngine) -> None:
+    async with own_server(engine, insecure=True, max_boost_phrases=0) as srv:
+        ws, ready = await open_session(srv.url)
+        assert isinstance(ready, ReadyMessage) and "boost" not in ready.features and "peek" in ready.features
+        assert "max_boost_phrases" not in ready.limits
+        await ws.close()
+        refusal = await refused_at_config(srv, ConfigMessage(boost_phrases=tuple(BOOST)).to_json())
+        assert "more than 0 boost phrases" in refusal.message
+
+
 async def test_set_boost_phrases_costs_ten_control_messages_of_the_pacing_budget(engine: NemotronEngine) -> None:
     """Keepalives within the burst are read at once; as many boost updates exceed it (10 each) and are paced."""
     async with own_server(engine, insecure=True, control_burst=10, max_control_rate=100.0) as srv:
@@ -275,3 +285,15 @@ async def test_in_process_stt_boosts_and_takes_updates(
     stt = NemotronSTTService(engine=engine, boost_phrases=BOOST, boost_alpha=ALPHA)
     down, up = await run_test(stt, frames_to_send=settings_frames(code_clip, limit), start_timeout=5.0)
     check_settings_run(stt, down, up, texts, limit)
+
+
+@pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")
+def test_serve_flags_set_the_servers_limits() -> None:
+    from pipecat_nemotron.cli import build_parser, serve_configs
+
+    base = ["serve", "--insecure", "--host", "127.0.0.1"]
+    assert serve_configs(build_parser().parse_args(base))[1].max_boost_phrases is None  # the engine's
+    _, config = serve_configs(build_parser().parse_args([*base, "--max-boost-phrases", "5", "--max-boost-phrase-chars", "20"]))
+    assert (config.max_boost_phrases, config.max_boost_phrase_chars) == (5, 20)
+    with pytest.raises(ValueError, match="max_boost_phrases must be >= 0"):
+        serve_configs(build_parser().parse_args([*base, "--max-boost-phrases", "-1"]))
