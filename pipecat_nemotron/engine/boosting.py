@@ -186,3 +186,44 @@ def check_alphabet(phrases: Sequence[str], alphabet: frozenset[str] | None, mode
                 f"boost phrase {i} {phrase!r} has characters that {model} cannot write: "
                 f"{''.join(missing)!r}{hint}; phrases must be spelled and cased as the model writes them"
             )
+
+
+@dataclass(frozen=True)
+class BoostRules:
+    """What a loaded engine accepts as a stream's boost list: the config's limits and the model's characters.
+
+    Attributes:
+        max_phrases: ``EngineConfig.max_boost_phrases``.
+        max_chars: ``EngineConfig.max_boost_phrase_chars``.
+        default_alpha: ``EngineConfig.default_boost_alpha``.
+        alphabet: :func:`model_alphabet` of the model (None: any character).
+        model: The model's name, for messages.
+        unavailable: Why this engine cannot boost (None: it can).
+
+    """
+
+    max_phrases: int
+    max_chars: int
+    default_alpha: float
+    alphabet: frozenset[str] | None
+    model: str
+    unavailable: str | None = None
+
+    def resolve(self, phrases: Iterable[str] | None, alpha: float | None) -> BoostList:
+        """Validate a stream's phrases (count, length, the model's characters) and weight (None: the default).
+
+        Raises:
+            BoostPhraseError: Naming the limit or the phrase.
+            BoostingUnavailableError: Phrases were given but the engine cannot boost.
+
+        """
+        from pipecat_nemotron.engine.errors import BoostingUnavailableError
+
+        # An engine that cannot boost says so rather than "more than 0 phrases" (max_boost_phrases=0).
+        limit = self.max_phrases if self.unavailable is None else MAX_BOOST_PHRASES_LIMIT
+        normalised = validate_boost_phrases(phrases, max_phrases=limit, max_chars=self.max_chars)
+        weight = validate_boost_alpha(self.default_alpha if alpha is None else alpha)
+        if normalised and self.unavailable is not None:
+            raise BoostingUnavailableError(self.unavailable)
+        check_alphabet(normalised, self.alphabet, self.model)
+        return BoostList(normalised, weight)

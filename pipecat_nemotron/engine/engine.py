@@ -9,25 +9,16 @@ import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from loguru import logger
 
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
-from pipecat_nemotron.engine.boosting import (
-    BoostList,
-    check_alphabet,
-    validate_boost_alpha,
-    validate_boost_phrases,
-)
+from pipecat_nemotron.engine.boosting import BoostRules
 from pipecat_nemotron.engine.config import EngineConfig, default_cpu_threads, validate_latency_ms
-from pipecat_nemotron.engine.errors import (
-    BoostingUnavailableError,
-    CapacityError,
-    EngineNotRunningError,
-    ModelLoadError,
-)
+from pipecat_nemotron.engine.errors import CapacityError, EngineNotRunningError
 from pipecat_nemotron.engine.languages import LanguagePrompts, resolve_prompt
 from pipecat_nemotron.engine.scheduler import Scheduler, StepStats
 from pipecat_nemotron.engine.splits import join_forced_finals
@@ -174,6 +165,7 @@ class NemotronEngine:
         import torch
 
         from pipecat_nemotron.engine.loading import (
+            check_loaded_defaults,
             load_asr_model,
             resolve_dtype,
             resolve_torch_device,
@@ -201,7 +193,7 @@ class NemotronEngine:
             cuda_graphs=self.config.cuda_graphs,
             cuda_graph_decoder=self.config.cuda_graph_decoder,
         )
-        _check_defaults(self.config, runner)
+        check_loaded_defaults(self.config, runner)
         runner.detect_language = runner.detect_language and self.config.detect_language
         runner.aligner.enabled = self.config.word_timings
         runner.aligner.calibration = calibration_for(self.config.model, self.config.word_timing_offsets_ms)
@@ -263,6 +255,16 @@ class NemotronEngine:
         A stream takes its slot at its first model step; a closed stream's slot is freed at the next step.
         """
         return self._runner.slots.free_slots.qsize() if self._runner is not None else 0
+
+    @property
+    def boost_trees(self) -> tuple[int, int]:
+        """``(trees in the decoder now, trees built since start)``: one tree per ``(phrases, alpha)`` in use.
+
+        Built at the first step of the first stream using the list, removed at the end of the step that saw the
+        last one close or change list.
+        """
+        boost = self._runner.boost if self._runner is not None else None
+        return (boost.active, boost.builds) if boost is not None else (0, 0)
 
     @property
     def hop_samples(self) -> int:
@@ -349,10 +351,9 @@ class NemotronEngine:
             CapacityError: ``max_streams`` streams are already open (existing streams are unaffected).
             EngineNotRunningError: ``start()`` has not completed.
             ValueError: Unsupported latency or language (names the allowed values).
-            BoostPhraseError: A phrase list over the limits or with characters the model cannot write (a
-                ``ValueError``; nothing is opened).
-            BoostingUnavailableError: Phrases were given but the engine has no per-stream biasing (NeMo older
-                than 3.0.0, or ``max_boost_phrases=0``).
+            BoostPhraseError: A list over the limits or with characters the model cannot write (``ValueError``).
+            BoostingUnavailableError: Phrases given, but no per-stream biasing (NeMo < 3.0.0, or
+                ``max_boost_phrases=0``).
 
         """
         scheduler = self._require()
@@ -362,7 +363,7 @@ class NemotronEngine:
         prompt = self._resolve_language(language)
         if boost_phrases is None:
             boost_phrases = self.config.default_boost_phrases
-        boost = self._boost_list(boost_phrases, boost_alpha)
+        boost = self._boost_rules().resolve(boost_phrases, boost_alpha)
         if len(scheduler.streams) >= self.config.max_streams:
             raise CapacityError(
                 f"all {self.config.max_streams} ASR stream slots are in use; close a stream or raise "
@@ -435,34 +436,23 @@ class NemotronEngine:
         self._require().request_language(state, *self._resolve_language(language))
 
     def request_boost(self, state: StreamState, phrases: Sequence[str] | None, alpha: float | None) -> None:
-        """Queue a stream's boost-list change (:meth:`ASRStream.set_boost_phrases`).
+        """Queue a stream's boost-list change (:meth:`ASRStream.set_boost_phrases`); raises as it does."""
+        scheduler = self._require()
+        scheduler.request_boost(state, self._boost_rules().resolve(phrases, alpha))
 
-        Raises:
-            BoostPhraseError: The list is over the limits or has characters the model cannot write.
-            BoostingUnavailableError: Phrases were given but the engine has no per-stream biasing.
-            EngineNotRunningError: The engine is not running.
+    def _boost_rules(self) -> BoostRules:
+        """The loaded engine's :class:`~.boosting.BoostRules`."""
+        from pipecat_nemotron.engine.loading import boosting_unavailable
 
-        """
-        self._require().request_boost(state, self._boost_list(phrases, alpha))
-
-    def _boost_list(self, phrases: Sequence[str] | None, alpha: float | None) -> BoostList:
-        """Validate a stream's phrases (count, length, the model's characters) and weight.
-
-        Raises:
-            BoostPhraseError: Naming the limit or the phrase.
-            BoostingUnavailableError: Phrases were given but the engine has no per-stream biasing.
-
-        """
-        config = self.config
-        normalised = validate_boost_phrases(
-            phrases, max_phrases=config.max_boost_phrases, max_chars=config.max_boost_phrase_chars
+        runner, config = self._require().runner, self.config
+        return BoostRules(
+            config.max_boost_phrases,
+            config.max_boost_phrase_chars,
+            config.default_boost_alpha,
+            runner.alphabet,
+            Path(config.model).name,
+            None if runner.boost is not None else boosting_unavailable(config),
         )
-        weight = validate_boost_alpha(config.default_boost_alpha if alpha is None else alpha)
-        runner = self._require().runner
-        if normalised and runner.boost is None:
-            raise BoostingUnavailableError(_boosting_unavailable(config))
-        check_alphabet(normalised, runner.alphabet, config.model)
-        return BoostList(normalised, weight)
 
     async def close_stream(self, state: StreamState, error: BaseException | None = None) -> None:
         """Close a stream, failed with ``error`` if given (:meth:`ASRStream.close`); returns once its slot is free."""
@@ -501,37 +491,3 @@ def _language_keys(prompts: LanguagePrompts | None) -> tuple[str, ...]:
     if prompts is None:
         return ()
     return prompts.languages + (("auto",) if prompts.has_auto else ())
-
-
-def _check_defaults(config: EngineConfig, runner: ModelRunner) -> None:
-    """Fail the load if the config's default mode or language is not one the loaded model has.
-
-    Raises:
-        ModelLoadError: Naming what the model offers.
-
-    """
-    if config.default_latency_ms not in runner.modes:
-        raise ModelLoadError(
-            f"default_latency_ms={config.default_latency_ms} is not a mode of {config.model}; it offers "
-            f"{sorted(runner.modes)} ms"
-        )
-    try:
-        resolve_prompt(runner.prompts, config.default_language, config.model)
-    except ValueError as e:
-        raise ModelLoadError(f"default_language: {e}") from None
-    if config.default_boost_phrases:
-        if runner.boost is None:
-            raise ModelLoadError(f"default_boost_phrases: {_boosting_unavailable(config)}")
-        try:
-            check_alphabet(config.default_boost_phrases, runner.alphabet, config.model)
-        except ValueError as e:
-            raise ModelLoadError(f"default_boost_phrases: {e}") from None
-
-
-def _boosting_unavailable(config: EngineConfig) -> str:
-    """Why an engine without per-stream biasing cannot boost, naming the fix."""
-    if config.max_boost_phrases == 0:
-        return "phrase boosting is off (EngineConfig.max_boost_phrases=0); raise max_boost_phrases to use it"
-    from pipecat_nemotron.engine.boost_models import biasing_unavailable_message
-
-    return biasing_unavailable_message()
