@@ -92,7 +92,7 @@ def _cost_cell(model: Any, batch: int, phrase_counts: list[int], repeats: int, d
     """Encoder and decode times of one batch size under every decoder; the trees' build time."""
     from pipecat_nemotron.bench.encoder_step import _Cell
     from pipecat_nemotron.engine.boost_models import BoostModels
-    from pipecat_nemotron.engine.boosting import BoostList
+    from pipecat_nemotron.engine.boosting import BoostList, model_alphabet
     from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
     from pipecat_nemotron.engine.fast_step import FastEncoderStep
     from pipecat_nemotron.engine.loading import _configure_decoding
@@ -114,7 +114,8 @@ def _cost_cell(model: Any, batch: int, phrase_counts: list[int], repeats: int, d
     off_ms = [off.decode(encoded[0], encoded[1]) for _ in range(repeats + 1)][1:]
     _configure_decoding(model, per_stream_biasing=True)
     boost = BoostModels(model)
-    alphabet = "".join(c for c in string.ascii_lowercase if model.tokenizer.text_to_ids(c)) or string.ascii_lowercase
+    writable = model_alphabet(list(model.tokenizer.vocab))
+    alphabet = "".join(c for c in string.ascii_lowercase if writable is None or c in writable)
     variants = {"none": _Rows(model, boost, [None] * batch)}
     build_ms: dict[str, float] = {}
     for n in phrase_counts:

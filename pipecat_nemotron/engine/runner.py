@@ -77,7 +77,8 @@ class ModelRunner:
         #: The streams' boosting trees (None: the decoder has no per-stream biasing, see :mod:`.boost_models`).
         self.boost = BoostModels(model) if biasing_multi_model(model) is not None else None
         #: Characters the model's tokenizer can write (None: any), to refuse boost phrases it could never match.
-        self.alphabet = model_alphabet(list(model.tokenizer.vocab))
+        vocab = getattr(model.tokenizer, "vocab", None)  # a tokenizer without a piece list: any character
+        self.alphabet = model_alphabet(list(vocab)) if vocab is not None else None
         # The slot pool and the fast step are sized by the longest left context; the others use its tail.
         self.max_left = max(m.left_context for m in self.modes.values())
         widest = max(self.modes.values(), key=lambda m: (m.left_context, -m.latency_ms))
