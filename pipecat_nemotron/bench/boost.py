@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", nargs="+", choices=["cost", "recall"], default=["cost", "recall"])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16], help="streams per step")
     parser.add_argument("--phrases", type=int, nargs="+", default=[10, 1000], help="phrases per stream's list")
-    parser.add_argument("--repeats", type=int, default=5, help="timed decodes per cell (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=15, help="timed decodes per cell (default: %(default)s)")
+    parser.add_argument("--encoder-repeats", type=int, default=3, help="timed encoder steps per batch (default: 3)")
     parser.add_argument("--words", nargs="+", default=DEFAULT_WORDS, help="recall: words to boost")
     parser.add_argument("--alphas", type=float, nargs="+", default=[1.0, 2.0], help="recall: boost weights")
     parser.add_argument("--others", type=int, default=30, help="recall: clips without the word, per word")
@@ -88,8 +89,10 @@ class _Rows:
         return (time.perf_counter() - start) * 1000.0
 
 
-def _cost_cell(model: Any, batch: int, phrase_counts: list[int], repeats: int, dtype: Any) -> dict[str, Any]:
+def _cost_cell(model: Any, batch: int, args: argparse.Namespace, dtype: Any) -> dict[str, Any]:
     """Encoder and decode times of one batch size under every decoder; the trees' build time."""
+    import torch
+
     from pipecat_nemotron.bench.encoder_step import _Cell
     from pipecat_nemotron.engine.boost_models import BoostModels
     from pipecat_nemotron.engine.boosting import BoostList, model_alphabet
@@ -100,8 +103,9 @@ def _cost_cell(model: Any, batch: int, phrase_counts: list[int], repeats: int, d
     right = LATENCY_MODES[160]
     model.encoder.set_default_att_context_size([LEFT_CONTEXT_FRAMES, right])
     cell = _Cell(model, FastEncoderStep(model.encoder), right, batch, dtype)
+    repeats, phrase_counts = args.repeats, args.phrases
     enc_ms, encoded = [], None
-    for i in range(repeats + 1):
+    for i in range(args.encoder_repeats + 1):
         start = time.perf_counter()
         encoded = cell.fast(cell.signal, cell.lengths, *cell.fast_caches, drop_extra_pre_encoded=cell.drop,
                             right_context=right)  # fmt: skip
@@ -109,10 +113,12 @@ def _cost_cell(model: Any, batch: int, phrase_counts: list[int], repeats: int, d
             enc_ms.append((time.perf_counter() - start) * 1000.0)
     assert encoded is not None
     # "off": the decoder as it was before boosting existed; the others share one decoder with per-stream biasing.
-    _configure_decoding(model, per_stream_biasing=False)
+    with torch.inference_mode(False):  # the multi-model's buffers must not be inference tensors
+        _configure_decoding(model, per_stream_biasing=False)
     off = _Rows(model, None, [None] * batch)
     off_ms = [off.decode(encoded[0], encoded[1]) for _ in range(repeats + 1)][1:]
-    _configure_decoding(model, per_stream_biasing=True)
+    with torch.inference_mode(False):
+        _configure_decoding(model, per_stream_biasing=True)
     boost = BoostModels(model)
     writable = model_alphabet(list(model.tokenizer.vocab))
     alphabet = "".join(c for c in string.ascii_lowercase if writable is None or c in writable)
@@ -163,7 +169,7 @@ def run_cost(args: argparse.Namespace, result: dict[str, Any]) -> str:
         model, _, dtype = common.load_bench_model(spec, args.device)
         rows = []
         for batch in args.batches:
-            row = _cost_cell(model, batch, args.phrases, args.repeats, dtype)
+            row = _cost_cell(model, batch, args, dtype)
             rows.append(row)
             print(f"[bench] cost, batch {batch}: {json.dumps({k: v for k, v in row.items() if k != 'build_ms'})}",
                   flush=True)  # fmt: skip

@@ -413,7 +413,8 @@ class ModelRunner:
         decoding_cfg = self.model.cfg.decoding
         with open_dict(decoding_cfg):
             decoding_cfg.greedy.use_cuda_graph_decoder = on
-        with quiet_nemo():
+        # Outside inference mode: the new decoder's biasing multi-model is edited in place when trees come and go.
+        with torch.inference_mode(False), quiet_nemo():
             self.model.change_decoding_strategy(decoding_cfg, verbose=False)
         self._cuda_graph_decoder = on
         logger.info(f"NeMo's CUDA-graph RNNT decoder {'on' if on else 'off'}")
