@@ -43,8 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=15, help="timed decodes per cell (default: %(default)s)")
     parser.add_argument("--encoder-repeats", type=int, default=3, help="timed encoder steps per batch (default: 3)")
     parser.add_argument("--words", nargs="+", default=DEFAULT_WORDS, help="recall: words to boost")
-    parser.add_argument("--alphas", type=float, nargs="+", default=[1.0, 2.0], help="recall: boost weights")
+    parser.add_argument("--alphas", type=float, nargs="+", default=[1.0, 2.0, 4.0], help="recall: boost weights")
     parser.add_argument("--others", type=int, default=30, help="recall: clips without the word, per word")
+    parser.add_argument("--clips", type=int, default=None, help="recall: the first N held-out clips (default: all)")
 
 
 def random_phrases(count: int, seed: int, alphabet: str = string.ascii_lowercase) -> list[str]:
@@ -216,7 +217,7 @@ async def _recall(args: argparse.Namespace) -> list[dict[str, Any]]:
     from pipecat_nemotron.engine import EngineConfig, NemotronEngine
     from pipecat_nemotron.models import TINY_MODEL_PATH
 
-    rows_in = _heldout_rows()
+    rows_in = _heldout_rows()[: args.clips]
     engine = NemotronEngine(EngineConfig(model=str(TINY_MODEL_PATH), device="cpu", max_streams=16,
                                          max_batch_size=16, cpu_threads=args.threads or 1))  # fmt: skip
     await engine.start()
@@ -238,6 +239,11 @@ async def _recall(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "occurrences": sum(refs),
                     "recall_before": _hits(word, rows_in, plain, has) / max(1, sum(refs)),
                     "recall_after": _hits(word, rows_in, boosted, has) / max(1, sum(refs)),
+                    "extra_in_clips_with_it": sum(
+                        max(0, boosted[i].split().count(word) - rows_in[i]["text"].split().count(word)) for i in has
+                    ),
+                    "wer_with_before": wer_percent([rows_in[i]["text"] for i in has], [plain[i] for i in has]),
+                    "wer_with_after": wer_percent([rows_in[i]["text"] for i in has], [boosted[i] for i in has]),
                     "other_clips": len(others),
                     "false_insertions": sum(
                         max(0, boosted[i].split().count(word) - plain[i].split().count(word)) for i in others
@@ -280,6 +286,8 @@ def run_recall(args: argparse.Namespace, result: dict[str, Any]) -> str:
             ("occurrences", "occurrences"),
             ("recall unboosted", lambda r: f"{100 * r['recall_before']:.0f}%"),
             ("recall boosted", lambda r: f"{100 * r['recall_after']:.0f}%"),
+            ("extra copies where it is said", "extra_in_clips_with_it"),
+            ("WER of those clips", lambda r: f"{r['wer_with_before']:.1f} → {r['wer_with_after']:.1f}%"),
             ("clips without it", "other_clips"),
             ("false insertions", "false_insertions"),
             ("WER there, unboosted → boosted", lambda r: f"{r['wer_others_before']:.1f} → {r['wer_others_after']:.1f}%"),
