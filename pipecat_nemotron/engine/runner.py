@@ -77,7 +77,8 @@ class ModelRunner:
         #: The streams' boosting trees (None: the decoder has no per-stream biasing, see :mod:`.boost_models`).
         self.boost = BoostModels(model) if biasing_multi_model(model) is not None else None
         #: Characters the model's tokenizer can write (None: any), to refuse boost phrases it could never match.
-        self.alphabet = model_alphabet(list(model.tokenizer.vocab))
+        vocab = getattr(model.tokenizer, "vocab", None)  # a tokenizer without a piece list: any character
+        self.alphabet = model_alphabet(list(vocab)) if vocab is not None else None
         # The slot pool and the fast step are sized by the longest left context; the others use its tail.
         self.max_left = max(m.left_context for m in self.modes.values())
         widest = max(self.modes.values(), key=lambda m: (m.left_context, -m.latency_ms))
@@ -412,7 +413,8 @@ class ModelRunner:
         decoding_cfg = self.model.cfg.decoding
         with open_dict(decoding_cfg):
             decoding_cfg.greedy.use_cuda_graph_decoder = on
-        with quiet_nemo():
+        # Outside inference mode: the new decoder's biasing multi-model is edited in place when trees come and go.
+        with torch.inference_mode(False), quiet_nemo():
             self.model.change_decoding_strategy(decoding_cfg, verbose=False)
         self._cuda_graph_decoder = on
         logger.info(f"NeMo's CUDA-graph RNNT decoder {'on' if on else 'off'}")
