@@ -140,6 +140,8 @@ async def test_refusals_name_the_limit_and_malformed_lists_close_with_4400(boost
     assert "13 characters, more than the limit of 12" in too_long.message
     bare = await refused_at_config(boost_server, json.dumps({"type": "config", "boost_phrases": "four"}))
     assert "boost_phrases must be a list of strings" in bare.message
+    weight = await refused_at_config(boost_server, json.dumps({"type": "config", "boost_phrases": BOOST, "boost_alpha": 0}))
+    assert "boost_alpha must be in (0, 10]" in weight.message
     cased = await refused_at_config(boost_server, json.dumps({"type": "config", "boost_phrases": ["Tuesday"]}))
     assert "'Tuesday'" in cased.message and "cased as the model writes them" in cased.message
     # In a session, a list over the limits or one the model cannot write is refused and the session goes on ...
@@ -283,6 +285,24 @@ async def test_in_process_stt_boosts_and_takes_updates(
     stt = NemotronSTTService(engine=engine, boost_phrases=BOOST, boost_alpha=ALPHA)
     down, up = await run_test(stt, frames_to_send=settings_frames(code_clip, limit), start_timeout=5.0)
     check_settings_run(stt, down, up, texts, limit)
+
+
+@pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")
+def test_boost_messages_parse_and_malformed_ones_are_protocol_errors() -> None:
+    from pipecat_nemotron.server.protocol import ProtocolError, parse_client_message
+
+    msg = parse_client_message('{"type": "set_boost_phrases", "phrases": ["tuesday"], "alpha": 2}')
+    assert msg == SetBoostPhrasesMessage(("tuesday",), 2.0) and parse_client_message(msg.to_json()) == msg
+    config = parse_client_message(ConfigMessage(boost_phrases=("tuesday",), boost_alpha=2.0).to_json())
+    assert isinstance(config, ConfigMessage) and config.boost_phrases == ("tuesday",)
+    for bad, why in [
+        ('{"type": "set_boost_phrases"}', "set_boost_phrases needs phrases"),
+        ('{"type": "set_boost_phrases", "phrases": "tuesday"}', "phrases must be a list of strings"),
+        ('{"type": "set_boost_phrases", "phrases": [], "alpha": "high"}', "alpha must be a number"),
+        ('{"type": "config", "boost_phrases": [null]}', "boost_phrases must be a list of strings"),
+    ]:
+        with pytest.raises(ProtocolError, match=why):
+            parse_client_message(bad)
 
 
 @pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")
