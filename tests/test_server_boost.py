@@ -315,3 +315,10 @@ def test_serve_flags_set_the_servers_limits() -> None:
     assert (config.max_boost_phrases, config.max_boost_phrase_chars) == (5, 20)
     with pytest.raises(ValueError, match="max_boost_phrases must be >= 0"):
         serve_configs(build_parser().parse_args([*base, "--max-boost-phrases", "-1"]))
+
+
+async def test_in_process_stt_with_phrases_its_model_cannot_write_fails_to_open(engine: NemotronEngine) -> None:
+    stt = NemotronSTTService(engine=engine, boost_phrases=["Tuesday"])  # the limits pass; the characters do not
+    _, up = await run_test(stt, frames_to_send=[SleepFrame(sleep=0.5)], start_timeout=5.0)
+    errors = [f.error for f in up if isinstance(f, ErrorFrame)]
+    assert len(errors) == 1 and "could not open its stream" in errors[0] and "'Tuesday'" in errors[0], errors
