@@ -291,3 +291,21 @@ async def test_boosting_off_refuses_phrases_naming_the_fix() -> None:
         assert off.boost_trees == (0, 0)
         text, _ = await decode(off, heldout(MISHEARD[0][0]))
         assert text == MISHEARD[0][2]
+
+
+async def test_a_new_list_is_built_off_the_model_thread_before_its_first_step(engine: NemotronEngine) -> None:
+    """``open_stream`` starts the build: the tree exists before the stream sends audio, and its step reuses it."""
+    before_active, before_builds = engine.boost_trees
+    stream = engine.open_stream(boost_phrases=["set a timer for two minutes"], boost_alpha=ALPHA)
+    try:
+        for _ in range(200):  # at most 10 s
+            if engine.boost_trees[1] > before_builds:
+                break
+            await asyncio.sleep(0.05)
+        assert engine.boost_trees == (before_active, before_builds + 1)  # built, not yet in the decoder
+        name, _, _, fixed = MISHEARD[3]
+        await stream.push(heldout(name))
+        assert (await stream.finalize()).text == fixed
+        assert engine.boost_trees == (before_active + 1, before_builds + 1)  # added, not built again
+    finally:
+        await stream.close()

@@ -14,11 +14,18 @@ We drive the multi-model ourselves rather than through NeMo's auto-managed reque
 removes at its last): the engine's streams change lists at utterance boundaries and share equal lists, so one
 tree per distinct ``(phrases, alpha)`` is built once and counted by the streams that use it, and removed when the
 last one leaves. NeMo's own content cache (``cache_key``) is process-global and never evicts; ours is per engine.
+
+Building a tree (Python and numpy over the phrases' tokens: ~0.2 s for 1,000 phrases on an idle CPU core) can
+start off the model thread: the engine calls :meth:`BoostModels.prebuild` on the event loop as soon as a list is
+validated, and the step that first needs the tree takes it from there, waiting for the build only if it has not
+finished. Only adding the built tree to the multi-model happens on the model thread.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +34,9 @@ from loguru import logger
 
 from pipecat_nemotron.engine.boosting import NEMO_VERSION_FOR_BOOSTING, BoostList
 from pipecat_nemotron.engine.errors import BoostingUnavailableError
+
+#: Most trees built ahead (:meth:`BoostModels.prebuild`) and not yet added to the decoder.
+MAX_PREBUILT = 16
 
 
 def biasing_multi_model(model: Any) -> Any | None:
@@ -90,6 +100,10 @@ class BoostModels:
         self._bound: dict[int, BoostList] = {}
         #: Trees built since the engine started (a test reads it: equal lists share one build).
         self.builds = 0
+        #: Builds started off the model thread by :meth:`prebuild`, by list; taken by the step that adds the tree.
+        self._building: dict[BoostList, Future[Any]] = {}
+        self._lock = threading.Lock()
+        self._builder: ThreadPoolExecutor | None = None
 
     @property
     def active(self) -> int:
@@ -134,6 +148,31 @@ class BoostModels:
         )
         return cfg, dec_state
 
+    def prebuild(self, boost: BoostList) -> None:
+        """Start building a list's tree on a builder thread (any thread may call it; a no-op if it is built).
+
+        Builds not taken by a step are dropped, oldest first, beyond :data:`MAX_PREBUILT` (a list requested and
+        then replaced before it applied).
+        """
+        if boost.empty or boost in self._trees:
+            return
+        with self._lock:
+            if boost in self._building:
+                return
+            if self._builder is None:
+                self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemotron-boost-build")
+            while len(self._building) >= MAX_PREBUILT:
+                self._building.pop(next(iter(self._building)))
+            self._building[boost] = self._builder.submit(self._build, boost)
+
+    def close(self) -> None:
+        """Stop the builder thread (pending builds are dropped)."""
+        with self._lock:
+            builder, self._builder = self._builder, None
+            self._building.clear()
+        if builder is not None:
+            builder.shutdown(wait=False, cancel_futures=True)
+
     def release(self, stream_ids: list[int]) -> None:
         """Forget closed streams, and restarted ones.
 
@@ -156,7 +195,8 @@ class BoostModels:
         if boost is not None:
             self._trees[boost].users.discard(stream_id)
 
-    def _add(self, boost: BoostList) -> _Tree:
+    def _build(self, boost: BoostList) -> Any:
+        """The list's boosting tree (on the builder thread, or on the model thread if no build was started)."""
         from nemo.collections.asr.parts.context_biasing.boosting_graph_batched import (
             BoostingTreeModelConfig,
             GPUBoostingTreeModel,
@@ -164,15 +204,25 @@ class BoostModels:
 
         from pipecat_nemotron.nemo_logs import quiet_nemo
 
-        # Outside inference mode: the multi-model's buffers are edited in place when trees come and go.
         with torch.inference_mode(False), quiet_nemo():
             tree = GPUBoostingTreeModel.from_config(
                 BoostingTreeModelConfig(key_phrases_list=list(boost.phrases)), tokenizer=self._model.tokenizer
             )
+        with self._lock:
+            self.builds += 1
+        return tree
+
+    def _add(self, boost: BoostList) -> _Tree:
+        with self._lock:
+            started = self._building.get(boost)
+        tree = started.result() if started is not None else self._build(boost)
+        # Outside inference mode: the multi-model's buffers are edited in place when trees come and go.
+        with torch.inference_mode(False):
             model_id = self._multi.add_model(model=tree, alpha=boost.alpha)
-        self.builds += 1
         entry = _Tree(tree, model_id)
         self._trees[boost] = entry
+        with self._lock:  # only now: a list is always in _building or _trees, so prebuild never builds it twice
+            self._building.pop(boost, None)
         logger.debug(f"Boosting tree of {len(boost.phrases)} phrases added ({tree.num_states} states)")
         return entry
 

@@ -30,7 +30,7 @@ DEFAULT_BOOST_ALPHA = 1.0
 MAX_BOOST_ALPHA = 10.0
 
 #: Default most phrases per list (``EngineConfig.max_boost_phrases``). A list of 1,000 phrases of ~3 words
-#: builds in ~0.2 s on an idle CPU core (once per distinct list, in a model step) and holds ~5,000 tree states.
+#: builds in ~0.2 s on an idle CPU core (once per distinct list, off the model thread) and holds ~5,000 states.
 DEFAULT_MAX_BOOST_PHRASES = 1000
 
 #: Default longest phrase, characters (``EngineConfig.max_boost_phrase_chars``): a name or a product name.

@@ -16,7 +16,7 @@ import numpy as np
 from loguru import logger
 
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
-from pipecat_nemotron.engine.boosting import BoostRules
+from pipecat_nemotron.engine.boosting import BoostList, BoostRules
 from pipecat_nemotron.engine.config import EngineConfig, default_cpu_threads, validate_latency_ms
 from pipecat_nemotron.engine.errors import CapacityError, EngineNotRunningError
 from pipecat_nemotron.engine.languages import LanguagePrompts, resolve_prompt
@@ -227,6 +227,8 @@ class NemotronEngine:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        if self._runner is not None and self._runner.boost is not None:
+            self._runner.boost.close()
         logger.info("Nemotron ASR engine stopped")
 
     async def __aenter__(self) -> NemotronEngine:
@@ -363,7 +365,7 @@ class NemotronEngine:
         prompt = self._resolve_language(language)
         if boost_phrases is None:
             boost_phrases = self.config.default_boost_phrases
-        boost = self._boost_rules().resolve(boost_phrases, boost_alpha)
+        boost = self._boost_list(boost_phrases, boost_alpha)
         if len(scheduler.streams) >= self.config.max_streams:
             raise CapacityError(
                 f"all {self.config.max_streams} ASR stream slots are in use; close a stream or raise "
@@ -438,21 +440,19 @@ class NemotronEngine:
     def request_boost(self, state: StreamState, phrases: Sequence[str] | None, alpha: float | None) -> None:
         """Queue a stream's boost-list change (:meth:`ASRStream.set_boost_phrases`); raises as it does."""
         scheduler = self._require()
-        scheduler.request_boost(state, self._boost_rules().resolve(phrases, alpha))
+        scheduler.request_boost(state, self._boost_list(phrases, alpha))
 
-    def _boost_rules(self) -> BoostRules:
-        """The loaded engine's :class:`~.boosting.BoostRules`."""
+    def _boost_list(self, phrases: Sequence[str] | None, alpha: float | None) -> BoostList:
+        """Validate a stream's list (:class:`~.boosting.BoostRules`); start building its tree off the model thread."""
         from pipecat_nemotron.engine.loading import boosting_unavailable
 
         runner, config = self._require().runner, self.config
-        return BoostRules(
-            config.max_boost_phrases,
-            config.max_boost_phrase_chars,
-            config.default_boost_alpha,
-            runner.alphabet,
-            Path(config.model).name,
-            None if runner.boost is not None else boosting_unavailable(config),
-        )
+        unavailable = None if runner.boost is not None else boosting_unavailable(config)
+        limits = (config.max_boost_phrases, config.max_boost_phrase_chars, config.default_boost_alpha)
+        boost = BoostRules(*limits, runner.alphabet, Path(config.model).name, unavailable).resolve(phrases, alpha)
+        if runner.boost is not None and not boost.empty:
+            runner.boost.prebuild(boost)  # the step that first needs it takes it (or waits for it)
+        return boost
 
     async def close_stream(self, state: StreamState, error: BaseException | None = None) -> None:
         """Close a stream, failed with ``error`` if given (:meth:`ASRStream.close`); returns once its slot is free."""

@@ -339,8 +339,8 @@ class ASRStream:
 
         Applies like :meth:`set_latency`: from the first utterance of which no word has been emitted yet (every
         word of an utterance is decoded with one list). Spell and case the phrases as the model writes them
-        (:mod:`~pipecat_nemotron.engine.boosting`). Each distinct ``(phrases, alpha)`` is built once (~0.2 s
-        for 1,000 phrases, in the next model step) and shared by the streams that use it.
+        (:mod:`~pipecat_nemotron.engine.boosting`). Each distinct ``(phrases, alpha)`` is built once, on a
+        builder thread from this call on (~0.2 s for 1,000 phrases), and shared by the streams that use it.
 
         Args:
             phrases: The new list; None or empty: no boosting (the config's ``default_boost_phrases`` apply
