@@ -29,6 +29,7 @@ from pipecat_nemotron.engine.errors import BoostingUnavailableError, BoostPhrase
 from pipecat_nemotron.models import TINY_MODEL_PATH
 
 HELDOUT = Path(__file__).resolve().parent / "assets" / "heldout"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "transcribe_file.py"
 
 #: Boost weight of these tests (the tiny model's errors are confident: 1.0 does not turn them).
 ALPHA = 2.0
@@ -284,6 +285,8 @@ async def test_heldout_wer_of_unrelated_speech_moves_at_most_half_a_point(engine
 
 async def test_boosting_off_refuses_phrases_naming_the_fix() -> None:
     """``max_boost_phrases=0`` builds the decoder without per-stream biasing; phrases are refused, not ignored."""
+    from pipecat_nemotron.engine.boost_models import biasing_multi_model, require_per_stream_biasing
+
     async with started_engine(TINY_MODEL_PATH, one_thread=True, max_boost_phrases=0, warmup=False) as off:
         with pytest.raises(BoostingUnavailableError, match="max_boost_phrases=0"):
             off.open_stream(boost_phrases=["two"])
@@ -291,6 +294,10 @@ async def test_boosting_off_refuses_phrases_naming_the_fix() -> None:
         assert off.boost_trees == (0, 0)
         text, _ = await decode(off, heldout(MISHEARD[0][0]))
         assert text == MISHEARD[0][2]
+        # Its decoder is what an older NeMo builds (no multi-model): the feature check names the version needed.
+        assert biasing_multi_model(off.model) is None
+        with pytest.raises(BoostingUnavailableError, match=r"nemo-toolkit>=3\.0\.0"):
+            require_per_stream_biasing(off.model)
 
 
 async def test_a_new_list_is_built_off_the_model_thread_before_its_first_step(engine: NemotronEngine) -> None:
@@ -309,3 +316,23 @@ async def test_a_new_list_is_built_off_the_model_thread_before_its_first_step(en
         assert engine.boost_trees == (before_active + 1, before_builds + 1)  # added, not built again
     finally:
         await stream.close()
+
+
+async def test_transcribe_file_example_refuses_a_bad_boost_before_loading_the_model(tmp_path: Path) -> None:
+    """``examples/transcribe_file.py --boost ... --boost-alpha 0`` exits 1 naming the limit (no model is loaded)."""
+    import sys
+
+    from pipecat_nemotron.models import DEMO_AUDIO_DIR
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(EXAMPLE), str(DEMO_AUDIO_DIR / "two_turns.wav"), "--model", str(TINY_MODEL_PATH),
+        "--device", "cpu", "--boost", "tuesday", "--boost-alpha", "0",
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(240):
+        _, err = await proc.communicate()
+    stderr = err.decode()
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "boost_alpha must be in (0, 10]" in stderr.splitlines()[-1], stderr[-3000:]

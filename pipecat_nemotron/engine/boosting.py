@@ -16,7 +16,7 @@ The checks here need no model (a server validates a client's list before it reac
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from pipecat_nemotron.engine.errors import BoostPhraseError
@@ -198,7 +198,7 @@ class BoostRules:
         default_alpha: ``EngineConfig.default_boost_alpha``.
         alphabet: :func:`model_alphabet` of the model (None: any character).
         model: The model's name, for messages.
-        unavailable: Why this engine cannot boost (None: it can).
+        unavailable: Says why this engine cannot boost (None: it can); called only when phrases are given.
 
     """
 
@@ -207,7 +207,7 @@ class BoostRules:
     default_alpha: float
     alphabet: frozenset[str] | None
     model: str
-    unavailable: str | None = None
+    unavailable: Callable[[], str] | None = None
 
     def resolve(self, phrases: Iterable[str] | None, alpha: float | None) -> BoostList:
         """Validate a stream's phrases (count, length, the model's characters) and weight (None: the default).
@@ -224,6 +224,6 @@ class BoostRules:
         normalised = validate_boost_phrases(phrases, max_phrases=limit, max_chars=self.max_chars)
         weight = validate_boost_alpha(self.default_alpha if alpha is None else alpha)
         if normalised and self.unavailable is not None:
-            raise BoostingUnavailableError(self.unavailable)
+            raise BoostingUnavailableError(self.unavailable())
         check_alphabet(normalised, self.alphabet, self.model)
         return BoostList(normalised, weight)

@@ -155,8 +155,10 @@ class EngineConfig:
             model's characters when it loads. Empty: streams are not boosted unless they ask.
         default_boost_alpha: Weight of the boost of streams that give no ``boost_alpha``, in (0, 10]
             (:data:`~pipecat_nemotron.engine.boosting.DEFAULT_BOOST_ALPHA`, 1.0: NeMo's default weight).
-        max_boost_phrases: Most phrases per stream (default 1,000). 0 turns phrase boosting off: the decoder is
-            built without NeMo's per-stream biasing and ``boost_phrases`` are refused.
+        max_boost_phrases: Most phrases per stream (default 1,000). Above 0 the decoder holds NeMo's per-stream
+            biasing multi-model (~68 MB preallocated on the model's device; <0.5% of a 600M CPU step,
+            ``docs/BENCHMARKS.md`` section 15). 0 turns phrase boosting off: the decoder is built without it and
+            ``boost_phrases`` are refused.
         max_boost_phrase_chars: Longest phrase, characters (default 64).
 
     """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -447,7 +448,7 @@ class NemotronEngine:
         from pipecat_nemotron.engine.loading import boosting_unavailable
 
         runner, config = self._require().runner, self.config
-        unavailable = None if runner.boost is not None else boosting_unavailable(config)
+        unavailable = None if runner.boost is not None else functools.partial(boosting_unavailable, config)
         limits = (config.max_boost_phrases, config.max_boost_phrase_chars, config.default_boost_alpha)
         boost = BoostRules(*limits, runner.alphabet, Path(config.model).name, unavailable).resolve(phrases, alpha)
         if runner.boost is not None and not boost.empty:
