@@ -3,11 +3,15 @@
     python examples/transcribe_file.py pipecat_nemotron/assets/demo/two_turns.wav
     python examples/transcribe_file.py my.wav --model nvidia/nemotron-speech-streaming-en-0.6b --latency-ms 160
     python examples/transcribe_file.py pipecat_nemotron/assets/demo/two_turns.wav --words
+    python examples/transcribe_file.py call.wav --model nvidia/nemotron-speech-streaming-en-0.6b --boost "Dr. Okafor" "Nemotron"
 
 Pipeline: WAV (20 ms frames, paced like a microphone) -> Silero VAD (stop_secs 0.2) -> NemotronSTTService
 (TranscriptCollector observing it). Each utterance ends when the VAD hears 0.2 s of silence; the STT then finalizes it.
 ``--words`` also prints each final's words with their start and end times and confidence (``TranscriptionFrame.result``).
 ``--cpu-threads N`` sets torch's threads for the model on CPU (default: half the cores).
+``--boost PHRASE ...`` favours these phrases in the decode (names, product words; ``--boost-alpha`` weighs them,
+default 1.0). Write them as the model writes text: cased and punctuated for the Nemotron models, lower case for the
+bundled tiny model; a phrase with characters the model cannot write is refused at start with the reason.
 
 Exit status: 0 when every final was delivered; 1 when the model could not start (a missing file, ``--device cuda``
 without a GPU, a language the model lacks: the error says which, within seconds) or the ASR reported an error.
@@ -28,6 +32,8 @@ from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.audio.vad_processor import VADProcessor
 
 from pipecat_nemotron import NemotronSTTService, default_asr_model
+from pipecat_nemotron.engine import EngineConfig
+from pipecat_nemotron.engine.boosting import DEFAULT_BOOST_ALPHA
 from pipecat_nemotron.stt.base import NemotronSTTUnavailableError
 from pipecat_nemotron.transcripts import TranscriptCollector, print_latency_summary
 from pipecat_nemotron.wav_input import run_worker_on_wav
@@ -42,9 +48,19 @@ async def transcribe(
     words: bool = False,
     language: str | None = None,
     cpu_threads: int | None = None,
+    boost: list[str] | None = None,
+    boost_alpha: float | None = None,
 ) -> dict:
+    # Boost phrases as the engine's defaults: every stream the service opens decodes with them.
+    engine_config = EngineConfig(
+        model=model,
+        device=device,
+        cpu_threads=cpu_threads,
+        default_boost_phrases=tuple(boost or ()),
+        default_boost_alpha=DEFAULT_BOOST_ALPHA if boost_alpha is None else boost_alpha,
+    )
     stt = NemotronSTTService(
-        model=model, latency_ms=latency_ms, device=device, language=language, cpu_threads=cpu_threads
+        latency_ms=latency_ms, language=language, engine_config=engine_config, cpu_threads=cpu_threads
     )
     collector = TranscriptCollector(stt.name, out=sys.stdout, show_words=words)
     vad = VADProcessor(vad_analyzer=SileroVADAnalyzer(params=VADParams(stop_secs=0.2)))
@@ -96,6 +112,16 @@ def main() -> int:
         "--words", action="store_true", help="print word timings and confidence of each final"
     )
     parser.add_argument(
+        "--boost",
+        nargs="+",
+        default=None,
+        metavar="PHRASE",
+        help="phrases to favour (names, product words), cased as the model writes them",
+    )
+    parser.add_argument(
+        "--boost-alpha", type=float, default=None, help=f"weight of --boost (default {DEFAULT_BOOST_ALPHA:g})"
+    )
+    parser.add_argument(
         "--json", help="write utterances (with word timings) and the latency summary to this file"
     )
     args = parser.parse_args()
@@ -112,10 +138,15 @@ def main() -> int:
                 args.words,
                 args.language,
                 args.cpu_threads,
+                args.boost,
+                args.boost_alpha,
             )
         )
     except NemotronSTTUnavailableError as e:
         print(f"error: {e.__cause__ or e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # a --boost phrase over the limits, or a bad --boost-alpha
+        print(f"error: {e}", file=sys.stderr)
         return 1
     if args.json:
         with open(args.json, "w") as f:

@@ -88,6 +88,8 @@ class AgentSettings:
             half the cores.
         asr_final_timeout_s: At the end of a session, how long to wait for the finals the engine still decodes,
             seconds (``NemotronSTTService(final_timeout_s=...)``); None: the service's default (60 s).
+        asr_boost_phrases: Phrases to boost in every session (``NemotronSTTService(boost_phrases=...)``), spelled
+            and cased as the model writes them; empty: none.
         turn_end: How a VAD stop ends the user's turn: ``"smart"`` (Smart Turn on the audio), ``"vad"`` (every
             VAD stop) or ``"text"`` (the final's words with Smart Turn, :mod:`pipecat_nemotron.turn_end`).
             None: ``"smart"`` with the eager end of turn off (Pipecat's default), ``"vad"`` with it on.
@@ -108,6 +110,7 @@ class AgentSettings:
     asr_eager_silence_ms: float = DEFAULT_EAGER_SILENCE_MS
     asr_cpu_threads: int | None = None
     asr_final_timeout_s: float | None = None
+    asr_boost_phrases: tuple[str, ...] = ()
     turn_end: TurnEndMode | None = None
     llm_configured: bool = False
     llm_env: Mapping[str, str] = field(default_factory=dict)
@@ -129,7 +132,8 @@ class AgentSettings:
 
         Keys: ``NEMOTRON_ASR_MODEL``/``_DEVICE``/``_LATENCY_MS``/``_LANGUAGE``, ``NEMOTRON_ASR_EAGER_END_OF_TURN`` (``1``/``true``
         to turn it on) and ``NEMOTRON_ASR_EAGER_SILENCE_MS``, ``NEMOTRON_CPU_THREADS`` (torch threads of the ASR
-        model on CPU), ``NEMOTRON_ASR_FINAL_TIMEOUT_S`` (seconds), ``NEMOTRON_TURN_END`` (``smart``, ``vad``,
+        model on CPU), ``NEMOTRON_ASR_FINAL_TIMEOUT_S`` (seconds), ``NEMOTRON_ASR_BOOST_PHRASES`` (phrases separated
+        by commas: ``Okafor, Zyrtec, Dr. Mbeki``), ``NEMOTRON_TURN_END`` (``smart``, ``vad``,
         ``text``), ``NEMOTRON_LLM_*`` (see ``docs/LLM.md``),
         ``MAGPIE_TTS_MODEL``/``_VOICE``, ``MAGPIE_NIM_SERVER``/``_VOICE``. Empty values count as unset.
 
@@ -176,6 +180,7 @@ class AgentSettings:
             turn_end=turn_end.lower() if turn_end is not None else None,  # type: ignore[arg-type]
             asr_cpu_threads=int(threads) if threads is not None else None,
             asr_final_timeout_s=final_timeout_s,
+            asr_boost_phrases=tuple(p.strip() for p in (get("NEMOTRON_ASR_BOOST_PHRASES") or "").split(",") if p.strip()),
             asr_device=get("NEMOTRON_ASR_DEVICE") or "auto",
             asr_latency_ms=int(latency),
             asr_language=get("NEMOTRON_ASR_LANGUAGE"),
@@ -211,6 +216,7 @@ class AgentSettings:
         kwargs.setdefault("language", self.asr_language)
         if self.asr_final_timeout_s is not None:
             kwargs.setdefault("final_timeout_s", self.asr_final_timeout_s)
+        kwargs.setdefault("boost_phrases", self.asr_boost_phrases or None)
         return NemotronSTTService(
             engine_config=self.asr_engine_config(), latency_ms=self.asr_latency_ms, **kwargs
         )
@@ -289,7 +295,8 @@ class AgentSettings:
             f"ASR: {self.asr_model or 'default'} ({self.asr_latency_ms} ms mode, device {self.asr_device}"
             f"{', language ' + self.asr_language if self.asr_language else ''}"
             f"{f', {self.asr_cpu_threads} CPU threads' if self.asr_cpu_threads else ''}{eager}"
-            f"{f', turn end: {self.turn_end}' if self.turn_end else ''})"
+            f"{f', turn end: {self.turn_end}' if self.turn_end else ''}"
+            f"{f', {len(self.asr_boost_phrases)} boosted phrase(s)' if self.asr_boost_phrases else ''})"
         ]
         if self.llm_configured:
             lines.append(

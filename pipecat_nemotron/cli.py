@@ -62,7 +62,9 @@ def _config_flags(group: argparse._ArgumentGroup, flags: dict[str, str | None]) 
         if isinstance(default, bool):
             group.add_argument(flag, action="store_true", help=help_text or "")
         else:
-            group.add_argument(flag, type=type(default), default=default, help=help_text or "")
+            # A field defaulting to None (the engine decides) takes an integer.
+            kind = int if default is None else type(default)
+            group.add_argument(flag, type=kind, default=default, help=help_text or "")
 
 
 def _seconds_or_none(value: str) -> float | None:
@@ -191,6 +193,8 @@ _LIMIT_FLAGS: dict[str, str | None] = {
     "max_control_rate": "control messages (finalize, set_latency, keepalive) per second per session before "
     "reads pause",
     "control_burst": "control messages allowed at once",
+    "max_boost_phrases": "most phrases a session may boost (default: the engine's limit; 0: no boosting)",
+    "max_boost_phrase_chars": "longest boosted phrase, characters (default: the engine's limit)",
     "max_backlog_ms": "pause reading a session while the engine holds more of its audio than this, ms",
     "backlog_timeout_s": "drop a session with 4029 after its backlog stayed above --max-backlog-ms this long, s",
     "drain_timeout_s": "on SIGTERM, let sessions finish this long",

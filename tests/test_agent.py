@@ -85,6 +85,10 @@ def test_agent_settings_from_env_and_validation() -> None:
     spanish = AgentSettings.from_env({"NEMOTRON_ASR_LATENCY_MS": "320", "NEMOTRON_ASR_LANGUAGE": "es-ES"})
     assert spanish.asr_latency_ms == 320 and spanish.create_stt().language == "es-ES"
     assert "language es-ES" in spanish.describe()[0]
+    boosted = AgentSettings.from_env({"NEMOTRON_ASR_BOOST_PHRASES": " okafor ,zyrtec,, dr  mbeki "})
+    assert boosted.asr_boost_phrases == ("okafor", "zyrtec", "dr  mbeki")
+    assert boosted.create_stt().boost_phrases == ("okafor", "zyrtec", "dr mbeki")  # the service normalises spaces
+    assert "3 boosted phrase(s)" in boosted.describe()[0] and AgentSettings.from_env({}).asr_boost_phrases == ()
     assert AgentSettings.from_env({}).create_llm() is None
     with pytest.raises(ValueError, match="NEMOTRON_ASR_LATENCY_MS"):
         AgentSettings.from_env({"NEMOTRON_ASR_LATENCY_MS": "fast"})

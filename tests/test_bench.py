@@ -161,3 +161,23 @@ def test_multilingual(tmp_path: Path) -> None:
         assert (r["frames"], r["tokens"], r["encoder_steps"]) == (125, 40, 62.5)
         assert _positive(r["detect_ms"]) and _positive(r["detect_over_encoder"])
     assert _positive(data["flops"]["prompt_per_frame_per_locale"])
+
+
+def test_boost(model: str, tmp_path: Path) -> None:
+    """Both parts at toy size: the step cost on a tiny random model, recall on a few held-out clips."""
+    from pipecat_nemotron.bench import boost
+
+    boost.main(
+        ["--model", model, "--out", str(tmp_path), "--threads", "1", "--batches", "1", "2", "--phrases", "3", "20",
+         "--repeats", "1", "--encoder-repeats", "1", "--words", "two", "--alphas", "2", "--others", "2",
+         "--clips", "12"]
+    )  # fmt: skip
+    data = json.loads((tmp_path / "boost.json").read_text())
+    assert [r["batch"] for r in data["cost"]] == [1, 2]
+    for row in data["cost"]:
+        assert _positive(row["encoder_ms"]) and _positive(row["decode_off_ms"])
+        assert all(_positive(row[f"decode_{k}_ms"]) for k in ("none", "3", "20"))
+        assert row["trees"] == 2 * row["batch"]  # every stream of both boosted variants has a list of its own
+    (recall,) = data["recall"]
+    assert recall["word"] == "two" and recall["occurrences"] > 0 and recall["other_clips"] == 2
+    assert 0 <= recall["recall_before"] <= recall["recall_after"] <= 1

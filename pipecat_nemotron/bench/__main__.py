@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, str] = {
     "turns": "turns",
     "multilingual": "multilingual",
     "tts": "tts",
+    "boost": "boost",
     # Side by side with sherpa-onnx running the same weights (needs the bench extra).
     "peer": "peer",
     # The WebSocket server's load test (its own module and options).

@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     from pipecat_nemotron.engine.config import DEFAULT_MODEL, LATENCY_MODES, EngineConfig
     from pipecat_nemotron.engine.engine import EngineInfo, NemotronEngine
     from pipecat_nemotron.engine.errors import (
+        BoostingUnavailableError,
+        BoostPhraseError,
         CapacityError,
         EngineNotRunningError,
         InvalidAudioError,
@@ -31,6 +33,8 @@ _EXPORTS = {
     "EngineConfig": "pipecat_nemotron.engine.config",
     "EngineInfo": "pipecat_nemotron.engine.engine",
     "NemotronEngine": "pipecat_nemotron.engine.engine",
+    "BoostPhraseError": "pipecat_nemotron.engine.errors",
+    "BoostingUnavailableError": "pipecat_nemotron.engine.errors",
     "CapacityError": "pipecat_nemotron.engine.errors",
     "EngineNotRunningError": "pipecat_nemotron.engine.errors",
     "InvalidAudioError": "pipecat_nemotron.engine.errors",
@@ -48,6 +52,8 @@ _EXPORTS = {
 
 __all__ = [
     "ASRStream",
+    "BoostPhraseError",
+    "BoostingUnavailableError",
     "CapacityError",
     "DEFAULT_MODEL",
     "EngineConfig",

@@ -1,4 +1,4 @@
-"""When a stream's latency mode or language change takes effect.
+"""When a stream's latency mode, language or phrase-boosting change takes effect.
 
 The rule: a change applies to the first utterance of which no word has been emitted yet. The silence after a
 final already belongs to the next utterance, so a change made between turns applies to the next thing the user
@@ -10,7 +10,7 @@ says, even though some of that silence has been decoded in the old setting:
 - otherwise (a word of the utterance was emitted, or a finalize is pending): at the start of the utterance after
   the last finalize requested before the change.
 
-So every word of an utterance is decoded in one mode and one language. What the decoded silence leaves behind:
+So every word of an utterance is decoded in one mode, one language and with one boost list. What the decoded silence leaves behind:
 
 - ``finalize_mode="soft"``: the stream keeps its encoder caches and decoder state (they are compatible across
   modes and languages, see ``docs/ARCHITECTURE.md``); the chunks after the change run in the new setting on
@@ -25,6 +25,7 @@ times count from there (the cut only moves ``StreamState.segment_origin``, not `
 
 from __future__ import annotations
 
+from pipecat_nemotron.engine.boosting import BoostList
 from pipecat_nemotron.engine.state import StreamState
 
 
@@ -32,19 +33,29 @@ def request_change(
     state: StreamState,
     latency_ms: int | None = None,
     language: tuple[str | None, int | None] | None = None,
+    boost: BoostList | None = None,
 ) -> None:
-    """Record a requested mode or language for the utterance after the finalizes requested so far."""
+    """Record a requested mode, language or boost list (empty: none).
+
+    The change is for the utterance after the finalizes requested so far.
+    """
     if latency_ms is not None:
         state.pending_latency_ms = latency_ms
     if language is not None:
         state.pending_language = language
+    if boost is not None:
+        state.pending_boost = boost
     state.pending_utterance = state.utterance_index + len(state.finals)
 
 
 def can_apply(state: StreamState) -> bool:
     """A change is pending and may apply now: no word of its utterance yet, no chunk in the running step."""
     return (
-        (state.pending_latency_ms is not None or state.pending_language is not None)
+        (
+            state.pending_latency_ms is not None
+            or state.pending_language is not None
+            or state.pending_boost is not None
+        )
         and not state.in_flight
         and not state.closed
         and not state.tokens
@@ -73,6 +84,9 @@ def apply_pending(state: StreamState, hop: int, hard_reset: bool) -> bool:
         (state.language, state.prompt_index), state.pending_language = state.pending_language, None
         state.evidence = None  # language detection reads only frames decoded under ``auto``
         state.detected_language = None
+    if state.pending_boost is not None:
+        boost, state.pending_boost = state.pending_boost, None
+        state.boost = None if boost.empty else boost
     decoded = state.cursor.next_frame * hop
     if not hard_reset or not state.encoder_started or decoded == 0:
         return False

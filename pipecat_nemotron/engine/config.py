@@ -7,6 +7,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from pipecat_nemotron.engine.boosting import (
+    DEFAULT_BOOST_ALPHA,
+    DEFAULT_MAX_BOOST_PHRASE_CHARS,
+    DEFAULT_MAX_BOOST_PHRASES,
+    validate_boost_alpha,
+    validate_boost_phrases,
+    validate_limits,
+)
+
 #: The default model: NVIDIA's cache-aware streaming English ASR (600M FastConformer-RNNT).
 DEFAULT_MODEL = "nvidia/nemotron-speech-streaming-en-0.6b"
 
@@ -140,6 +149,17 @@ class EngineConfig:
             speech goes on as the next utterance, decoded without interruption (no word lost or changed; see
             :mod:`~pipecat_nemotron.engine.splits`). At 60 s a final with word timings stays under 20 KB. None:
             no limit.
+        default_boost_phrases: Phrases boosted on streams opened without ``boost_phrases`` (names, product
+            words; :mod:`~pipecat_nemotron.engine.boosting`). Spell and case them as the model writes them: the
+            Nemotron models write cased, punctuated text, the bundled tiny model lower case. Checked against the
+            model's characters when it loads. Empty: streams are not boosted unless they ask.
+        default_boost_alpha: Weight of the boost of streams that give no ``boost_alpha``, in (0, 10]
+            (:data:`~pipecat_nemotron.engine.boosting.DEFAULT_BOOST_ALPHA`, 1.0: NeMo's default weight).
+        max_boost_phrases: Most phrases per stream (default 1,000). Above 0 the decoder holds NeMo's per-stream
+            biasing multi-model (~68 MB preallocated on the model's device; <0.5% of a 600M CPU step,
+            ``docs/BENCHMARKS.md`` section 15). 0 turns phrase boosting off: the decoder is built without it and
+            ``boost_phrases`` are refused.
+        max_boost_phrase_chars: Longest phrase, characters (default 64).
 
     """
 
@@ -161,8 +181,13 @@ class EngineConfig:
     word_timings: bool = True
     word_timing_offsets_ms: tuple[float, float] | None = None
     max_utterance_s: float | None = 60.0
+    default_boost_phrases: tuple[str, ...] = ()
+    default_boost_alpha: float = DEFAULT_BOOST_ALPHA
+    max_boost_phrases: int = DEFAULT_MAX_BOOST_PHRASES
+    max_boost_phrase_chars: int = DEFAULT_MAX_BOOST_PHRASE_CHARS
 
     def __post_init__(self) -> None:
+        self._check_boosting()
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError("model must be a .nemo path or a model id such as " + repr(DEFAULT_MODEL))
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "int8"):
@@ -206,6 +231,20 @@ class EngineConfig:
             raise ValueError(
                 f"word_timing_offsets_ms must be (start_ms, end_ms) within +-10 s, got {offsets!r}"
             )
+
+    def _check_boosting(self) -> None:
+        """Validate the boosting fields; store the default phrases normalised, as a tuple.
+
+        Raises:
+            ValueError: Naming the field and the limit (a :class:`~.errors.BoostPhraseError` for the phrases).
+
+        """
+        validate_limits(self.max_boost_phrases, self.max_boost_phrase_chars)
+        validate_boost_alpha(self.default_boost_alpha)
+        phrases = validate_boost_phrases(
+            self.default_boost_phrases, max_phrases=self.max_boost_phrases, max_chars=self.max_boost_phrase_chars
+        )
+        object.__setattr__(self, "default_boost_phrases", phrases)
 
 
 def _check_max_utterance_s(value: float | None) -> None:

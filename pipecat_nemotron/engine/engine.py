@@ -5,18 +5,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from loguru import logger
 
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
+from pipecat_nemotron.engine.boosting import BoostList, BoostRules
 from pipecat_nemotron.engine.config import EngineConfig, default_cpu_threads, validate_latency_ms
-from pipecat_nemotron.engine.errors import CapacityError, EngineNotRunningError, ModelLoadError
+from pipecat_nemotron.engine.errors import CapacityError, EngineNotRunningError
 from pipecat_nemotron.engine.languages import LanguagePrompts, resolve_prompt
 from pipecat_nemotron.engine.scheduler import Scheduler, StepStats
 from pipecat_nemotron.engine.splits import join_forced_finals
@@ -163,6 +166,7 @@ class NemotronEngine:
         import torch
 
         from pipecat_nemotron.engine.loading import (
+            check_loaded_defaults,
             load_asr_model,
             resolve_dtype,
             resolve_torch_device,
@@ -190,7 +194,7 @@ class NemotronEngine:
             cuda_graphs=self.config.cuda_graphs,
             cuda_graph_decoder=self.config.cuda_graph_decoder,
         )
-        _check_defaults(self.config, runner)
+        check_loaded_defaults(self.config, runner)
         runner.detect_language = runner.detect_language and self.config.detect_language
         runner.aligner.enabled = self.config.word_timings
         runner.aligner.calibration = calibration_for(self.config.model, self.config.word_timing_offsets_ms)
@@ -224,6 +228,8 @@ class NemotronEngine:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        if self._runner is not None and self._runner.boost is not None:
+            self._runner.boost.close()
         logger.info("Nemotron ASR engine stopped")
 
     async def __aenter__(self) -> NemotronEngine:
@@ -252,6 +258,16 @@ class NemotronEngine:
         A stream takes its slot at its first model step; a closed stream's slot is freed at the next step.
         """
         return self._runner.slots.free_slots.qsize() if self._runner is not None else 0
+
+    @property
+    def boost_trees(self) -> tuple[int, int]:
+        """``(trees in the decoder now, trees built since start)``: one tree per ``(phrases, alpha)`` in use.
+
+        Built at the first step of the first stream using the list, removed at the end of the step that saw the
+        last one close or change list.
+        """
+        boost = self._runner.boost if self._runner is not None else None
+        return (boost.active, boost.builds) if boost is not None else (0, 0)
 
     @property
     def hop_samples(self) -> int:
@@ -313,7 +329,13 @@ class NemotronEngine:
             raise EngineNotRunningError(f"the engine's scheduler crashed: {self._scheduler.error!r}")
         return self._scheduler
 
-    def open_stream(self, latency_ms: int | None = None, language: Any = None) -> ASRStream:
+    def open_stream(
+        self,
+        latency_ms: int | None = None,
+        language: Any = None,
+        boost_phrases: Sequence[str] | None = None,
+        boost_alpha: float | None = None,
+    ) -> ASRStream:
         """Open a stream.
 
         Args:
@@ -322,11 +344,19 @@ class NemotronEngine:
             language: On a multilingual model, the language to transcribe: a locale of ``info.languages``
                 (``"es-ES"``), a bare language (``"es"``, or Pipecat's ``Language.ES``) or ``"auto"``; default:
                 the config's ``default_language``. Streams of different languages share batched steps.
+            boost_phrases: Phrases the decoder favours on this stream (names, product words), spelled and cased
+                as the model writes them (:mod:`~pipecat_nemotron.engine.boosting`); default: the config's
+                ``default_boost_phrases``; an empty list: none. Streams with different lists, or none, share
+                batched steps; one stream's phrases never change another's tokens.
+            boost_alpha: Weight of the boost, in (0, 10]; default: the config's ``default_boost_alpha``.
 
         Raises:
             CapacityError: ``max_streams`` streams are already open (existing streams are unaffected).
             EngineNotRunningError: ``start()`` has not completed.
             ValueError: Unsupported latency or language (names the allowed values).
+            BoostPhraseError: A list over the limits or with characters the model cannot write (``ValueError``).
+            BoostingUnavailableError: Phrases given, but no per-stream biasing (NeMo < 3.0.0, or
+                ``max_boost_phrases=0``).
 
         """
         scheduler = self._require()
@@ -334,13 +364,20 @@ class NemotronEngine:
             self.config.default_latency_ms if latency_ms is None else latency_ms, scheduler.runner.modes
         )
         prompt = self._resolve_language(language)
+        if boost_phrases is None:
+            boost_phrases = self.config.default_boost_phrases
+        boost = self._boost_list(boost_phrases, boost_alpha)
         if len(scheduler.streams) >= self.config.max_streams:
             raise CapacityError(
                 f"all {self.config.max_streams} ASR stream slots are in use; close a stream or raise "
                 "EngineConfig.max_streams"
             )
         state = StreamState(
-            stream_id=next(self._ids), latency_ms=latency, language=prompt[0], prompt_index=prompt[1]
+            stream_id=next(self._ids),
+            latency_ms=latency,
+            language=prompt[0],
+            prompt_index=prompt[1],
+            boost=None if boost.empty else boost,
         )
         stream = ASRStream(self, state)
         scheduler.add(state, stream.updates_queue.put, stream.updates_queue.close)
@@ -401,6 +438,23 @@ class NemotronEngine:
         """
         self._require().request_language(state, *self._resolve_language(language))
 
+    def request_boost(self, state: StreamState, phrases: Sequence[str] | None, alpha: float | None) -> None:
+        """Queue a stream's boost-list change (:meth:`ASRStream.set_boost_phrases`); raises as it does."""
+        scheduler = self._require()
+        scheduler.request_boost(state, self._boost_list(phrases, alpha))
+
+    def _boost_list(self, phrases: Sequence[str] | None, alpha: float | None) -> BoostList:
+        """Validate a stream's list (:class:`~.boosting.BoostRules`); start building its tree off the model thread."""
+        from pipecat_nemotron.engine.loading import boosting_unavailable
+
+        runner, config = self._require().runner, self.config
+        unavailable = None if runner.boost is not None else functools.partial(boosting_unavailable, config)
+        limits = (config.max_boost_phrases, config.max_boost_phrase_chars, config.default_boost_alpha)
+        boost = BoostRules(*limits, runner.alphabet, Path(config.model).name, unavailable).resolve(phrases, alpha)
+        if runner.boost is not None and not boost.empty:
+            runner.boost.prebuild(boost)  # the step that first needs it takes it (or waits for it)
+        return boost
+
     async def close_stream(self, state: StreamState, error: BaseException | None = None) -> None:
         """Close a stream, failed with ``error`` if given (:meth:`ASRStream.close`); returns once its slot is free."""
         if self._scheduler is None or state.stream_id not in self._scheduler.streams:
@@ -438,21 +492,3 @@ def _language_keys(prompts: LanguagePrompts | None) -> tuple[str, ...]:
     if prompts is None:
         return ()
     return prompts.languages + (("auto",) if prompts.has_auto else ())
-
-
-def _check_defaults(config: EngineConfig, runner: ModelRunner) -> None:
-    """Fail the load if the config's default mode or language is not one the loaded model has.
-
-    Raises:
-        ModelLoadError: Naming what the model offers.
-
-    """
-    if config.default_latency_ms not in runner.modes:
-        raise ModelLoadError(
-            f"default_latency_ms={config.default_latency_ms} is not a mode of {config.model}; it offers "
-            f"{sorted(runner.modes)} ms"
-        )
-    try:
-        resolve_prompt(runner.prompts, config.default_language, config.model)
-    except ValueError as e:
-        raise ModelLoadError(f"default_language: {e}") from None

@@ -29,3 +29,19 @@ class InvalidAudioError(NemotronEngineError, ValueError):
 
 class StreamFailedError(NemotronEngineError):
     """The model step failed for this stream alone; the stream is closed, other streams go on."""
+
+
+class BoostPhraseError(NemotronEngineError, ValueError):
+    """A phrase-boosting list that cannot be used.
+
+    Too many phrases, a phrase too long or empty, a character the model cannot write, a bad ``boost_alpha``.
+    Raised before anything changes: the stream is left as it was.
+    """
+
+
+class BoostingUnavailableError(NemotronEngineError):
+    """Phrase boosting was asked for, but the engine cannot boost.
+
+    The installed NeMo has no per-stream biasing (it needs nemo-toolkit 3.0.0 or later), or the engine was
+    configured with ``max_boost_phrases=0``.
+    """

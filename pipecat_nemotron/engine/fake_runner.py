@@ -112,6 +112,9 @@ class FakeRunner:
         self.aligner = WordAligner(FakeTokenizer(), hop_ms=10.0, subsampling=8)
         self.modes = {ms: FakeShape(ms, chunk, first) for ms, (chunk, first) in FAKE_MODES.items()}
         self.prompts = None
+        #: No phrase boosting (``boost_phrases`` are refused); any character would be writable.
+        self.boost = None
+        self.alphabet = None
         self.detect_language = False
         self.device = _CpuDevice()
         self.dtype = "float32"

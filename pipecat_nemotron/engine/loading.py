@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 
 from pipecat_nemotron.devices import resolve_device
+from pipecat_nemotron.engine.boosting import check_alphabet
 from pipecat_nemotron.engine.config import EngineConfig
 from pipecat_nemotron.engine.errors import ModelLoadError
+from pipecat_nemotron.engine.languages import resolve_prompt
 from pipecat_nemotron.nemo_loading import NEMO_LOAD_LOCK as NEMO_LOAD_LOCK
 from pipecat_nemotron.nemo_loading import prefetch_nemo_imports as prefetch_nemo_imports
 from pipecat_nemotron.nemo_loading import wait_for_nemo_imports as wait_for_nemo_imports
@@ -133,7 +135,7 @@ def load_asr_model(config: EngineConfig, device: torch.device, dtype: torch.dtyp
                 "checkpoint of a cache-aware FastConformer-RNNT (e.g. nvidia/nemotron-speech-streaming-en-0.6b)."
             ) from e
     validate_cache_aware(model, description)
-    _configure_decoding(model, confidence=config.word_timings)
+    _configure_decoding(model, confidence=config.word_timings, per_stream_biasing=config.max_boost_phrases > 0)
     model.eval()
     model.preprocessor.float()
     # ``prompt_kernel``: the language projection of a multilingual (prompt-class) model, fed the encoder output.
@@ -211,8 +213,12 @@ TOKEN_CONFIDENCE_CFG: dict[str, Any] = {
 }
 
 
-def _configure_decoding(model: Any, confidence: bool = True) -> None:
+def _configure_decoding(model: Any, confidence: bool = True, per_stream_biasing: bool = False) -> None:
     """Select label-looping batched greedy RNNT decoding (with token confidence), the CUDA-graph decoder off.
+
+    ``per_stream_biasing`` asks NeMo for the decoder's multi-model of phrase-boosting trees (rows without a
+    tree decode exactly as without it); an older NeMo ignores the key, which
+    :func:`~pipecat_nemotron.engine.boost_models.biasing_multi_model` detects.
 
     The CUDA-graph decoder is off because it has crashed with this model's streaming path; it can be enabled
     once tested on the target GPU. Token frames (``Hypothesis.timestamp``) come with every label-looping
@@ -229,5 +235,40 @@ def _configure_decoding(model: Any, confidence: bool = True) -> None:
         decoding_cfg.fused_batch_size = -1
         decoding_cfg.compute_timestamps = False
         decoding_cfg.confidence_cfg = TOKEN_CONFIDENCE_CFG if confidence else {}
+        decoding_cfg.greedy.enable_per_stream_biasing = per_stream_biasing
     with quiet_nemo():
         model.change_decoding_strategy(decoding_cfg, verbose=False)
+
+
+def check_loaded_defaults(config: EngineConfig, runner: Any) -> None:
+    """Fail the load if the config's default mode, language or boost phrases do not suit the loaded model.
+
+    Raises:
+        ModelLoadError: Naming what the model offers.
+
+    """
+    if config.default_latency_ms not in runner.modes:
+        raise ModelLoadError(
+            f"default_latency_ms={config.default_latency_ms} is not a mode of {config.model}; it offers "
+            f"{sorted(runner.modes)} ms"
+        )
+    try:
+        resolve_prompt(runner.prompts, config.default_language, config.model)
+    except ValueError as e:
+        raise ModelLoadError(f"default_language: {e}") from None
+    if config.default_boost_phrases:
+        if runner.boost is None:
+            raise ModelLoadError(f"default_boost_phrases: {boosting_unavailable(config)}")
+        try:
+            check_alphabet(config.default_boost_phrases, runner.alphabet, Path(config.model).name)
+        except ValueError as e:
+            raise ModelLoadError(f"default_boost_phrases: {e}") from None
+
+
+def boosting_unavailable(config: EngineConfig) -> str:
+    """Why an engine without per-stream biasing cannot boost, naming the fix."""
+    if config.max_boost_phrases == 0:
+        return "phrase boosting is off (EngineConfig.max_boost_phrases=0); raise max_boost_phrases to use it"
+    from pipecat_nemotron.engine.boost_models import biasing_unavailable_message
+
+    return biasing_unavailable_message()

@@ -29,6 +29,7 @@ import numpy as np
 from loguru import logger
 
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.engine.boosting import BoostList
 from pipecat_nemotron.engine.changes import apply_pending, request_change
 from pipecat_nemotron.engine.errors import StreamClosedError, StreamFailedError
 from pipecat_nemotron.engine.features import FeatureCursor
@@ -204,14 +205,15 @@ class SchedulerPolicy:
         state: StreamState,
         latency_ms: int | None = None,
         language: tuple[str | None, int | None] | None = None,
+        boost: BoostList | None = None,
     ) -> bool:
-        """Record a mode or language change (:mod:`~.changes`) and apply it if it may apply now.
+        """Record a mode, language or boost-list change (:mod:`~.changes`) and apply it if it may apply now.
 
         Returns:
             True if a step is due (the decode restarts, which needs the slot zeroed).
 
         """
-        request_change(state, latency_ms=latency_ms, language=language)
+        request_change(state, latency_ms=latency_ms, language=language, boost=boost)
         return self._apply_pending(state)
 
     def _apply_pending(self, state: StreamState) -> bool:

@@ -18,6 +18,8 @@ import torch
 from loguru import logger
 
 from pipecat_nemotron.engine.audio import SAMPLES_PER_MS
+from pipecat_nemotron.engine.boost_models import BoostModels, biasing_multi_model
+from pipecat_nemotron.engine.boosting import model_alphabet
 from pipecat_nemotron.engine.config import EncoderStep
 from pipecat_nemotron.engine.cuda_graphs import GraphedEncoderStep
 from pipecat_nemotron.engine.fast_step import FastEncoderStep, UnsupportedEncoderError, nemo_encoder_step
@@ -72,6 +74,11 @@ class ModelRunner:
         #: Detect the language of ``auto`` utterances (a model with prompts for more than one locale).
         self.detect_language = self.prompts is not None and len(self.prompts.languages) > 1
         self.modes: dict[int, ModeShape] = mode_shapes(model.encoder)
+        #: The streams' boosting trees (None: the decoder has no per-stream biasing, see :mod:`.boost_models`).
+        self.boost = BoostModels(model) if biasing_multi_model(model) is not None else None
+        #: Characters the model's tokenizer can write (None: any), to refuse boost phrases it could never match.
+        vocab = getattr(model.tokenizer, "vocab", None)  # a tokenizer without a piece list: any character
+        self.alphabet = model_alphabet(list(vocab)) if vocab is not None else None
         # The slot pool and the fast step are sized by the longest left context; the others use its tail.
         self.max_left = max(m.left_context for m in self.modes.values())
         widest = max(self.modes.values(), key=lambda m: (m.left_context, -m.latency_ms))
@@ -126,6 +133,8 @@ class ModelRunner:
 
     def release(self, stream_ids: list[int]) -> None:
         """Zero and free the cache slots of these streams (ids without a slot are ignored)."""
+        if self.boost is not None:
+            self.boost.release(stream_ids)
         held = [sid for sid in stream_ids if sid in self.slots.streamidx2slotidx]
         if held:
             self.slots.reset_slots(held, [True] * len(held))
@@ -158,6 +167,8 @@ class ModelRunner:
                         outputs.update(self._forward(group.latency_ms, [item]))
                     except Exception as e:
                         outputs[item.state.stream_id] = ItemOutput(error=e)
+        if self.boost is not None:
+            self.boost.collect()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return StepOutput((time.perf_counter() - start) * 1000.0, outputs)
@@ -165,7 +176,6 @@ class ModelRunner:
     def _forward(self, latency_ms: int, items: list[StepItem]) -> dict[int, ItemOutput]:
         """One batched forward of items that share a mode and chunk shape; their outputs by stream id."""
         from nemo.collections.asr.inference.utils.context_manager import CacheAwareContext
-        from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
         mode = self.modes[latency_ms]
         first = items[0].first
@@ -184,12 +194,7 @@ class ModelRunner:
             signal = torch.cat((cache, feats), dim=-1)
             lengths = torch.tensor([cache.size(-1) + n for n in num_frames], device=self.device)
             drop = mode.drop_extra_pre_encoded
-        previous = [
-            Hypothesis(score=0.0, y_sequence=None, dec_state=it.state.dec_state, timestamp=None)
-            if it.state.dec_state is not None
-            else None
-            for it in items
-        ]
+        previous = self._previous_hypotheses(items)
         self._set_mode(latency_ms)
         # The encoder half of NeMo's ``conformer_stream_step`` and the decoder half are called separately so
         # the encoder output can be observed (``encoder_output_hook``, used by the equivalence tests).
@@ -233,6 +238,30 @@ class ModelRunner:
                     it, unprompted[row, :, : int(length)], tokens, [t - base for t in frames]
                 )
         return outputs
+
+    def _previous_hypotheses(self, items: list[StepItem]) -> list[Any]:
+        """Each stream's hypothesis to continue: its decoder state and, if it is boosted, its tree's id.
+
+        None for a stream at the start of its sequence without a boost (NeMo starts it after ``<SOS>``).
+        """
+        from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
+
+        previous: list[Any] = []
+        for it in items:
+            state, biasing = it.state, None
+            if self.boost is not None:
+                # A changed list puts the stream at its new tree's start; kept for a peek too (only the boosting
+                # position changes, and the stream's next forward would make the same change).
+                biasing, state.dec_state = self.boost.prepare(state.stream_id, state.boost, state.dec_state)
+            if state.dec_state is None and biasing is None:
+                previous.append(None)
+                continue
+            previous.append(
+                Hypothesis(
+                    score=0.0, y_sequence=None, dec_state=state.dec_state, timestamp=None, biasing_cfg=biasing
+                )
+            )
+        return previous
 
     def _detect_language(
         self, it: StepItem, encoded: torch.Tensor, tokens: list[int], frames: list[int]
@@ -384,7 +413,8 @@ class ModelRunner:
         decoding_cfg = self.model.cfg.decoding
         with open_dict(decoding_cfg):
             decoding_cfg.greedy.use_cuda_graph_decoder = on
-        with quiet_nemo():
+        # Outside inference mode: the new decoder's biasing multi-model is edited in place when trees come and go.
+        with torch.inference_mode(False), quiet_nemo():
             self.model.change_decoding_strategy(decoding_cfg, verbose=False)
         self._cuda_graph_decoder = on
         logger.info(f"NeMo's CUDA-graph RNNT decoder {'on' if on else 'off'}")

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from loguru import logger
 
+from pipecat_nemotron.engine.boosting import BoostList
 from pipecat_nemotron.engine.errors import StreamClosedError
 from pipecat_nemotron.engine.policy import SchedulerPolicy, StepModel
 from pipecat_nemotron.engine.state import StreamState
@@ -171,6 +172,11 @@ class Scheduler:
     def request_language(self, state: StreamState, language: str | None, prompt_index: int | None) -> None:
         """Change a stream's language from its first utterance without a word (:mod:`~.changes`)."""
         if self.policy.request(state, language=(language, prompt_index)):
+            self._wake.set()
+
+    def request_boost(self, state: StreamState, boost: BoostList) -> None:
+        """Change a stream's boost list (empty: none) from its first utterance without a word (:mod:`~.changes`)."""
+        if self.policy.request(state, boost=boost):
             self._wake.set()
 
     def request_latency(self, state: StreamState, latency_ms: int) -> None:

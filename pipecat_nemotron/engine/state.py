@@ -21,6 +21,7 @@ from pipecat_nemotron.engine.types import WordTiming
 from pipecat_nemotron.engine.words import TokenTrace
 
 if TYPE_CHECKING:  # torch-backed; the runner fills it on the worker thread
+    from pipecat_nemotron.engine.boosting import BoostList
     from pipecat_nemotron.engine.language_id import UtteranceEvidence
 
 
@@ -62,6 +63,8 @@ class StreamState:
         language: Language prompt key of a multilingual model (``"es-ES"``, ``"auto"``); None otherwise.
         prompt_index: One-hot index of ``language`` (None without prompts).
         pending_language: ``(language, prompt_index)`` requested and not applied yet.
+        boost: Phrase-boosting list decoded with now (None: not boosted).
+        pending_boost: List requested and not applied yet (an empty list: stop boosting).
         pending_utterance: The utterance the pending changes are for (finalizes requested before them come
             first).
         evidence: An ``auto`` stream's current utterance as kept for language detection.
@@ -97,6 +100,8 @@ class StreamState:
     language: str | None = None
     prompt_index: int | None = None
     pending_language: tuple[str | None, int | None] | None = None
+    boost: BoostList | None = None
+    pending_boost: BoostList | None = None
     pending_utterance: int = 0
     evidence: UtteranceEvidence | None = None
     detected_language: str | None = None

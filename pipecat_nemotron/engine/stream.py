@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -52,6 +52,16 @@ class StreamOwner(Protocol):
 
         Raises:
             ValueError: The model has no such language (names the model's).
+
+        """
+        ...
+
+    def request_boost(self, state: StreamState, phrases: Sequence[str] | None, alpha: float | None) -> None:
+        """Validate a boost-list change against the engine's limits and the model's characters, and queue it.
+
+        Raises:
+            BoostPhraseError: Naming the limit or the phrase.
+            BoostingUnavailableError: The engine has no per-stream biasing.
 
         """
         ...
@@ -311,6 +321,40 @@ class ASRStream:
         """
         self._check_open()
         self._owner.request_language(self._state, language)
+
+    @property
+    def boost_phrases(self) -> tuple[str, ...]:
+        """The phrases the stream is boosted with now (normalised; empty: none). A change shows once it applies."""
+        boost = self._state.boost
+        return boost.phrases if boost is not None else ()
+
+    @property
+    def boost_alpha(self) -> float | None:
+        """The weight of the boost in force (None: not boosted)."""
+        boost = self._state.boost
+        return boost.alpha if boost is not None else None
+
+    def set_boost_phrases(self, phrases: Sequence[str] | None, alpha: float | None = None) -> None:
+        """Replace the phrases this stream's decoder favours (names, product words).
+
+        Applies like :meth:`set_latency`: from the first utterance of which no word has been emitted yet (every
+        word of an utterance is decoded with one list). Spell and case the phrases as the model writes them
+        (:mod:`~pipecat_nemotron.engine.boosting`). Each distinct ``(phrases, alpha)`` is built once, on a
+        builder thread from this call on (~0.2 s for 1,000 phrases), and shared by the streams that use it.
+
+        Args:
+            phrases: The new list; None or empty: no boosting (the config's ``default_boost_phrases`` apply
+                only to :meth:`NemotronEngine.open_stream`).
+            alpha: Weight of the boost, in (0, 10]; None: the config's ``default_boost_alpha``.
+
+        Raises:
+            BoostPhraseError: Too many phrases, one too long or empty, or a character the model cannot write (a
+                ``ValueError``; the stream keeps its list and goes on).
+            BoostingUnavailableError: Phrases were given but the engine has no per-stream biasing.
+
+        """
+        self._check_open()
+        self._owner.request_boost(self._state, phrases, alpha)
 
     async def settled(self) -> None:
         """Return once no chunk of this stream is in a model step (at once if none is).

@@ -77,6 +77,11 @@ class ServerConfig:
             per session, messages per second (reads are paused beyond it). A ``peek`` counts as
             :data:`~pipecat_nemotron.server.pacing.PEEK_CONTROL_COST` messages.
         control_burst: Control messages a session may send at once before the rate applies.
+        max_boost_phrases: Most phrases a session may boost (``config.boost_phrases``, ``set_boost_phrases``);
+            None: the engine's ``EngineConfig.max_boost_phrases``, and never more than it. 0 turns the ``boost``
+            feature off (not announced; a config asking for phrases is refused with 4400).
+        max_boost_phrase_chars: Longest boosted phrase, characters; None: the engine's
+            ``EngineConfig.max_boost_phrase_chars``, and never more than it.
         max_backlog_ms: Pause reading a session while the engine holds more of its audio than this, ms.
         backlog_timeout_s: Drop a session with 4029 after its backlog stayed above ``max_backlog_ms`` this long, s.
         send_timeout_s: Drop a session with 4008 when sending it a result blocks this long (it stopped reading), s.
@@ -114,6 +119,8 @@ class ServerConfig:
     max_speed: float = 4.0
     max_control_rate: float = 20.0
     control_burst: int = 100
+    max_boost_phrases: int | None = None
+    max_boost_phrase_chars: int | None = None
     max_backlog_ms: float = 5_000.0
     backlog_timeout_s: float = 30.0
     send_timeout_s: float = 10.0
@@ -174,6 +181,10 @@ class ServerConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.control_burst < 1:
             raise ValueError(f"control_burst must be >= 1 (messages), got {self.control_burst}")
+        if self.max_boost_phrases is not None and self.max_boost_phrases < 0:
+            raise ValueError(f"max_boost_phrases must be >= 0 (0: no boosting), got {self.max_boost_phrases}")
+        if self.max_boost_phrase_chars is not None and self.max_boost_phrase_chars < 1:
+            raise ValueError(f"max_boost_phrase_chars must be >= 1, got {self.max_boost_phrase_chars}")
         if self.auth_max_failures < 0:
             raise ValueError(f"auth_max_failures must be >= 0 (0: no lockout), got {self.auth_max_failures}")
         if self.burst_ms < 0 or self.max_speed <= 0 or self.max_backlog_ms <= 0:

@@ -33,6 +33,12 @@ SPARE_BUSY_FRACTION = 0.5
 #: peeks about once per pause.
 PEEK_CONTROL_COST = 5.0
 
+#: Control messages a ``set_boost_phrases`` counts as: a list the engine has not seen builds a boosting tree
+#: (~0.2 s of CPU for 1,000 phrases, on the engine's builder thread; the session's next step waits for it), CPU
+#: the model steps of every session share. With the default budget a session may replace its phrases twice a
+#: second, 10 times at once; a real client sets them once per conversation.
+BOOST_CONTROL_COST = 10.0
+
 #: Shortfalls below which a bucket counts as refilled (a timer may fire a clock tick early), ms and messages.
 _CREDIT_SLACK_MS = 1.0
 _CREDIT_SLACK = 0.001

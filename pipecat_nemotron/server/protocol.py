@@ -6,7 +6,8 @@ first, then binary PCM frames and JSON control messages; the server answers ``re
 specification. Every message is a JSON object with a ``"type"`` field; unknown fields are ignored (so fields
 can be added within a version), unknown types are a protocol error. Optional messages added within v1 are used
 only when the server lists them in ``ready.features`` (:data:`SERVER_FEATURES`): ``peek`` / ``peek_result``,
-the ``words`` of ``final`` messages (``word_timings``) and ``set_language`` / ``language`` (``language``).
+the ``words`` of ``final`` messages (``word_timings``), ``set_language`` / ``language`` (``language``) and
+``config.boost_phrases``, ``set_boost_phrases`` / ``boost`` (``boost``).
 
 This module is shared by the server (:mod:`pipecat_nemotron.server.app`), the Pipecat client
 (:mod:`pipecat_nemotron.stt.remote.service`) and the load generator (:mod:`pipecat_nemotron.bench.load`). It imports
@@ -27,6 +28,7 @@ from pipecat_nemotron.server.close_codes import PERMANENT_CLOSE_CODES as PERMANE
 from pipecat_nemotron.server.close_codes import CloseCode as CloseCode
 from pipecat_nemotron.server.close_codes import close_reason as close_reason
 from pipecat_nemotron.server.close_codes import is_permanent as is_permanent
+from pipecat_nemotron.server.protocol_common import BOOST_FEATURE as BOOST_FEATURE
 from pipecat_nemotron.server.protocol_common import DEFAULT_PATH as DEFAULT_PATH
 from pipecat_nemotron.server.protocol_common import ENCODING_PCM_S16LE as ENCODING_PCM_S16LE
 from pipecat_nemotron.server.protocol_common import LANGUAGE_FEATURE as LANGUAGE_FEATURE
@@ -40,7 +42,15 @@ from pipecat_nemotron.server.protocol_common import SERVER_FEATURES as SERVER_FE
 from pipecat_nemotron.server.protocol_common import SUPPORTED_SAMPLE_RATES as SUPPORTED_SAMPLE_RATES
 from pipecat_nemotron.server.protocol_common import WORD_TIMINGS_FEATURE as WORD_TIMINGS_FEATURE
 from pipecat_nemotron.server.protocol_common import ProtocolError as ProtocolError
-from pipecat_nemotron.server.protocol_common import check_language, check_latency, is_int, load_object
+from pipecat_nemotron.server.protocol_common import (
+    check_boost_alpha,
+    check_boost_phrases,
+    check_language,
+    check_latency,
+    is_int,
+    load_object,
+)
+from pipecat_nemotron.server.protocol_server import BoostMessage as BoostMessage
 from pipecat_nemotron.server.protocol_server import ErrorMessage as ErrorMessage
 from pipecat_nemotron.server.protocol_server import FinalMessage as FinalMessage
 from pipecat_nemotron.server.protocol_server import LanguageMessage as LanguageMessage
@@ -74,6 +84,11 @@ class ConfigMessage:
         language: Language of a multilingual model: a locale (``"es-ES"``), a bare language (``"es"``) or
             ``"auto"``; None: the server's default. Added within v1 (feature ``language``; older servers ignore
             it). A language the model lacks is a protocol error naming the model's languages.
+        boost_phrases: Phrases to boost in this session's decoding (names, product words), cased as the model
+            writes them; None or empty: none. Added within v1 (feature ``boost``; older servers ignore it). Not a
+            list of strings, more or longer phrases than ``ready.limits`` allow, or characters the model cannot
+            write: a protocol error (4400) naming the limit or the characters.
+        boost_alpha: Boosting weight (None: the server's default); only with ``boost_phrases``.
 
     """
 
@@ -88,6 +103,8 @@ class ConfigMessage:
     client: str | None = None
     word_timings: bool = False
     language: str | None = None
+    boost_phrases: tuple[str, ...] | None = None
+    boost_alpha: float | None = None
 
     def validate(self) -> ConfigMessage:
         """Return self if every field is supported.
@@ -113,6 +130,9 @@ class ConfigMessage:
         if self.token is not None and not isinstance(self.token, str):
             raise ProtocolError("token must be a string")
         check_language(self.language)
+        if self.boost_phrases is not None:
+            check_boost_phrases(self.boost_phrases)
+        check_boost_alpha(self.boost_alpha)
         return self
 
     @property
@@ -121,9 +141,13 @@ class ConfigMessage:
         return 2 * self.num_channels * self.sample_rate / 1000.0
 
     def to_json(self) -> str:
-        """Serialize (``token``, ``client`` and ``language`` are omitted when unset, ``word_timings`` when false)."""
+        """Serialize; what a client does not use is left out, so it sends what older clients send.
+
+        Optional fields are omitted when unset, ``word_timings`` when false, ``boost_phrases`` when empty.
+        """
         data = {"type": self.type, **asdict(self)}
-        return json.dumps({k: v for k, v in data.items() if v is not None and (k != "word_timings" or v)})
+        optional = ("word_timings", "boost_phrases")
+        return json.dumps({k: v for k, v in data.items() if v is not None and (k not in optional or v)})
 
 
 class _BareMessage:
@@ -186,6 +210,32 @@ class SetLanguageMessage:
 
 
 @dataclass(frozen=True)
+class SetBoostPhrasesMessage:
+    """Replace the session's boosted phrases (client to server); acknowledged by a ``boost`` message.
+
+    Only when ``ready.features`` lists ``"boost"`` (added within v1; older servers close with 4400).
+
+    Attributes:
+        phrases: The new phrases, cased as the model writes them; empty: boost nothing. Applies from the next
+            utterance (an utterance is decoded with one list). More or longer phrases than ``ready.limits``
+            allow, or characters the model cannot write, get a non-fatal ``error``: the session keeps its list.
+        alpha: Boosting weight; None: the server's default.
+
+    """
+
+    type: ClassVar[str] = "set_boost_phrases"
+    phrases: tuple[str, ...] = ()
+    alpha: float | None = None
+
+    def to_json(self) -> str:
+        """Serialize (``alpha`` omitted when None)."""
+        data: dict[str, object] = {"type": self.type, "phrases": list(self.phrases)}
+        if self.alpha is not None:
+            data["alpha"] = self.alpha
+        return json.dumps(data)
+
+
+@dataclass(frozen=True)
 class KeepaliveMessage(_BareMessage):
     """Resets the server's idle timer without sending audio (client to server)."""
 
@@ -215,6 +265,7 @@ ClientMessage = (
     | FinalizeMessage
     | SetLatencyMessage
     | SetLanguageMessage
+    | SetBoostPhrasesMessage
     | KeepaliveMessage
     | CloseMessage
     | PeekMessage
@@ -238,6 +289,8 @@ def parse_client_message(text: str | bytes) -> ClientMessage:
     kind = data.get("type")
     if kind == "config":
         known = {f.name: data[f.name] for f in fields(ConfigMessage) if f.name in data}
+        if known.get("boost_phrases") is not None:  # a JSON array: the message holds a tuple
+            known["boost_phrases"] = check_boost_phrases(known["boost_phrases"])
         try:
             msg = ConfigMessage(**known)
         except TypeError as e:  # pragma: no cover - dataclass kwargs are filtered above
@@ -253,10 +306,15 @@ def parse_client_message(text: str | bytes) -> ClientMessage:
                 "set_language needs language (a code such as 'es-ES', 'es' or 'auto', or null)"
             )
         return SetLanguageMessage(language=check_language(data["language"]))
+    if kind == "set_boost_phrases":
+        if "phrases" not in data:
+            raise ProtocolError('set_boost_phrases needs phrases (a list of strings; [] boosts nothing)')
+        phrases = check_boost_phrases(data["phrases"], "phrases")
+        return SetBoostPhrasesMessage(phrases=phrases, alpha=check_boost_alpha(data.get("alpha"), "alpha"))
     bare = {cls.type: cls for cls in (FinalizeMessage, KeepaliveMessage, CloseMessage, PeekMessage)}
     if isinstance(kind, str) and kind in bare:
         return bare[kind]()
     raise ProtocolError(
-        f"unknown message type {kind!r}; expected one of config, finalize, set_latency, set_language, keepalive, "
-        "close, peek"
+        f"unknown message type {kind!r}; expected one of config, finalize, set_latency, set_language, "
+        "set_boost_phrases, keepalive, close, peek"
     )

@@ -46,9 +46,14 @@ WORD_TIMINGS_FEATURE = "word_timings"
 #: ``ready.languages`` / ``ready.language``. Added within v1.
 LANGUAGE_FEATURE = "language"
 
+#: Optional feature: per-session phrase boosting, ``config.boost_phrases`` / ``config.boost_alpha`` and the
+#: ``set_boost_phrases`` message (answered by ``boost``); the server's limits are in ``ready.limits``
+#: (``max_boost_phrases``, ``max_boost_phrase_chars``). Added within v1.
+BOOST_FEATURE = "boost"
+
 #: The optional features this server supports, announced in ``ready.features`` (a client uses a feature only
 #: when it is listed there, so old clients and old servers keep working with new ones).
-SERVER_FEATURES: tuple[str, ...] = (PEEK_FEATURE, WORD_TIMINGS_FEATURE, LANGUAGE_FEATURE)
+SERVER_FEATURES: tuple[str, ...] = (PEEK_FEATURE, WORD_TIMINGS_FEATURE, LANGUAGE_FEATURE, BOOST_FEATURE)
 
 
 class ProtocolError(ValueError):
@@ -84,6 +89,31 @@ def check_language(value: object) -> str | None:
             f"or null, got {value!r:.60}"
         )
     return value
+
+
+def check_boost_phrases(value: object, name: str = "boost_phrases") -> tuple[str, ...]:
+    """A phrase list the protocol accepts: a JSON array of strings.
+
+    The server checks its limits and the model's vocabulary.
+
+    Raises:
+        ProtocolError: Anything else (a bare string included: it is one phrase, not a list of them).
+
+    """
+    if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
+        raise ProtocolError(
+            f"{name} must be a list of strings (phrases such as [\"Okafor\", \"Zyrtec\"]), got {value!r:.80}"
+        )
+    return tuple(value)
+
+
+def check_boost_alpha(value: object, name: str = "boost_alpha") -> float | None:
+    """A boosting weight the protocol accepts: null or a number (the server checks its range)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProtocolError(f"{name} must be a number or null, got {value!r:.60}")
+    return float(value)
 
 
 def load_object(text: str | bytes) -> dict[str, Any]:

@@ -157,6 +157,21 @@ class LanguageMessage:
 
 
 @dataclass(frozen=True)
+class BoostMessage:
+    """Acknowledges ``set_boost_phrases`` (server to client). Added within v1 (feature ``boost``).
+
+    Attributes:
+        count: How many phrases the session boosts from now on (0: none).
+        applied: ``"now"``, or ``"next_utterance"`` when the current utterance had started decoding.
+
+    """
+
+    type: ClassVar[str] = "boost"
+    count: int = 0
+    applied: str = "now"
+
+
+@dataclass(frozen=True)
 class ErrorMessage:
     """Something went wrong (server to client).
 
@@ -165,6 +180,8 @@ class ErrorMessage:
         reason: Short machine-readable reason (see :data:`CLOSE_REASONS`).
         message: Human-readable explanation, naming the fix where there is one.
         fatal: True when the server closes the connection with ``code`` right after this message.
+        request: The client message a non-fatal refusal answers; only ``"set_boost_phrases"`` (so a client can
+            tell its list was refused and keep the previous one), absent otherwise. Added within v1.
 
     """
 
@@ -173,6 +190,7 @@ class ErrorMessage:
     reason: str = "internal"
     message: str = ""
     fatal: bool = True
+    request: str | None = None
 
 
 @dataclass(frozen=True)
@@ -200,6 +218,7 @@ ServerMessage = (
     | FinalMessage
     | LatencyMessage
     | LanguageMessage
+    | BoostMessage
     | ErrorMessage
     | PeekResultMessage
 )
@@ -212,6 +231,7 @@ _SERVER_TYPES: dict[str, type[Any]] = {
         FinalMessage,
         LatencyMessage,
         LanguageMessage,
+        BoostMessage,
         ErrorMessage,
         PeekResultMessage,
     )
@@ -221,6 +241,7 @@ _SERVER_TYPES: dict[str, type[Any]] = {
 _OMITTED_WHEN_NONE: dict[type[Any], tuple[str, ...]] = {
     FinalMessage: ("words", "confidence", "language", "detected_language", "forced"),
     PartialMessage: ("language",),
+    ErrorMessage: ("request",),
 }
 
 

@@ -31,12 +31,12 @@ from pipecat_nemotron.engine import (
     StreamClosedError,
     StreamFailedError,
 )
+from pipecat_nemotron.engine.errors import BoostingUnavailableError, BoostPhraseError
 from pipecat_nemotron.server.errors import ClientGone, SessionError
-from pipecat_nemotron.server.pacing import PEEK_CONTROL_COST, Pacer
+from pipecat_nemotron.server.pacing import BOOST_CONTROL_COST, PEEK_CONTROL_COST, Pacer
 from pipecat_nemotron.server.peeks import PeekReplies
 from pipecat_nemotron.server.positions import AudioPositions
 from pipecat_nemotron.server.protocol import (
-    SERVER_FEATURES,
     CloseCode,
     CloseMessage,
     ConfigMessage,
@@ -45,8 +45,8 @@ from pipecat_nemotron.server.protocol import (
     KeepaliveMessage,
     PeekMessage,
     ProtocolError,
-    ReadyMessage,
     ServerMessage,
+    SetBoostPhrasesMessage,
     SetLanguageMessage,
     SetLatencyMessage,
     close_reason,
@@ -55,10 +55,13 @@ from pipecat_nemotron.server.protocol import (
 )
 from pipecat_nemotron.server.security import log_safe
 from pipecat_nemotron.server.stream_settings import (
+    boost_limits,
+    boost_reply,
     check_config,
     language_reply,
     latency_reply,
     partial_message,
+    ready_message,
     with_language,
 )
 from pipecat_nemotron.server.transport import Incoming, Transport, peer_close_code, remote_of
@@ -114,6 +117,7 @@ class Session:
         self._send_lock = asyncio.Lock()
         self._peeks = PeekReplies(session_id, self._send)
         self._positions = AudioPositions()
+        self._boost_limits = boost_limits(context.engine, context.config)
 
     # ---- public -------------------------------------------------------------------------------------------
 
@@ -130,26 +134,11 @@ class Session:
 
     async def run(self) -> None:
         """Serve the session until the client closes, goes away, or breaks a rule; always frees the slot."""
-        cfg = self.context.config
         try:
             if self.config is None:
                 self.config = await self._receive_config()
             self.stream = await self._open_stream(self.config)
-            engine = self.context.engine
-            await self._send(
-                ReadyMessage(
-                    session_id=self.session_id,
-                    server_id=self.context.server_id,
-                    model=self.context.model_name(),
-                    latency_ms=self.stream.latency_ms,
-                    latency_modes=engine.info.latency_modes,
-                    chunk_ms=self.stream.chunk_ms,
-                    limits={**cfg.announced_limits(), "max_utterance_s": engine.config.max_utterance_s},
-                    features=SERVER_FEATURES,
-                    languages=engine.info.languages,
-                    language=self.stream.language,
-                )
-            )
+            await self._send(ready_message(self.context, self.session_id, self.stream, self._boost_limits))
             logger.info(
                 f"ASR session {self.session_id} opened from {self.remote}: {self.config.latency_ms} ms mode, "
                 + (f"language {self.stream.language}, " if self.stream.language else "")
@@ -260,16 +249,27 @@ class Session:
 
     async def _open_stream(self, config: ConfigMessage) -> ASRStream:
         engine = self.context.engine
-        check_config(engine, config)
+        check_config(engine, config, self._boost_limits)
+
+        def open_stream() -> ASRStream:
+            return engine.open_stream(
+                latency_ms=config.latency_ms,
+                language=config.language,
+                boost_phrases=config.boost_phrases or None,
+                boost_alpha=config.boost_alpha,
+            )
+
         try:
             try:
-                return engine.open_stream(latency_ms=config.latency_ms, language=config.language)
+                return open_stream()
             except CapacityError:
                 # Admitted because a session whose client just left no longer counts: its stream closes
                 # within a poll interval (pacing.GONE_POLL_S) of that. Wait for it, briefly, rather than refuse.
                 if not await self.context.slot_freed(1.0):
                     raise
-                return engine.open_stream(latency_ms=config.latency_ms, language=config.language)
+                return open_stream()
+        except (BoostPhraseError, BoostingUnavailableError) as e:  # the model's characters, the weight, old NeMo
+            raise SessionError(CloseCode.PROTOCOL_ERROR, str(e)) from None
         except CapacityError as e:
             self.context.metrics.refused.labels("capacity").inc()
             self.end_how = "refused"
@@ -324,6 +324,9 @@ class Session:
             await self._send(await latency_reply(self.stream, msg.latency_ms))  # type: ignore[arg-type]
         elif isinstance(msg, SetLanguageMessage):
             await self._send(await language_reply(self.context.engine, self.stream, msg.language))  # type: ignore[arg-type]
+        elif isinstance(msg, SetBoostPhrasesMessage):
+            self._pacer.control_credit -= BOOST_CONTROL_COST - 1.0
+            await self._send(await boost_reply(self.stream, msg, self._boost_limits))  # type: ignore[arg-type]
         elif isinstance(msg, PeekMessage):
             self._pacer.control_credit -= PEEK_CONTROL_COST - 1.0
             self._peeks.request(self.stream, (self._audio_bytes, self.finals_requested))  # type: ignore[arg-type]

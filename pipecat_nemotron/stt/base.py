@@ -14,6 +14,7 @@ implements the transport: :meth:`NemotronSTTBase._finalize_p99_ms` (what the fin
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from loguru import logger
@@ -51,7 +52,7 @@ from pipecat_nemotron.stt.eager import (
 )
 from pipecat_nemotron.stt.ready import NemotronSTTUnavailableError, Readiness
 from pipecat_nemotron.stt.result import TranscriptResult
-from pipecat_nemotron.stt.settings import NemotronSTTSettings, frame_language
+from pipecat_nemotron.stt.settings import NemotronSTTSettings, check_boost_delta, frame_language
 from pipecat_nemotron.stt.ttfs import NEMOTRON_TTFS_P99, TTFS_MARGIN, VAD_STOP_SECS, ttfs_p99_from_finalize_ms
 
 __all__ = [
@@ -103,6 +104,8 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         ttfs_p99_latency: float | None = None,
         settings: NemotronSTTSettings | None = None,
         eager: EagerSettings | None = None,
+        boost_phrases: Sequence[str] | None = None,
+        boost_alpha: float | None = None,
         **kwargs: Any,
     ) -> None:
         """Validate and store the settings, then initialise the Pipecat service.
@@ -116,23 +119,27 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
                 English one). Checked against the model when it is loaded.
             ttfs_p99_latency: P99 speech-end-to-final time, seconds; None derives it from the measured
                 finalize times (:func:`ttfs_p99_from_finalize_ms`).
-            settings: Runtime settings (``latency_ms``); override ``latency_ms`` above.
+            settings: Runtime settings (:class:`NemotronSTTSettings`); override the arguments above.
+            boost_phrases: Phrases to boost, cased as the model writes them (see :class:`NemotronSTTSettings`).
+            boost_alpha: Boosting weight in (0, 10]; None: the engine's (or the server's) default.
             eager: The eager end of turn (:class:`~pipecat_nemotron.stt.eager.EagerSettings`): answer a predicted
                 end of turn before the VAD commits it. None (the default) turns it off. 0.1's keyword arguments
                 (``enable_eager_end_of_turn``, ``eager_silence_ms``, ...) still work, with a deprecation warning.
             **kwargs: Passed on to the next base (Pipecat's ``STTService`` or ``WebsocketSTTService``).
 
         Raises:
-            ValueError: Unsupported latency (the message names the allowed values), or a bad eager setting.
+            ValueError: Unsupported latency (the message names the allowed values), a bad eager or boost setting.
 
         """
         validate_latency_ms(latency_ms)
         if language is not None:
             language_code(language)
         default_settings = NemotronSTTSettings(model=model, language=language, latency_ms=latency_ms)
+        default_settings.boost_phrases, default_settings.boost_alpha = boost_phrases, boost_alpha  # type: ignore[assignment]
         if settings is not None:
             default_settings.apply_update(settings)
         validate_latency_ms(default_settings.latency_ms)  # type: ignore[arg-type]
+        default_settings.check_boost()
         eager = eager_from_kwargs(eager, kwargs)
         if eager is not None:
             eager.claim(self)
@@ -193,6 +200,13 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         """Switch the engine side of this session to :attr:`language` (called after the settings changed)."""
         raise NotImplementedError
 
+    def _check_boost(self, phrases: tuple[str, ...]) -> None:
+        """Raise ``ValueError`` if the model (or server) would refuse ``phrases`` (nothing while it is unknown)."""
+
+    async def _apply_boost(self) -> str | None:
+        """Give the engine side :attr:`boost_phrases` (after the settings changed); why it refused them, or None."""
+        raise NotImplementedError
+
     def _model_change_refusal(self) -> str:
         """The error pushed when a settings delta asks for another model."""
         return f"the model cannot change at run time (loaded: {self._settings.model})"
@@ -215,6 +229,16 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         if value is None or not is_given(value):
             return None
         return str(getattr(value, "value", value))
+
+    @property
+    def boost_phrases(self) -> tuple[str, ...]:
+        """The phrases boosted from the next utterance (normalised: whitespace collapsed, repeats removed)."""
+        return self._settings.boost_phrases  # type: ignore[return-value]
+
+    @property
+    def boost_alpha(self) -> float | None:
+        """The boosting weight asked for; None: the engine's (or the server's) default."""
+        return self._settings.boost_alpha  # type: ignore[return-value]
 
     def language_to_service_language(self, language: Language) -> str | None:
         """Pipecat's ``Language`` as the code the engine resolves against the model's languages."""
@@ -440,7 +464,14 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
             logger.info(
                 f"{self}: language -> {self.language or 'the model default'} (from the next utterance)"
             )
-        self._warn_unhandled_updated_settings(set(changed) - {"latency_ms", "model", "language"})
+        boost = {"boost_phrases", "boost_alpha"}
+        if changed.keys() & boost and (refusal := await self._apply_boost()) is not None:
+            for name in boost & changed.keys():  # the engine refused them: the settings keep the previous ones
+                setattr(self._settings, name, changed.pop(name))
+            await self.push_error(error_msg=f"boost phrases unchanged: {refusal}")
+        elif changed.keys() & boost:
+            logger.info(f"{self}: {len(self.boost_phrases)} boosted phrase(s) from the next utterance")
+        self._warn_unhandled_updated_settings(set(changed) - {"latency_ms", "model", "language", *boost})
         return changed
 
     async def _check_settings_delta(self, delta: STTSettings) -> None:
@@ -463,3 +494,6 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         if is_given(delta.model) and delta.model != self._settings.model:
             await self.push_error(error_msg=self._model_change_refusal())
             delta.model = NOT_GIVEN
+        refusal = check_boost_delta(delta, self._check_boost)
+        if refusal is not None:
+            await self.push_error(error_msg=refusal)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from loguru import logger
@@ -32,6 +32,8 @@ from pipecat_nemotron.engine import (
     TranscriptUpdate,
 )
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.engine.boosting import validate_boost_phrases
+from pipecat_nemotron.engine.errors import BoostingUnavailableError, BoostPhraseError
 from pipecat_nemotron.engine.shared import SharedEngines, shared_engines
 from pipecat_nemotron.nemo_loading import prefetch_nemo_imports
 from pipecat_nemotron.stt.base import NEMOTRON_TTFS_P99, NemotronSTTBase, NemotronSTTSettings
@@ -103,13 +105,17 @@ class NemotronSTTService(NemotronSTTBase):
             reported in an ``ErrorFrame`` with the seconds of audio it covered.
         cpu_threads: On CPU, torch's intra-op threads for the model (``EngineConfig.cpu_threads``; None: half
             the cores). Only with ``model``/``device``: an ``engine`` or ``engine_config`` carries its own.
-        settings: Runtime settings (``latency_ms``); overrides ``latency_ms`` above.
+        settings: Runtime settings (:class:`NemotronSTTSettings`); override the arguments above.
         eager: The eager end of turn (:class:`~pipecat_nemotron.stt.eager.EagerSettings`); None: off.
+        boost_phrases: Phrases to boost (names, product words), spelled and cased as the model writes them; None:
+            none. At most ``EngineConfig.max_boost_phrases`` of ``max_boost_phrase_chars``. Updatable, from the
+            next utterance: ``STTUpdateSettingsFrame(delta=NemotronSTTSettings(boost_phrases=[...]))``.
+        boost_alpha: Boosting weight in (0, 10]; None: the engine's default.
         **kwargs: :class:`~pipecat.services.stt_service.STTService`'s.
 
     Raises:
-        ValueError: Unsupported latency, device, ``load_wait_s``, ``final_timeout_s`` or ``cpu_threads`` (the
-            message names the allowed values).
+        ValueError: Unsupported latency, device, ``load_wait_s``, ``final_timeout_s``, ``cpu_threads`` or boost
+            phrases (the message names the allowed values). Characters the model cannot write fail the stream's open.
 
     """
 
@@ -130,6 +136,8 @@ class NemotronSTTService(NemotronSTTBase):
         cpu_threads: int | None = None,
         settings: NemotronSTTSettings | None = None,
         eager: EagerSettings | None = None,
+        boost_phrases: Sequence[str] | None = None,
+        boost_alpha: float | None = None,
         **kwargs: Any,
     ) -> None:
         """Create the service (arguments: see the class); the model loads off the event loop at ``StartFrame``."""
@@ -157,9 +165,14 @@ class NemotronSTTService(NemotronSTTBase):
             ttfs_p99_latency=ttfs_p99_latency,
             settings=settings,
             eager=eager,
+            boost_phrases=boost_phrases,
+            boost_alpha=boost_alpha,
             **kwargs,
         )
         self._engine_config = config
+        validate_boost_phrases(  # the engine's limits now; its model's characters when the stream opens
+            self.boost_phrases, max_phrases=config.max_boost_phrases, max_chars=config.max_boost_phrase_chars
+        )
         self._owned_engine = engine
         self._registry = registry or shared_engines
         self._load_wait_s = float(load_wait_s)
@@ -282,7 +295,12 @@ class NemotronSTTService(NemotronSTTBase):
 
     def _open_stream(self) -> None:
         assert self._engine is not None
-        self._stream = self._engine.open_stream(latency_ms=self.latency_ms, language=self.language)
+        self._stream = self._engine.open_stream(
+            latency_ms=self.latency_ms,
+            language=self.language,
+            boost_phrases=self.boost_phrases or None,
+            boost_alpha=self.boost_alpha,
+        )
         self._last_interim = ""  # a new stream starts its interim text afresh
         self._owed.reset()
         self._reader_task = self.create_task(self._read_updates(self._stream), name=f"{self}::results")
@@ -470,3 +488,12 @@ class NemotronSTTService(NemotronSTTBase):
         """Switch the open stream to the new mode (a stream opened later starts in it)."""
         if self._stream is not None and not self._stream.closed:
             self._stream.set_latency(self.latency_ms)
+
+    async def _apply_boost(self) -> str | None:
+        """Give the open stream the new phrases from its next utterance; the engine's refusal (limits, characters)."""
+        if self._stream is not None and not self._stream.closed:
+            try:
+                self._stream.set_boost_phrases(self.boost_phrases, alpha=self.boost_alpha)
+            except (BoostPhraseError, BoostingUnavailableError) as e:
+                return str(e)
+        return None

@@ -28,6 +28,7 @@ from pipecat_nemotron.server.protocol import (
     parse_server_message,
 )
 from pipecat_nemotron.server.security import MaskedHeaders, Secret
+from pipecat_nemotron.stt.remote.boost import BoostSetting
 
 #: Default server URL (a server on this machine).
 DEFAULT_URL = f"ws://127.0.0.1:8765{DEFAULT_PATH}"
@@ -87,6 +88,24 @@ class ServerRefusedError(ConnectionError):
     def __init__(self, code: int | None, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def session_config(
+    latency_ms: int, sample_rate: int, language: str | None, boost: BoostSetting
+) -> ConfigMessage:
+    """The ``config`` a Pipecat client opens a session with: its settings, word timings on.
+
+    Phrases are left out when there are none, so a client without them sends what older clients send.
+    """
+    return ConfigMessage(
+        latency_ms=latency_ms,
+        sample_rate=sample_rate,
+        word_timings=True,
+        client="pipecat-nemotron/NemotronServerSTTService",
+        language=language,
+        boost_phrases=boost.phrases or None,
+        boost_alpha=boost.alpha,
+    )
 
 
 async def receive_ready(ws: Any, config: ConfigMessage, timeout_s: float) -> ReadyMessage:

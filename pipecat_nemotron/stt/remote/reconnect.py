@@ -203,6 +203,18 @@ class SessionLost(ConnectionError):
         self.code = code
 
 
+def session_end(code: int | None, reason: str) -> str:
+    """The error of a session the server closed with a permanent ``code`` (a reconnect would fail the same way).
+
+    Raises:
+        SessionLost: Any other code (or none): the caller reconnects.
+
+    """
+    if is_permanent(code):
+        return f"the Nemotron ASR server closed the session ({code} {close_reason(code or 0)}): {reason}"
+    raise SessionLost(code, reason or "the connection was lost")
+
+
 def _http_status(error: BaseException) -> int | None:
     if isinstance(error, InvalidStatus):
         return int(error.response.status_code)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from loguru import logger
@@ -30,9 +30,9 @@ from websockets.protocol import State
 
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.server.protocol import (
+    BOOST_FEATURE,
     LANGUAGE_FEATURE,
-    PEEK_FEATURE,
-    ConfigMessage,
+    BoostMessage,
     ErrorMessage,
     FinalizeMessage,
     FinalMessage,
@@ -40,17 +40,17 @@ from pipecat_nemotron.server.protocol import (
     LanguageMessage,
     LatencyMessage,
     PartialMessage,
-    PeekMessage,
     PeekResultMessage,
     ReadyMessage,
+    SetBoostPhrasesMessage,
     SetLanguageMessage,
     SetLatencyMessage,
-    close_reason,
     is_permanent,
 )
 from pipecat_nemotron.server.security import MaskedHeaders, Secret
 from pipecat_nemotron.stt.base import NemotronSTTBase, NemotronSTTSettings
 from pipecat_nemotron.stt.eager import EagerSettings
+from pipecat_nemotron.stt.remote.boost import BoostRequests, BoostSetting, boost_problem
 from pipecat_nemotron.stt.remote.finals import OwedServerFinals
 from pipecat_nemotron.stt.remote.handshake import (
     DEFAULT_URL,
@@ -62,9 +62,10 @@ from pipecat_nemotron.stt.remote.handshake import (
     language_problem,
     receive_ready,
     server_messages,
+    session_config,
 )
 from pipecat_nemotron.stt.remote.peeks import PeekRequests
-from pipecat_nemotron.stt.remote.reconnect import ReconnectPolicy, ReconnectRecord, SessionKeeper, SessionLost
+from pipecat_nemotron.stt.remote.reconnect import ReconnectPolicy, ReconnectRecord, SessionKeeper, session_end
 from pipecat_nemotron.stt.remote.replay import pieces
 from pipecat_nemotron.stt.result import TranscriptResult
 
@@ -118,9 +119,12 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
         keepalive_interval: How often to check for keepalive, s.
         ttfs_p99_latency: P99 speech-end-to-final time, s. Default: 0.2 s (VAD stop) plus 1.5x the
             measured finalize round trip once measured, or ``NEMOTRON_TTFS_P99`` before that.
-        settings: Runtime settings (``latency_ms``, ``language``); override the arguments above.
+        settings: Runtime settings (``latency_ms``, ``language``, ``boost_phrases``); override the arguments above.
         eager: The eager end of turn (:class:`~pipecat_nemotron.stt.eager.EagerSettings`); None: off.
-        **kwargs: Passed to :class:`~pipecat.services.stt_service.WebsocketSTTService`.
+        boost_phrases: Phrases to boost, cased as the server's model writes them; None: none. Updatable like
+            ``language``. A server without the ``boost`` feature: an ``ErrorFrame`` says they are not boosted.
+        **kwargs: ``boost_alpha`` (weight in (0, 10]; None: the server's default), then Pipecat's
+            :class:`~pipecat.services.stt_service.WebsocketSTTService`'s.
 
     Raises:
         ValueError: Unsupported latency, a URL that is not ``ws://`` / ``wss://``, or a bad reconnect value
@@ -148,6 +152,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
         ttfs_p99_latency: float | None = None,
         settings: NemotronSTTSettings | None = None,
         eager: EagerSettings | None = None,
+        boost_phrases: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         """Create the service. It connects at ``StartFrame``. Arguments: see the class."""
@@ -161,6 +166,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
             ttfs_p99_latency=ttfs_p99_latency,
             settings=settings,
             eager=eager,
+            boost_phrases=boost_phrases,
             keepalive_timeout=keepalive_timeout,
             keepalive_interval=keepalive_interval,
             reconnect_backoff_min_wait=policy.min_wait_s,
@@ -195,6 +201,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
         self._fatal_error: ErrorMessage | None = None
         self._max_send_bytes = MAX_AUDIO_MESSAGE_BYTES
         self._peeks = PeekRequests()
+        self._boosts = BoostRequests()
         self.sessions_opened = 0
 
     # ---- properties ---------------------------------------------------------------------------------------
@@ -283,13 +290,8 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
         logger.debug(f"{self}: connecting to {self._address.url}")
         ws = await self._address.connect(self._websocket_connect)
         self._websocket = ws
-        config = ConfigMessage(
-            latency_ms=self.latency_ms,
-            sample_rate=self.sample_rate,
-            word_timings=True,
-            client="pipecat-nemotron/NemotronServerSTTService",
-            language=self.language,  # the current one: a reconnect keeps the language of the session it replaces
-        )
+        boost = BoostSetting(self.boost_phrases, self.boost_alpha)  # a reconnect keeps the session's settings
+        config = session_config(self.latency_ms, self.sample_rate, self.language, boost)
         try:
             msg = await receive_ready(ws, config, self._address.timeout_s)
         except ServerRefusedError as e:
@@ -326,7 +328,10 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
             self._ready = ready
             self._settings.model = ready.model
             self._fatal_error = None
+            ignored = self._boosts.opened(ready, BoostSetting(self.boost_phrases, self.boost_alpha))
         self._readiness.ready()
+        if ignored is not None:
+            await self.push_error(error_msg=ignored)
         self.sessions_opened += 1
         logger.info(
             f"{self}: connected to the Nemotron ASR server (session {ready.session_id}, {ready.model})"
@@ -356,14 +361,10 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
         self._ready = None
         if self._disconnecting:
             return
-        code = ws.close_code
-        reason = self._fatal_error.message if self._fatal_error else (ws.close_reason or "")
-        if is_permanent(code):
-            msg = f"the Nemotron ASR server closed the session ({code} {close_reason(code or 0)}): {reason}"
-            logger.error(f"{self}: {msg}")
-            await self._report_error(ErrorFrame(msg), force_treat_as_permanent=True)
-            return
-        raise SessionLost(code, reason or "the connection was lost")
+        # A permanent close is reported; any other raises SessionLost: the keeper reconnects.
+        msg = session_end(ws.close_code, self._fatal_error.message if self._fatal_error else (ws.close_reason or ""))
+        logger.error(f"{self}: {msg}")
+        await self._report_error(ErrorFrame(msg), force_treat_as_permanent=True)
 
     async def _handle_message(self, msg: Any) -> None:
         if isinstance(msg, PartialMessage):
@@ -373,16 +374,16 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
             await self._on_final(msg)
         elif isinstance(msg, PeekResultMessage):
             self._peeks.answer(msg.text)
-        elif isinstance(msg, LatencyMessage):
-            logger.debug(f"{self}: latency mode {msg.latency_ms} ms applies {msg.applied}")
-        elif isinstance(msg, LanguageMessage):
-            logger.debug(f"{self}: language {msg.language} applies {msg.applied}")
+        elif isinstance(msg, (LatencyMessage, LanguageMessage, BoostMessage)):
+            self._boosts.answered(msg)
+            logger.debug(f"{self}: {msg}")
+        elif isinstance(msg, ErrorMessage) and msg.fatal:
+            self._fatal_error = msg
+            logger.warning(f"{self}: server error {msg.code} ({msg.reason}): {msg.message}")
         elif isinstance(msg, ErrorMessage):
-            if msg.fatal:
-                self._fatal_error = msg
-                logger.warning(f"{self}: server error {msg.code} ({msg.reason}): {msg.message}")
-            else:
-                await self.push_error(error_msg=f"Nemotron ASR server: {msg.message}")
+            if (kept := self._boosts.answered(msg)) is not None:  # a list refused: the server's list stays
+                self._settings.boost_phrases, self._settings.boost_alpha = kept
+            await self.push_error(error_msg=f"Nemotron ASR server: {msg.message}")
 
     # ---- audio in -----------------------------------------------------------------------------------------
 
@@ -429,13 +430,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
 
     async def _peek_text(self) -> str:
         """A ``peek`` round trip: the open utterance's text as its final would be now ("" if the server lacks it)."""
-        ws, ready = self._websocket, self._ready
-        if ws is None or ready is None or PEEK_FEATURE not in ready.features:
-            return ""
-        async with self._send_lock:  # after the audio sent so far, which it covers
-            answer = self._peeks.request()
-            await ws.send(PeekMessage().to_json())
-        return await asyncio.wait_for(answer, self._owed.final_timeout_s)
+        return await self._peeks.round_trip(self._websocket, self._ready, self._send_lock, self._owed.final_timeout_s)
 
     async def _on_final(self, msg: FinalMessage) -> None:
         rtt_ms = self._owed.confirm(msg, self._bytes_per_ms)
@@ -480,17 +475,24 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
 
     async def _apply_language(self) -> None:
         """Tell the server the new language (a reconnect's ``config`` carries it anyway)."""
-        ready = self._ready
-        if ready is not None and LANGUAGE_FEATURE not in ready.features:
-            logger.warning(
-                f"{self}: the ASR server has no 'language' feature (an older server); language unchanged"
-            )
-            return
-        await self._send_setting(SetLanguageMessage(language=self.language))
+        await self._send_setting(SetLanguageMessage(language=self.language), LANGUAGE_FEATURE)
 
-    async def _send_setting(self, msg: SetLatencyMessage | SetLanguageMessage) -> None:
+    def _check_boost(self, phrases: tuple[str, ...]) -> None:
+        """The server's feature and limits, from the session's ``ready`` (nothing while disconnected)."""
+        boost_problem(self._ready, phrases)
+
+    async def _apply_boost(self) -> None:
+        """Tell the server the new phrases (a reconnect's ``config`` carries them anyway)."""
+        await self._send_setting(SetBoostPhrasesMessage(self.boost_phrases, self.boost_alpha), BOOST_FEATURE)
+
+    async def _send_setting(self, msg: Any, feature: str | None = None) -> None:
+        """Send a ``set_*`` message if the server has its ``feature``."""
+        if feature is not None and self._ready is not None and feature not in self._ready.features:
+            logger.warning(f"{self}: the ASR server has no {feature!r} feature (an older server); {msg.type} not sent")
+            return
         async with self._send_lock:
             if self._ready is not None and self._websocket is not None:
+                self._boosts.sending(msg)
                 try:
                     await self._websocket.send(msg.to_json())
                 except Exception as e:  # the reconnect's config carries the new setting
