@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from pipecat_nemotron.engine.gil import DEFAULT_SWITCH_INTERVAL_MS, check_switch_interval
+
 #: The default model: NVIDIA's cache-aware streaming English ASR (600M FastConformer-RNNT).
 DEFAULT_MODEL = "nvidia/nemotron-speech-streaming-en-0.6b"
 
@@ -140,6 +142,11 @@ class EngineConfig:
             speech goes on as the next utterance, decoded without interruption (no word lost or changed; see
             :mod:`~pipecat_nemotron.engine.splits`). At 60 s a final with word timings stays under 20 KB. None:
             no limit.
+        gil_switch_interval_ms: At ``start()``, lower Python's thread switch interval (process-wide, never
+            raised) to this many ms (:mod:`~pipecat_nemotron.engine.gil`): the model thread takes the GIL back
+            after each torch op within this time while the event loop runs Python. CPython's 5 ms default made
+            ASR finalizes take seconds with 8 sessions in one process on 2 vCPUs (``docs/BENCHMARKS.md`` §12).
+            None: leave the interval as it is.
 
     """
 
@@ -161,8 +168,10 @@ class EngineConfig:
     word_timings: bool = True
     word_timing_offsets_ms: tuple[float, float] | None = None
     max_utterance_s: float | None = 60.0
+    gil_switch_interval_ms: float | None = DEFAULT_SWITCH_INTERVAL_MS
 
     def __post_init__(self) -> None:
+        check_switch_interval(self.gil_switch_interval_ms)
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError("model must be a .nemo path or a model id such as " + repr(DEFAULT_MODEL))
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "int8"):

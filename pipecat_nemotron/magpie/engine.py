@@ -31,6 +31,7 @@ import numpy as np
 from loguru import logger
 
 from pipecat_nemotron.devices import resolve_device
+from pipecat_nemotron.engine.gil import shorten_switch_interval
 from pipecat_nemotron.magpie.errors import MagpieEngineError, MagpieSynthesisError
 from pipecat_nemotron.magpie.loading import check_model_source, check_tts_dependencies, load_magpie_model
 from pipecat_nemotron.magpie.options import (
@@ -142,6 +143,9 @@ class MagpieEngine:
         self._submit_lock = threading.Lock()
         self._jobs: queue.Queue[SynthesisStream | None] = queue.Queue()
         self._current: SynthesisStream | None = None
+        # The worker's small torch ops each take the GIL back; CPython's 5 ms switch interval starved it (and the
+        # ASR thread) behind the event loop. Lowered only, process-wide (pipecat_nemotron.engine.gil).
+        shorten_switch_interval()
         self._thread = threading.Thread(target=self._run, name=f"magpie-tts-{id(self):x}", daemon=True)
         self._thread.start()
 
