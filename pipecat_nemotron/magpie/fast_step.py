@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from pipecat_nemotron.magpie.alignment import align_row, attend, feed_forward, row_flags
+from pipecat_nemotron.magpie.alignment import align_rows, attend, feed_forward, row_flags
 from pipecat_nemotron.magpie.step_state import (
     MIN_CAPACITY,
     Row,
@@ -432,8 +432,7 @@ class FastMagpieStep:
         model, params = self.model, self.params
         rows = out.rows
         if params.apply_attention_prior:
-            for row in rows:
-                align_row(model, params, row, out.scores)
+            align_rows(model, params, rows, out.scores)
         flags = [row_flags(model, params, row) for row in rows]
         draw = forced is None or len(forced) < len(rows)
         picker = RowsPicker(model, rows, flags, draw)
