@@ -62,3 +62,16 @@ def test_magpie_engine_lowers_the_interval(cpython_default_interval: None, tiny_
         assert sys.getswitchinterval() == pytest.approx(DEFAULT_SWITCH_INTERVAL_MS / 1000)
     finally:
         engine.close()
+
+
+def test_magpie_engine_leaves_the_interval_when_told(cpython_default_interval: None, tiny_magpie) -> None:
+    from pipecat_nemotron.magpie import MagpieEngine
+
+    magpie, codec = tiny_magpie
+    engine = MagpieEngine(
+        str(magpie), device="cpu", codec_model_path=str(codec), warmup=False, gil_switch_interval_ms=None
+    )
+    try:
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+    finally:
+        engine.close()
