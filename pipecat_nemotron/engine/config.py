@@ -145,7 +145,7 @@ class EngineConfig:
         gil_switch_interval_ms: At ``start()``, lower Python's thread switch interval (process-wide, never
             raised) to this many ms (:mod:`~pipecat_nemotron.engine.gil`): the model thread takes the GIL back
             after each torch op within this time while the event loop runs Python. CPython's 5 ms default made
-            ASR finalizes take seconds with 8 sessions in one process on 2 vCPUs (``docs/BENCHMARKS.md`` §12).
+            ASR finalizes take seconds with 8 sessions in one process on 2 loaded vCPUs (``docs/BENCHMARKS.md`` §12).
             None: leave the interval as it is.
 
     """

@@ -4,9 +4,10 @@ A model thread (the ASR engine's step thread, the Magpie worker) runs hundreds o
 each op releases the GIL and takes it back. While another thread runs pure Python (the event loop's Pipecat
 pipelines, a VAD, the other model's bookkeeping), taking the GIL back waits until that thread is asked to drop
 it, which CPython does only after the switch interval (5 ms by default). A step of a few hundred ops then takes
-seconds instead of tens of milliseconds: measured with 8 sessions of the whole agent on 2 vCPUs, the ASR finalize
-p50 went from 3.4 s to 0.37 s with a 0.5 ms interval (``docs/BENCHMARKS.md`` §12). The interval is process-wide,
-so an engine only ever lowers it, never raises it, and logs what it set.
+seconds instead of tens of milliseconds: measured with 8 sessions of the whole agent on 2 loaded vCPUs, the ASR
+finalize p50 went from 3.3 s to 0.55 s with a 0.5 ms interval; no difference on a quieter machine
+(``docs/BENCHMARKS.md`` §12). The interval is process-wide, so an engine only ever lowers it, never raises it, and
+logs what it set.
 """
 
 from __future__ import annotations
