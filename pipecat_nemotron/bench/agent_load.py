@@ -33,6 +33,7 @@ from pipecat_nemotron.bench import common, output
 from pipecat_nemotron.bench.audio import load_clips
 from pipecat_nemotron.bench.eager import _NEVER_MS as NEVER_MS
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.engine.gil import DEFAULT_SWITCH_INTERVAL_MS
 from pipecat_nemotron.latency_stats import TurnLatency, percentile
 
 NAME = "agent-load"
@@ -71,6 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="silence after each user turn, s: room for the reply (default: 5)",
     )
     parser.add_argument("--seed", type=int, default=0, help="clip choice seed (default: 0)")
+    parser.add_argument(
+        "--gil-switch-ms",
+        type=float,
+        default=DEFAULT_SWITCH_INTERVAL_MS,
+        help="Python thread switch interval the engines set, ms (default: %(default)s; 5 is CPython's own)",
+    )
 
 
 # ---- sessions -------------------------------------------------------------------------------------------------
@@ -145,6 +152,7 @@ async def run_load(
     records = [t for turns in per_session for t in turns]
     v2v = [t.v2v_ms for t in records if t.v2v_ms is not None]
     tts = [t.tts_ttfb_ms for t in records if t.tts_ttfb_ms is not None]
+    asr = [t.asr_finalize_ms for t in records if t.asr_finalize_ms is not None]
     return {
         "step": step,
         "sessions": count,
@@ -153,6 +161,7 @@ async def run_load(
         "v2v_p50": percentile(v2v, 50) if v2v else None,
         "v2v_p90": percentile(v2v, 90) if v2v else None,
         "tts_first_audio_p50": percentile(tts, 50) if tts else None,
+        "asr_finalize_p50": percentile(asr, 50) if asr else None,
         "turns": [t.to_dict() for t in records],
     }
 
@@ -169,10 +178,21 @@ async def bench(args: argparse.Namespace, result: dict[str, Any]) -> list[dict[s
     with tempfile.TemporaryDirectory() as tmp:
         wavs, result["audio"] = write_sessions(args, Path(tmp))
         magpie_path, _ = build_tiny_magpie(Path(tmp) / "magpie", end_of_speech_bias=-30.0)
-        config = EngineConfig(model=str(spec.path), device=args.device, max_streams=max(args.sessions))
+        config = EngineConfig(
+            model=str(spec.path),
+            device=args.device,
+            max_streams=max(args.sessions),
+            gil_switch_interval_ms=args.gil_switch_ms,
+        )
         async with NemotronEngine(config) as asr:
             for step in args.steps:
-                magpie = MagpieEngine(str(magpie_path), device="cpu", step=step, max_batch=max(args.sessions))
+                magpie = MagpieEngine(
+                    str(magpie_path),
+                    device="cpu",
+                    step=step,
+                    max_batch=max(args.sessions),
+                    gil_switch_interval_ms=args.gil_switch_ms,
+                )
                 try:
                     await magpie.wait_ready()
                     for count in args.sessions:
@@ -202,6 +222,7 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
                 r["v2v_p90"],
                 ratio,
                 r["tts_first_audio_p50"],
+                r.get("asr_finalize_p50"),
                 f"{r['answered']}/{r['owed']}",
             ]
         )
@@ -212,6 +233,7 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
         "v2v p90 ms",
         "p50 vs N=1",
         "TTS first audio p50 ms",
+        "ASR finalize p50 ms",
         "turns answered",
     ]
     return output.format_table(headers, rows)
@@ -248,6 +270,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["table"] = table(runs)
     summary = (
         f"agent load, {args.turns} turns per session, LLM first token {args.ttft_ms} ms, "
+        f"GIL switch interval {args.gil_switch_ms:g} ms, "
         f"{args.reply_s:g} s replies\n{result['table']}"
     )
     output.finish(args.out, NAME, result, figure(runs), summary)

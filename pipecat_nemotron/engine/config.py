@@ -15,6 +15,7 @@ from pipecat_nemotron.engine.boosting import (
     validate_boost_phrases,
     validate_limits,
 )
+from pipecat_nemotron.engine.gil import DEFAULT_SWITCH_INTERVAL_MS, check_switch_interval
 
 #: The default model: NVIDIA's cache-aware streaming English ASR (600M FastConformer-RNNT).
 DEFAULT_MODEL = "nvidia/nemotron-speech-streaming-en-0.6b"
@@ -160,6 +161,11 @@ class EngineConfig:
             ``docs/BENCHMARKS.md`` section 15). 0 turns phrase boosting off: the decoder is built without it and
             ``boost_phrases`` are refused.
         max_boost_phrase_chars: Longest phrase, characters (default 64).
+        gil_switch_interval_ms: At ``start()``, lower Python's thread switch interval (process-wide, never
+            raised) to this many ms (:mod:`~pipecat_nemotron.engine.gil`): the model thread takes the GIL back
+            after each torch op within this time while the event loop runs Python. CPython's 5 ms default made
+            ASR finalizes take seconds with 8 sessions in one process on 2 loaded vCPUs (``docs/BENCHMARKS.md`` §12).
+            None: leave the interval as it is.
 
     """
 
@@ -185,8 +191,10 @@ class EngineConfig:
     default_boost_alpha: float = DEFAULT_BOOST_ALPHA
     max_boost_phrases: int = DEFAULT_MAX_BOOST_PHRASES
     max_boost_phrase_chars: int = DEFAULT_MAX_BOOST_PHRASE_CHARS
+    gil_switch_interval_ms: float | None = DEFAULT_SWITCH_INTERVAL_MS
 
     def __post_init__(self) -> None:
+        check_switch_interval(self.gil_switch_interval_ms)
         self._check_boosting()
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError("model must be a .nemo path or a model id such as " + repr(DEFAULT_MODEL))

@@ -20,6 +20,7 @@ from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
 from pipecat_nemotron.engine.boosting import BoostList, BoostRules
 from pipecat_nemotron.engine.config import EngineConfig, default_cpu_threads, validate_latency_ms
 from pipecat_nemotron.engine.errors import CapacityError, EngineNotRunningError
+from pipecat_nemotron.engine.gil import shorten_switch_interval
 from pipecat_nemotron.engine.languages import LanguagePrompts, resolve_prompt
 from pipecat_nemotron.engine.scheduler import Scheduler, StepStats
 from pipecat_nemotron.engine.splits import join_forced_finals
@@ -120,6 +121,7 @@ class NemotronEngine:
             if self._scheduler is not None:
                 return
             self._loop = asyncio.get_running_loop()
+            shorten_switch_interval(self.config.gil_switch_interval_ms)
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemotron-asr")
             t0 = time.perf_counter()
             try:

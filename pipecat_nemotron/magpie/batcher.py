@@ -62,6 +62,7 @@ class FastBatcher:
         self._step = self._new_step()
         self._active: list[_Active] = []
         self._waiting: collections.deque[SynthesisStream] = collections.deque()
+        self._jobs: queue.Queue[SynthesisStream | None] | None = None
         self.steps = 0
 
     def _new_step(self) -> FastMagpieStep:
@@ -90,6 +91,7 @@ class FastBatcher:
 
     def serve(self, jobs: queue.Queue[SynthesisStream | None]) -> None:
         """Run until the ``None`` sentinel arrives (then cancel whatever is left)."""
+        self._jobs = jobs
         while not self._drain(jobs, block=not self._active and not self._waiting):
             try:
                 self._admit()
@@ -126,21 +128,41 @@ class FastBatcher:
     def _admit(self) -> None:
         """Admit waiting requests up to ``max_batch``; their first chunks are prefilled in one batched call."""
         joining: list[_Active] = []
-        while self._waiting and len(self._active) + len(joining) < self._max_batch:
-            stream = self._waiting.popleft()
-            if stream.cancelled or self._engine.closed:
-                stream._finish("cancelled")
-                continue
-            try:
-                item = self._start(stream)
-            except Exception as e:
-                logger.opt(exception=e).error(f"{self._engine}: synthesis #{stream.id} failed to start: {e}")
-                stream._finish("failed", e)
-                continue
-            if item is not None:
-                joining.append(item)
+        while True:
+            while self._waiting and len(self._active) + len(joining) < self._max_batch:
+                stream = self._waiting.popleft()
+                if stream.cancelled or self._engine.closed:
+                    stream._finish("cancelled")
+                    continue
+                try:
+                    item = self._start(stream)
+                except Exception as e:
+                    logger.opt(exception=e).error(f"{self._engine}: synthesis #{stream.id} failed to start: {e}")
+                    stream._finish("failed", e)
+                    continue
+                if item is not None:
+                    joining.append(item)
+            # Requests submitted while those were tokenised join the same prefill: otherwise a burst splits into a
+            # lone prefill and a batch that waits for it (seconds for the 357M model on CPU).
+            if not joining or len(self._active) + len(joining) >= self._max_batch or not self._pull():
+                break
         self._active.extend(joining)
         self._next_rows(joining)
+
+    def _pull(self) -> bool:
+        """Move requests already queued to the waiting line (the stop sentinel stays queued); True if any came."""
+        jobs, came = self._jobs, False
+        while jobs is not None:
+            try:
+                stream = jobs.get_nowait()
+            except queue.Empty:
+                break
+            if stream is None:
+                jobs.put(None)  # serve()'s next drain stops; close() refuses submits after it.
+                break
+            self._waiting.append(stream)
+            came = True
+        return came
 
     def _start(self, stream: SynthesisStream) -> _Active | None:
         engine = self._engine

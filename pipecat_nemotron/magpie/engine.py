@@ -31,6 +31,7 @@ import numpy as np
 from loguru import logger
 
 from pipecat_nemotron.devices import resolve_device
+from pipecat_nemotron.engine import gil
 from pipecat_nemotron.magpie.errors import MagpieEngineError, MagpieSynthesisError
 from pipecat_nemotron.magpie.loading import check_model_source, check_tts_dependencies, load_magpie_model
 from pipecat_nemotron.magpie.options import (
@@ -80,6 +81,7 @@ class MagpieEngine:
         max_batch: int = 8,
         dtype: str = "float32",
         cuda_graphs: bool = True,
+        gil_switch_interval_ms: float | None = gil.DEFAULT_SWITCH_INTERVAL_MS,
     ) -> None:
         """Validate the arguments and start loading the model on the engine's worker thread.
 
@@ -98,6 +100,8 @@ class MagpieEngine:
             dtype: ``"float32"`` or ``"bfloat16"`` (fast step only; the codec stays fp32, sampling runs in fp32).
             cuda_graphs: On CUDA, run the fast step's decoder and local transformer as CUDA graphs per batch bucket
                 (captured on first use; each capture is logged with the memory it took).
+            gil_switch_interval_ms: Lower Python's thread switch interval (process-wide, never raised) to this
+                many ms, so the worker's torch ops are not starved behind the event loop (:mod:`.engine.gil`).
 
         Raises:
             ImportError: NeMo's TTS collection is missing (the message names the extra to install).
@@ -107,6 +111,7 @@ class MagpieEngine:
         """
         check_tts_dependencies(model)
         check_model_source(model, codec_model_path)
+        gil.check_switch_interval(gil_switch_interval_ms)
         if decode_context_frames is not None and (
             not isinstance(decode_context_frames, int) or decode_context_frames < 0
         ):
@@ -142,6 +147,7 @@ class MagpieEngine:
         self._submit_lock = threading.Lock()
         self._jobs: queue.Queue[SynthesisStream | None] = queue.Queue()
         self._current: SynthesisStream | None = None
+        gil.shorten_switch_interval(gil_switch_interval_ms)
         self._thread = threading.Thread(target=self._run, name=f"magpie-tts-{id(self):x}", daemon=True)
         self._thread.start()
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from pipecat_nemotron.magpie.alignment import align_row, attend, row_flags
+from pipecat_nemotron.magpie.alignment import align_rows, attend, feed_forward, row_flags
 from pipecat_nemotron.magpie.step_state import (
     MIN_CAPACITY,
     Row,
@@ -86,6 +86,10 @@ class FastMagpieStep:
         self._index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._use_lt = str(getattr(model.local_transformer_type, "value", "none")) == "autoregressive"
         self._lt_kv_cache = bool(self.params.use_LT_kv_cache)
+        #: Run the local transformer one position at a time with our own cache (:meth:`_lt_position`); False:
+        #: NeMo's module over all positions so far (:meth:`_lt_logits`, the static shapes CUDA graphs need).
+        self._lt_by_position = True
+        self._all_true = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
 
     # Joining and leaving.
 
@@ -134,7 +138,9 @@ class FastMagpieStep:
             del self._slots[taken:]  # The step's other rows are untouched; their slots come first.
             raise
 
-    def _prefill_rows(self, ctx: Any, prefix: torch.Tensor, bos_emb: torch.Tensor, rows: list[Row]) -> list[Row]:
+    def _prefill_rows(
+        self, ctx: Any, prefix: torch.Tensor, bos_emb: torch.Tensor, rows: list[Row]
+    ) -> list[Row]:
         """Take slots for ``rows`` and prefill them (and, once per step object, the shared unconditional row)."""
         model, count, add = self.model, len(rows), ctx.additional_decoder_input
         for row in rows:
@@ -146,7 +152,9 @@ class FastMagpieStep:
         xs, memories, masks, slots = [prefix], [ctx.cond], [ctx.cond_mask.bool()], [row.slot for row in rows]
         cached = self._uncond_prefill
         fresh_uncond = bool(cfg) and (cached is None or cached[0] != prefix.shape[1])
-        if fresh_uncond:  # The unconditional row sees zero context and zero text: one prefill for every request.
+        if (
+            fresh_uncond
+        ):  # The unconditional row sees zero context and zero text: one prefill for every request.
             dummy_cond, dummy_mask, dummy_add, _, _ = model.prepare_dummy_cond_for_cfg(
                 ctx.cond[:1], ctx.cond_mask[:1], None if add is None else add[:1], ctx.additional_decoder_mask
             )
@@ -274,7 +282,7 @@ class FastMagpieStep:
             x = x + xa.o_net(y)
             if index in self._align_layers:
                 scores.append(prob[:, :, -1, :].mean(dim=1))
-            x = x + layer.pos_ff(layer.norm_pos_ff(x), torch.ones(batch, steps, device=x.device, dtype=x.dtype))
+            x = x + feed_forward(layer.pos_ff, layer.norm_pos_ff(x))
         out = decoder.norm_out(x)[:, -1, :]
         return out, torch.stack(scores, 1).mean(dim=1)
 
@@ -351,6 +359,38 @@ class FastMagpieStep:
             emb, positions, torch.arange(n, device=self.device), self_mask, length, prior, read=slice(0, n)
         )
 
+    def _lt_position(
+        self, x: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]], pos: int
+    ) -> torch.Tensor:
+        """The local transformer on one new position ``x (slots, 1, d_lt)`` at ``pos``; its output ``(slots, d_lt)``.
+
+        NeMo's cached local transformer (``use_LT_kv_cache``) attends from the new position only, but re-runs
+        every earlier position's feed-forward at each codebook; this runs each position once, into ``cache``
+        (per layer, keys and values ``(slots, heads, codebooks, d_head)``).
+        """
+        lt = self.model._lt_helper.local_transformer
+        if lt.use_learnable_pos_emb:
+            x = x + lt.position_embeddings.weight[pos]
+        for layer, (keys, values) in zip(lt.layers, cache, strict=True):
+            sa = layer.self_attention
+            qkv = sa.qkv_net(layer.norm_self(x)).reshape(x.shape[0], 1, 3, sa.n_heads, sa.d_head)
+            q, k, v = (t.squeeze(2).transpose(1, 2) for t in qkv.chunk(3, dim=2))
+            keys[:, :, pos : pos + 1] = k
+            values[:, :, pos : pos + 1] = v
+            y, _ = attend(q, keys[:, :, : pos + 1], values[:, :, : pos + 1], self._all_true, sa.scale, None)
+            x = x + sa.o_net(y)
+            x = x + feed_forward(layer.pos_ff, layer.norm_pos_ff(x))
+        return lt.norm_out(x)[:, 0]
+
+    def _lt_cache(self, slots: int, like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Empty local-transformer keys/values per layer, ``(slots, heads, codebooks, d_head)`` each."""
+        layers = self.model._lt_helper.local_transformer.layers
+        shapes = [
+            (slots, la.self_attention.n_heads, self.model.num_audio_codebooks, la.self_attention.d_head)
+            for la in layers
+        ]
+        return [(like.new_empty(shape), like.new_empty(shape)) for shape in shapes]
+
     def _lt_logits(self, x: torch.Tensor, codebook: int) -> torch.Tensor:
         """The local transformer on ``x (slots, codebook + 1, d_lt)``: per-slot logits of ``codebook``."""
         helper = self.model._lt_helper
@@ -392,8 +432,7 @@ class FastMagpieStep:
         model, params = self.model, self.params
         rows = out.rows
         if params.apply_attention_prior:
-            for row in rows:
-                align_row(model, params, row, out.scores)
+            align_rows(model, params, rows, out.scores)
         flags = [row_flags(model, params, row) for row in rows]
         draw = forced is None or len(forced) < len(rows)
         picker = RowsPicker(model, rows, flags, draw)
@@ -424,23 +463,31 @@ class FastMagpieStep:
             return torch.stack([picker.sample(view[:, c].clone(), c) for c in range(view.shape[1])], dim=1)
         helper = model._lt_helper
         lt = helper.local_transformer
-        lt.reset_cache(use_cache=self._lt_kv_cache)
+        lt.reset_cache(use_cache=self._lt_kv_cache and not self._lt_by_position)
         x = helper.local_transformer_in_projection(out.dec_out.unsqueeze(1))
-        slot_rows = torch.zeros(out.dec_out.shape[0], dtype=torch.long, device=self.device)
+        cache = self._lt_cache(x.shape[0], x) if self._lt_by_position else []
+        owners = [0] * out.dec_out.shape[0]  # slot -> index of its row
         for i, row in enumerate(out.rows):
             for slot in (row.slot, row.uncond_slot):
                 if slot >= 0:
-                    slot_rows[slot] = i
+                    owners[slot] = i
+        slot_rows = torch.tensor(owners, dtype=torch.long, device=self.device)
         preds = []
         try:
             for codebook in range(model.num_audio_codebooks):
-                per_slot = self._lt_logits(x, codebook).float()
+                if self._lt_by_position:
+                    h = helper.local_transformer_audio_out_projection(
+                        self._lt_position(x[:, -1:], cache, codebook)
+                    )
+                    per_slot = helper.local_transformer_out_projections[codebook](h).float()
+                else:
+                    per_slot = self._lt_logits(x, codebook).float()
                 logits = self._combine(out.rows, per_slot, self.params.cfg_scale)
                 pred = picker.sample(logits, codebook)
                 preds.append(pred)
                 nxt = helper.audio_embeddings[codebook](pred[slot_rows]).unsqueeze(1)
                 nxt = helper.local_transformer_in_projection(helper.audio_in_projection(nxt))
-                x = torch.cat([x, nxt], dim=1)
+                x = nxt if self._lt_by_position else torch.cat([x, nxt], dim=1)
         finally:
             lt.reset_cache(use_cache=False)
         return torch.stack(preds, dim=1)

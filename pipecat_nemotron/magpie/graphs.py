@@ -85,6 +85,7 @@ class GraphedMagpieStep(FastMagpieStep):
         self.buckets = slot_buckets(max_slots)
         # Static shapes: the local transformer reruns its few positions (<= codebooks + 1) instead of caching.
         self._lt_kv_cache = False
+        self._lt_by_position = False
         self._graphs: dict[tuple[Any, ...], _Graph | None] = {}
         self._layout: tuple[int, ...] = ()
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None

@@ -39,6 +39,11 @@ def unsupported_reason(model: Any) -> str | None:
     lt_type = str(getattr(getattr(model, "local_transformer_type", None), "value", "none"))
     if lt_type not in ("autoregressive", "none"):
         return f"local transformer type {lt_type!r}"
+    if lt_type == "autoregressive":  # Run one position at a time: every feed-forward must be position-wise.
+        for layer in model._lt_helper.local_transformer.layers:
+            conv = getattr(getattr(getattr(layer, "pos_ff", None), "proj", None), "conv", None)
+            if conv is None or conv.kernel_size[0] != 1 or getattr(layer, "use_moe", False):
+                return "a local-transformer feed-forward that is not position-wise (kernel > 1 or MoE)"
     return None
 
 
