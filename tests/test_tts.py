@@ -177,9 +177,12 @@ def test_private_nemo_members_still_work(engine: MagpieEngine) -> None:
 
 def test_prefix_decodes_like_full_decode(engine: MagpieEngine) -> None:
     """The codec decoder is causal: any prefix of frames decodes to the prefix of the full decode."""
+    import functools
+
     import torch
 
     from pipecat_nemotron.magpie._nemo_private import codes_to_audio
+    from pipecat_nemotron.magpie.streaming import measure_decoder_context
 
     model = engine.model
     generator = torch.Generator().manual_seed(1)
@@ -190,19 +193,35 @@ def test_prefix_decodes_like_full_decode(engine: MagpieEngine) -> None:
         # Equal up to float rounding (convolutions of different lengths round differently): ~1e-7, while one int16
         # step is 3e-5.
         assert (prefix_audio - full[: prefix * MAGPIE_SAMPLES_PER_FRAME]).abs().max() < 1e-6
-    assert engine.decode_context_frames is not None and 0 < engine.decode_context_frames < 30
+    probe = measure_decoder_context(
+        functools.partial(codes_to_audio, model),
+        num_codebooks=model.num_audio_codebooks,
+        codebook_size=model.codebook_size,
+        samples_per_frame=MAGPIE_SAMPLES_PER_FRAME,
+        device=torch.device("cpu"),
+    )
+    assert probe.causal and probe.context_frames is not None and 0 < probe.context_frames < 30
+    assert engine.decode_context_frames == 0, "the tiny codec should decode with per-request codec states"
 
 
-def test_a_batch_of_rows_decodes_to_the_samples_each_decodes_alone(engine: MagpieEngine) -> None:
-    """One codec call for the chunks of many rows (different lengths, left contexts) gives each row's own audio.
+@pytest.mark.parametrize("stateful", [True, False], ids=["codec-state", "left-context"])
+def test_a_batch_of_rows_decodes_to_the_samples_each_decodes_alone(engine: MagpieEngine, stateful: bool) -> None:
+    """One codec call for the chunks of many rows (different lengths and histories) gives each row's own audio,
+    and each row's chunks, concatenated, are the whole-utterance decode of its frames.
 
-    Equal to one int16 step: the float audio differs by ~1e-7 (rounding), as a prefix decode does.
+    Both ways of decoding a chunk: after the row's codec state (each convolution's last inputs), or after its
+    re-decoded left context. Equal to one int16 step: the float audio differs by ~1e-7 (rounding), as a prefix
+    decode does.
     """
     import torch
 
-    from pipecat_nemotron.magpie.streaming import flush_together
+    from pipecat_nemotron.magpie._nemo_private import codes_to_audio
+    from pipecat_nemotron.magpie.codec_stream import CodecDecoding
+    from pipecat_nemotron.magpie.streaming import flush_together, to_int16
 
     model = engine.model
+    codec = CodecDecoding(model, stateful=stateful, context_frames=None, name="test")
+    assert (codec.streaming is not None) == stateful and (codec.context_frames == 0) == stateful
     generator = torch.Generator().manual_seed(2)
     codes = [
         torch.randint(0, model.codebook_size, (model.num_audio_codebooks, n), generator=generator)
@@ -210,22 +229,28 @@ def test_a_batch_of_rows_decodes_to_the_samples_each_decodes_alone(engine: Magpi
     ]
 
     def decoders() -> list:
-        return [engine._new_decoder(magpie_options_for(1)) for _ in codes]
+        return [codec.new_decoder(magpie_options_for(1)) for _ in codes]
+
+    def close(a: np.ndarray, b: np.ndarray) -> bool:  # Float rounding only (batch, padding, lengths): 1 step.
+        return a.shape == b.shape and np.abs(a.astype(np.int32) - b.astype(np.int32)).max() <= 1
 
     batched, alone = decoders(), decoders()
-    for stop in (6, 12, 30, 41):  # First chunks, then chunks with left context (different per row), then the rest.
+    streamed: list[list[np.ndarray]] = [[] for _ in codes]
+    for stop in (2, 6, 7, 12, 30, 41):  # First chunks, then chunks after histories that differ per row, the rest.
         for frames, pair in zip(codes, zip(batched, alone, strict=True), strict=True):
             for decoder in pair:
                 while decoder.frames < min(stop, frames.shape[1]):
                     decoder.append(frames[:, decoder.frames])
-        together = flush_together(engine._decode_batch, batched)
-        for decoder, audio in zip(alone, together, strict=True):
+        together = flush_together(codec.decode_batch, batched)
+        for index, (decoder, audio) in enumerate(zip(alone, together, strict=True)):
             own = decoder.flush()
             assert (own is None) == (audio is None)
-            if own is not None:  # Float rounding only (batch and padding change the summation order): 1 step.
-                assert own.shape == audio.shape
-                assert np.abs(own.astype(np.int32) - audio.astype(np.int32)).max() <= 1
+            if own is not None:
+                assert close(own, audio)
+                streamed[index].append(audio)
     assert [d.emitted_frames for d in batched] == [c.shape[1] for c in codes]
+    for frames, chunks in zip(codes, streamed, strict=True):
+        assert close(np.concatenate(chunks), to_int16(codes_to_audio(model, frames)))
 
 
 def test_streamed_audio_equals_offline_synthesis(nemo_engine: MagpieEngine) -> None:

@@ -7,7 +7,8 @@ autoregressive loop and returns all codes at the end. This module touches three 
   step's codes are sampled. Wrapping it on the instance lets us see each frame as it is produced (and abort the
   loop by raising), without copying NeMo's loop.
 - ``_codec_helper.codes_to_audio(codes, codes_len)``: decodes codec codes to audio (NeMo's own decode path,
-  including any codebook converter).
+  including any codebook converter); ``_codec_helper.codec_model`` / ``.codec_converter``: the same two parts, for
+  the stateful streaming decode (:mod:`~pipecat_nemotron.magpie.codec_stream`).
 - The baked-speaker buffers (``_baked_embedding_T``/``_D``), written only when building the tiny test model.
 
 :func:`check_compatibility` verifies the first two against the installed NeMo and raises
@@ -144,6 +145,22 @@ def codes_to_audio_batch(model: Any, codes: torch.Tensor, lens: torch.Tensor) ->
     """
     audio, audio_len, _ = model._codec_helper.codes_to_audio(codes, lens.to(codes.device))
     return [audio[i, : int(audio_len[i])] for i in range(codes.shape[0])]
+
+
+def codec_parts(model: Any) -> tuple[Any, Any]:
+    """The codec model and the optional codebook converter ``codes_to_audio`` decodes with.
+
+    Returns:
+        ``(AudioCodecModel, converter or None)``.
+
+    Raises:
+        NeMoCompatibilityError: NeMo's codec helper no longer holds them.
+
+    """
+    helper = getattr(model, "_codec_helper", None)
+    if helper is None or not hasattr(helper, "codec_model") or not hasattr(helper, "codec_converter"):
+        raise NeMoCompatibilityError("MagpieTTSModel._codec_helper no longer has codec_model / codec_converter")
+    return helper.codec_model, helper.codec_converter
 
 
 def set_baked_speakers(model: Any, contexts: torch.Tensor) -> None:

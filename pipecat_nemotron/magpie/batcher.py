@@ -64,6 +64,7 @@ class FastBatcher:
         self._waiting: collections.deque[SynthesisStream] = collections.deque()
         self._jobs: queue.Queue[SynthesisStream | None] | None = None
         self.steps = 0
+        self.prefills = 0  # Batched prefill calls (one per group of joiners).
 
     def _new_step(self) -> FastMagpieStep:
         """A fresh step on the model: CUDA-graphed on a CUDA device (unless the engine has ``cuda_graphs=False``)."""
@@ -205,6 +206,7 @@ class FastBatcher:
                 self._leave(item, "completed")
         if not starting:
             return
+        self.prefills += 1
         try:
             with torch.inference_mode():
                 rows = self._step.add_rows(
@@ -324,4 +326,4 @@ def describe(batcher: FastBatcher | None) -> dict[str, Any]:
     """Counters for logs and benchmarks (empty when the engine runs NeMo's step)."""
     if batcher is None:
         return {}
-    return {"active": batcher.active, "waiting": batcher.waiting, "steps": batcher.steps}
+    return {"active": batcher.active, "waiting": batcher.waiting, "steps": batcher.steps, "prefills": batcher.prefills}

@@ -46,6 +46,7 @@ from pipecat_nemotron.nemo_logs import quiet_nemo
 
 if TYPE_CHECKING:
     from pipecat_nemotron.magpie.batcher import FastBatcher
+    from pipecat_nemotron.magpie.codec_stream import CodecDecoding
     from pipecat_nemotron.magpie.streaming import StreamingDecoder
 
 # The request and error names stay importable from here (the registry is in ``magpie.shared``).
@@ -76,6 +77,7 @@ class MagpieEngine:
         device: str = "auto",
         codec_model_path: str | None = None,
         decode_context_frames: int | None = None,
+        stateful_codec: bool = True,
         warmup: bool = True,
         step: str = "fast",
         max_batch: int = 8,
@@ -90,8 +92,12 @@ class MagpieEngine:
             device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
             codec_model_path: Codec ``.nemo`` path (or hub id) overriding the one stored in the checkpoint; needed
                 for a local checkpoint whose codec was saved elsewhere.
-            decode_context_frames: Frames of left context decoded with each audio chunk. None measures the codec
-                decoder's receptive field at load time, which makes streamed audio equal the offline decode.
+            decode_context_frames: Without a codec state, frames of left context decoded with each audio chunk.
+                None measures the codec decoder's receptive field at load time, which makes streamed audio equal
+                the offline decode.
+            stateful_codec: Keep each request's codec convolution history, so each chunk decodes only its new
+                frames (same audio; :mod:`~pipecat_nemotron.magpie.codec_stream`). A codec it does not support
+                warns and re-decodes the left context; False always does.
             warmup: Synthesise a short sentence after loading so the first real request is not slowed by lazy
                 initialisation.
             step: ``"fast"``: our KV-cached step with continuous batching; ``"nemo"``: NeMo's ``generate_speech``,
@@ -118,6 +124,8 @@ class MagpieEngine:
             raise ValueError(
                 f"decode_context_frames must be None or an integer >= 0, got {decode_context_frames!r}"
             )
+        if not isinstance(stateful_codec, bool):
+            raise ValueError(f"stateful_codec must be True or False, got {stateful_codec!r}")
         if step not in ("fast", "nemo"):
             raise ValueError(f'step must be "fast" or "nemo", got {step!r}')
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
@@ -135,6 +143,8 @@ class MagpieEngine:
         self._batcher: FastBatcher | None = None
         self.codec_model_path = codec_model_path
         self._decode_context_frames = decode_context_frames
+        self._stateful_codec = stateful_codec
+        self._codec: CodecDecoding | None = None
         self._warmup = warmup
 
         self._model: Any = None
@@ -230,7 +240,7 @@ class MagpieEngine:
 
     @property
     def decode_context_frames(self) -> int | None:
-        """Left-context frames decoded with each chunk (None: the whole prefix), known once ready."""
+        """Left-context frames decoded with each chunk (0 with codec states; None: the whole prefix), once ready."""
         return self._decode_context_frames
 
     @property
@@ -333,7 +343,7 @@ class MagpieEngine:
 
         wait_for_nemo_imports()  # an ASR service may be importing NeMo on another thread
         from pipecat_nemotron.magpie import _nemo_private
-        from pipecat_nemotron.magpie.streaming import measure_decoder_context
+        from pipecat_nemotron.magpie.codec_stream import CodecDecoding
 
         started = time.perf_counter()
         model = load_magpie_model(self.model_name, self.device, self.codec_model_path)
@@ -346,25 +356,10 @@ class MagpieEngine:
         self._model = model
         self._sample_rate = int(model.output_sample_rate)
         self._samples_per_frame = int(model.codec_model_samples_per_frame)
-        if self._decode_context_frames is None:
-            probe = measure_decoder_context(
-                self._decode,
-                num_codebooks=model.num_audio_codebooks,
-                codebook_size=model.codebook_size,
-                samples_per_frame=self._samples_per_frame,
-                device=next(model.parameters()).device,
-            )
-            self._decode_context_frames = probe.context_frames
-            if not probe.causal:
-                logger.warning(
-                    f"{self}: the codec decoder is not causal; streamed audio differs slightly from an offline "
-                    "decode at chunk boundaries"
-                )
-            if probe.context_frames is None:
-                logger.warning(
-                    f"{self}: could not bound the codec decoder's receptive field; each audio chunk decodes the "
-                    "whole prefix (exact, but slower on long sentences). Set decode_context_frames to bound it."
-                )
+        self._codec = CodecDecoding(
+            model, stateful=self._stateful_codec, context_frames=self._decode_context_frames, name=str(self)
+        )
+        self._decode_context_frames = self._codec.context_frames
         self._choose_step(model)
         if self._warmup:
             warm = SynthesisStream(
@@ -379,7 +374,9 @@ class MagpieEngine:
                 raise MagpieEngineError(f"warm-up synthesis failed: {error}") from error
         logger.info(
             f"{self}: ready in {time.perf_counter() - started:.1f} s ({self._sample_rate} Hz, "
-            f"{self._samples_per_frame} samples/frame, decode context {self._decode_context_frames} frames)"
+            f"{self._samples_per_frame} samples/frame, codec "
+            + ("states" if self._codec.streaming is not None else f"context {self._decode_context_frames} frames")
+            + ")"
         )
 
     def _choose_step(self, model: Any) -> None:
@@ -439,27 +436,14 @@ class MagpieEngine:
             if stream is not None:
                 stream._finish("cancelled")
 
-    def _decode(self, codes: Any) -> Any:
-        from pipecat_nemotron.magpie._nemo_private import codes_to_audio
-
-        return codes_to_audio(self._model, codes)
-
-    def _decode_batch(self, codes: Any, lens: Any) -> list[Any]:
-        from pipecat_nemotron.magpie._nemo_private import codes_to_audio_batch
-
-        return codes_to_audio_batch(self._model, codes, lens)
+    def _decode_batch(self, codes: Any, lens: Any, states: Any) -> list[Any]:
+        assert self._codec is not None
+        return self._codec.decode_batch(codes, lens, states)
 
     def _new_decoder(self, options: MagpieSynthesisOptions) -> StreamingDecoder:
         """A streaming codec decoder for one request."""
-        from pipecat_nemotron.magpie.streaming import StreamingDecoder
-
-        return StreamingDecoder(
-            self._decode,
-            samples_per_frame=self._samples_per_frame,
-            context_frames=self._decode_context_frames,
-            first_chunk_frames=options.first_chunk_frames,
-            chunk_frames=options.chunk_frames,
-        )
+        assert self._codec is not None
+        return self._codec.new_decoder(options)
 
     def _text_chunks(self, request: _Request) -> list[Any]:
         """The request's text as token chunks, split as NeMo's ``do_tts`` splits it."""

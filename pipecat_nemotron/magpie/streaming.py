@@ -1,22 +1,34 @@
 """Incremental codec decoding: audio for new codec frames, exactly as a whole-utterance decode would give it.
 
 Magpie's codec decoder is causal: the audio of frame ``t`` depends on frames ``t - R .. t`` only, ``R`` being the
-decoder's receptive field in frames. So a prefix of frames decodes to a prefix of the full decode, and the audio of
-new frames can be produced by decoding them together with the ``R`` frames before them, then keeping the new part.
-Each chunk costs one decode of ``R + chunk`` frames, whatever the utterance length. ``R`` is measured on the loaded
-codec by :func:`measure_decoder_context`.
+decoder's receptive field in frames. So a prefix of frames decodes to a prefix of the full decode. Two ways to
+decode the audio of new frames:
+
+- with a :class:`~pipecat_nemotron.magpie.codec_stream.CodecState` (the default where the codec is supported):
+  each convolution's last inputs are kept per request, so a chunk decodes its new frames only;
+- otherwise, decode them together with the ``R`` frames before them and keep the new part: each chunk costs one
+  decode of ``R + chunk`` frames. ``R`` is measured on the loaded codec by :func:`measure_decoder_context`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+if TYPE_CHECKING:
+    from pipecat_nemotron.magpie.codec_stream import CodecState
+
 DecodeFn = Callable[[torch.Tensor], torch.Tensor]
 """Decodes codes ``(num_codebooks, T)`` to float audio ``(T * samples_per_frame,)``."""
+
+
+DecodeBatchFn = Callable[[torch.Tensor, torch.Tensor, "list[CodecState | None]"], list[torch.Tensor]]
+"""Decodes codes ``(B, num_codebooks, T)`` with lengths ``(B,)`` (after each row's codec state, if any; the states
+advance) to each item's float audio."""
 
 
 @dataclass(frozen=True)
@@ -97,26 +109,30 @@ class StreamingDecoder:
 
     def __init__(
         self,
-        decode: DecodeFn,
+        decode_batch: DecodeBatchFn,
         *,
         samples_per_frame: int,
         context_frames: int | None,
         first_chunk_frames: int,
         chunk_frames: int,
+        state: CodecState | None = None,
     ) -> None:
         """Create a decoder for one utterance.
 
         Args:
-            decode: The codec decode function.
+            decode_batch: The batched codec decode function (also used for this decoder alone).
             samples_per_frame: Audio samples per codec frame.
             context_frames: Frames of left context decoded with each chunk; None decodes the whole prefix.
+                Ignored with ``state``.
             first_chunk_frames: Frames in the first chunk.
             chunk_frames: Frames in each later chunk.
+            state: The utterance's codec history: each chunk then decodes only its new frames.
 
         """
-        self._decode = decode
+        self._decode_batch = decode_batch
         self._samples_per_frame = samples_per_frame
-        self._context_frames = context_frames
+        self._context_frames = 0 if state is not None else context_frames
+        self.state = state
         self._first_chunk_frames = first_chunk_frames
         self._chunk_frames = chunk_frames
         self._frames: list[torch.Tensor] = []
@@ -149,8 +165,7 @@ class StreamingDecoder:
 
     def flush(self) -> np.ndarray | None:
         """Decode and return the audio of all frames not yet emitted (None if there are none)."""
-        segment = self.segment()
-        return None if segment is None else self.take(self._decode(segment))
+        return flush_together(self._decode_batch, [self])[0]
 
     def segment(self) -> torch.Tensor | None:
         """Codes ``(num_codebooks, L)`` to decode for the frames not yet emitted (with their left context)."""
@@ -168,15 +183,11 @@ class StreamingDecoder:
         return 0 if self._context_frames is None else max(0, self._emitted - self._context_frames)
 
 
-DecodeBatchFn = Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]]
-"""Decodes codes ``(B, num_codebooks, T)`` with lengths ``(B,)`` to each item's float audio."""
-
-
 def flush_together(decode_batch: DecodeBatchFn, decoders: Sequence[StreamingDecoder]) -> list[np.ndarray | None]:
     """:meth:`StreamingDecoder.flush` of many decoders in one codec call (segments right-padded to the longest).
 
     The codec decoder is causal, so padding after a segment does not change its audio: each result equals the
-    decoder's own flush.
+    decoder's own flush. Decoders with a codec state decode their new frames after their own history.
 
     Returns:
         Per decoder, its new int16 audio (None for one with nothing to emit).
@@ -193,7 +204,8 @@ def flush_together(decode_batch: DecodeBatchFn, decoders: Sequence[StreamingDeco
     codes = first.new_zeros(len(present), first.shape[0], max(lens))
     for k, i in enumerate(present):
         codes[k, :, : lens[k]] = segments[i]
-    audio = decode_batch(codes, torch.tensor(lens, device=codes.device))
+    states = [decoders[i].state for i in present]
+    audio = decode_batch(codes, torch.tensor(lens, device=codes.device), states)
     for k, i in enumerate(present):
         results[i] = decoders[i].take(audio[k])
     return results
