@@ -253,6 +253,29 @@ def test_a_batch_of_rows_decodes_to_the_samples_each_decodes_alone(engine: Magpi
         assert close(np.concatenate(chunks), to_int16(codes_to_audio(model, frames)))
 
 
+def test_a_codec_the_state_cannot_follow_warns_and_decodes_with_left_context(engine: MagpieEngine) -> None:
+    """A codec decoder whose left padding is not zeros (reflect) cannot be streamed from a state: refused, named."""
+    from loguru import logger
+
+    from pipecat_nemotron.magpie.codec_stream import CodecDecoding, unsupported_reason
+
+    model = engine.model  # The engine is idle; its padding mode is restored below.
+    assert unsupported_reason(model) is None
+    pre_conv = model._codec_helper.codec_model.audio_decoder.pre_conv
+    warnings: list[str] = []
+    sink = logger.add(lambda message: warnings.append(str(message)), level="WARNING")
+    try:
+        pre_conv.extra_pad_mode = "reflect"
+        assert "pre_conv" in (unsupported_reason(model) or "")
+        codec = CodecDecoding(model, stateful=True, context_frames=15, name="test")
+    finally:
+        pre_conv.extra_pad_mode = "constant"
+        logger.remove(sink)
+    assert codec.streaming is None and codec.context_frames == 15
+    assert any("stateful codec decode does not support" in w and "pre_conv" in w for w in warnings)
+    assert codec.new_decoder(magpie_options_for(1)).state is None
+
+
 def test_streamed_audio_equals_offline_synthesis(nemo_engine: MagpieEngine) -> None:
     """On NeMo's step, chunked streaming gives NeMo's own do_tts output (same seed, same codes), sample for sample."""
     import torch

@@ -174,10 +174,10 @@ class _Pass:
         """``x`` with each row's history (zeros for a new row) before it: ``(B, C, width + T)``."""
         index = len(self._new)
         batch, channels = x.shape[0], x.shape[1]
-        if width == 0:
-            history = x.new_zeros(batch, channels, 0)
-        elif all(row is None for row in self._old):
+        if width == 0 or all(row is None for row in self._old):
             history = x.new_zeros(batch, channels, width)
+        elif all(row is not None for row in self._old):
+            history = torch.stack([row[index] for row in self._old])  # type: ignore[index]
         else:
             blank = x.new_zeros(channels, width)
             history = torch.stack([blank if row is None else row[index] for row in self._old])
