@@ -253,6 +253,28 @@ def test_a_batch_of_rows_decodes_to_the_samples_each_decodes_alone(engine: Magpi
         assert close(np.concatenate(chunks), to_int16(codes_to_audio(model, frames)))
 
 
+def test_growing_chunks_double_up_to_the_cap_and_give_the_same_audio(engine: MagpieEngine) -> None:
+    """``max_chunk_frames``: chunks of 2, 4, 8, 16, 16 frames then the rest; concatenated, the whole decode."""
+    import torch
+
+    from pipecat_nemotron.magpie._nemo_private import codes_to_audio
+    from pipecat_nemotron.magpie.streaming import to_int16
+
+    model = engine.model
+    codes = torch.randint(
+        0, model.codebook_size, (model.num_audio_codebooks, 50), generator=torch.Generator().manual_seed(3)
+    )
+    options = MagpieSynthesisOptions(first_chunk_frames=2, chunk_frames=4, max_chunk_frames=16)
+    decoder = engine._new_decoder(options)
+    chunks = [audio for t in range(50) if (audio := decoder.push(codes[:, t])) is not None]
+    chunks.append(decoder.flush())
+    assert [len(c) // MAGPIE_SAMPLES_PER_FRAME for c in chunks] == [2, 4, 8, 16, 16, 4]
+    whole = to_int16(codes_to_audio(model, codes))
+    assert np.abs(np.concatenate(chunks).astype(np.int32) - whole.astype(np.int32)).max() <= 1
+    with pytest.raises(ValueError, match="max_chunk_frames"):
+        MagpieSynthesisOptions(chunk_frames=4, max_chunk_frames=3)
+
+
 def test_a_codec_the_state_cannot_follow_warns_and_decodes_with_left_context(engine: MagpieEngine) -> None:
     """A codec decoder whose left padding is not zeros (reflect) cannot be streamed from a state: refused, named."""
     from loguru import logger

@@ -292,5 +292,6 @@ class CodecDecoding:
             context_frames=self.context_frames,
             first_chunk_frames=options.first_chunk_frames,
             chunk_frames=options.chunk_frames,
+            max_chunk_frames=options.max_chunk_frames,
             state=CodecState() if self.streaming is not None else None,
         )

@@ -71,7 +71,10 @@ class MagpieSynthesisOptions:
             the model never emits its end-of-speech token (a runaway or a random-weight model); a warning is logged.
         first_chunk_frames: Codec frames (about 46 ms each at 22,050 Hz) decoded into the first audio chunk. Lower
             means earlier first audio.
-        chunk_frames: Codec frames per later audio chunk. Each chunk costs one codec decode call.
+        chunk_frames: Codec frames in the second audio chunk (and every later one without ``max_chunk_frames``).
+            Each chunk costs one codec decode call.
+        max_chunk_frames: Growing chunks: each later chunk doubles from ``chunk_frames`` up to this many frames
+            (None: every later chunk has ``chunk_frames``). Fewer codec calls per sentence; first audio unchanged.
         use_cfg: Classifier-free guidance, as NeMo's ``do_tts`` uses by default (better quality, about twice the
             decoder compute).
         seed: Seed of the request's own random generator (None: a fresh random seed). On the fast step a seeded
@@ -82,6 +85,7 @@ class MagpieSynthesisOptions:
     max_duration_s: float = 20.0
     first_chunk_frames: int = 2
     chunk_frames: int = 4
+    max_chunk_frames: int | None = None
     use_cfg: bool = True
     seed: int | None = None
 
@@ -100,6 +104,11 @@ class MagpieSynthesisOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        cap = self.max_chunk_frames
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < self.chunk_frames):
+            raise ValueError(
+                f"max_chunk_frames must be None or an integer >= chunk_frames ({self.chunk_frames}), got {cap!r}"
+            )
 
     def max_frames(self, sample_rate: int, samples_per_frame: int) -> int:
         """Codec frames that fit in ``max_duration_s`` (at least one).

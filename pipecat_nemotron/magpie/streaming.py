@@ -102,8 +102,8 @@ def to_int16(audio: torch.Tensor) -> np.ndarray:
 class StreamingDecoder:
     """Turns codec frames, pushed one at a time, into int16 audio chunks.
 
-    The first chunk is emitted after ``first_chunk_frames`` frames, later ones every ``chunk_frames`` frames, and
-    :meth:`flush` emits the rest. Concatenated, the chunks equal the decode of all frames at once (to one int16
+    The first chunk is emitted after ``first_chunk_frames`` frames, later ones every ``chunk_frames`` frames (or
+    doubling from there up to ``max_chunk_frames``), and :meth:`flush` emits the rest. Concatenated, the chunks equal the decode of all frames at once (to one int16
     step: float rounding only) when the decoder is causal and ``context_frames`` covers its receptive field.
     """
 
@@ -115,6 +115,7 @@ class StreamingDecoder:
         context_frames: int | None,
         first_chunk_frames: int,
         chunk_frames: int,
+        max_chunk_frames: int | None = None,
         state: CodecState | None = None,
     ) -> None:
         """Create a decoder for one utterance.
@@ -125,7 +126,8 @@ class StreamingDecoder:
             context_frames: Frames of left context decoded with each chunk; None decodes the whole prefix.
                 Ignored with ``state``.
             first_chunk_frames: Frames in the first chunk.
-            chunk_frames: Frames in each later chunk.
+            chunk_frames: Frames in the second chunk (and each later one without ``max_chunk_frames``).
+            max_chunk_frames: Each later chunk doubles the previous one's frames up to this cap (None: no growth).
             state: The utterance's codec history: each chunk then decodes only its new frames.
 
         """
@@ -135,6 +137,7 @@ class StreamingDecoder:
         self.state = state
         self._first_chunk_frames = first_chunk_frames
         self._chunk_frames = chunk_frames
+        self._max_chunk_frames = max_chunk_frames
         self._frames: list[torch.Tensor] = []
         self._emitted = 0
 
@@ -176,6 +179,8 @@ class StreamingDecoder:
     def take(self, audio: torch.Tensor) -> np.ndarray:
         """Given the float audio of :meth:`segment`, mark its frames emitted and return their new int16 audio."""
         new_audio = audio[(self._emitted - self._start()) * self._samples_per_frame :]
+        if self._emitted > 0 and self._max_chunk_frames is not None:  # The chunk after this one is twice as long.
+            self._chunk_frames = min(2 * self._chunk_frames, self._max_chunk_frames)
         self._emitted = len(self._frames)
         return to_int16(new_audio)
 
