@@ -253,6 +253,44 @@ def test_a_batch_of_rows_decodes_to_the_samples_each_decodes_alone(engine: Magpi
         assert close(np.concatenate(chunks), to_int16(codes_to_audio(model, frames)))
 
 
+def test_codec_states_stream_a_decoder_of_the_released_codecs_shape() -> None:
+    """A ``CausalHiFiGANDecoder`` shaped like the released nano codec's (upsampling 8, 8, 4, 2, 2; kernels 3, 7, 11
+    with dilations 1, 3, 5; half-snake activations), random weights: chunks of two rows with different lengths
+    decoded from their states equal each row's whole decode."""
+    import torch
+    from nemo.collections.tts.modules.audio_codec_modules import CausalHiFiGANDecoder
+
+    from pipecat_nemotron.magpie.codec_stream import CodecState, decode_latents, decoder_unsupported_reason
+
+    torch.manual_seed(0)
+    decoder = CausalHiFiGANDecoder(
+        input_dim=32,
+        up_sample_rates=(8, 8, 4, 2, 2),
+        base_channels=64,
+        resblock_kernel_sizes=(3, 7, 11),
+        resblock_dilation_sizes=(1, 3, 5),
+        activation="half_snake",
+        output_activation="clamp",
+    ).eval()
+    assert decoder_unsupported_reason(decoder) is None
+    latents = torch.randn(2, 32, 12)
+    with torch.inference_mode():
+        whole = decoder(inputs=latents, input_len=torch.tensor([12, 12]))[0]
+        states, streamed = [CodecState(), CodecState()], [[], []]
+        for start, stop in ((0, 2), (2, 3), (3, 7), (7, 12)):
+            lens = torch.tensor([stop - start, max(0, min(stop, 9) - start)])  # Row 1 stops at frame 9.
+            rows = [i for i in range(2) if lens[i] > 0]
+            chunk = torch.zeros(len(rows), 32, stop - start)
+            for k, i in enumerate(rows):
+                chunk[k, :, : int(lens[i])] = latents[i, :, start : start + int(lens[i])]
+            audio = decode_latents(decoder, chunk, lens[rows], [states[i] for i in rows])
+            for k, i in enumerate(rows):
+                streamed[i].append(audio[k])
+    samples = 1024
+    assert torch.allclose(torch.cat(streamed[0]), whole[0], atol=1e-5)
+    assert torch.allclose(torch.cat(streamed[1]), whole[1, : 9 * samples], atol=1e-5)
+
+
 def test_growing_chunks_double_up_to_the_cap_and_give_the_same_audio(engine: MagpieEngine) -> None:
     """``max_chunk_frames``: chunks of 2, 4, 8, 16, 16 frames then the rest; concatenated, the whole decode."""
     import torch

@@ -60,7 +60,6 @@ def unsupported_reason(model: Any) -> str | None:
 
     """
     from nemo.collections.tts.models import AudioCodecModel
-    from nemo.collections.tts.modules import audio_codec_modules as acm
 
     codec, _converter = codec_parts(model)
     if not isinstance(codec, AudioCodecModel):
@@ -69,9 +68,24 @@ def unsupported_reason(model: Any) -> str | None:
         owner = next(k for k in type(codec).__mro__ if method in vars(k))
         if owner is not AudioCodecModel:
             return f"a codec that overrides {method}()"
-    decoder = codec.audio_decoder
+    return decoder_unsupported_reason(codec.audio_decoder)
+
+
+def decoder_unsupported_reason(decoder: torch.nn.Module) -> str | None:
+    """Why :func:`decode_latents` cannot stream ``decoder`` exactly (None: it can).
+
+    Args:
+        decoder: A codec's ``audio_decoder``.
+
+    """
+    from nemo.collections.tts.modules import audio_codec_modules as acm
+
     if type(decoder) is not acm.CausalHiFiGANDecoder:
         return f"a codec decoder of type {type(decoder).__name__}"
+    for layer in decoder.res_layers:  # The structure decode_latents walks, exactly.
+        blocks = [res for block in getattr(layer, "res_blocks", []) for res in getattr(block, "res_blocks", [])]
+        if type(layer) is not acm.HiFiGANResLayer or any(type(res) is not acm.ResidualBlock for res in blocks):
+            return f"a residual layer of type {type(layer).__name__} holding other than HiFi-GAN residual blocks"
     for name, module in decoder.named_modules():
         reason = _module_reason(module, acm)
         if reason is not None:
@@ -111,7 +125,6 @@ class StreamingCodec:
         if reason is not None:
             raise ValueError(f"the streaming codec does not support {reason}")
         self._codec, self._converter = codec_parts(model)
-        self._decoder = self._codec.audio_decoder
 
     def decode(self, codes: torch.Tensor, lens: torch.Tensor, states: Sequence[CodecState]) -> list[torch.Tensor]:
         """Decode each row's new frames after its history, and advance the histories.
@@ -132,34 +145,46 @@ class StreamingCodec:
             if self._converter is not None:
                 codes = self._converter.convert_new_to_original(audio_tokens=codes, audio_lens=lens)
             inputs = self._codec.dequantize(tokens=codes, tokens_len=lens)
-            run = _Pass([s.buffers for s in states], lens)
-            audio = self._forward(inputs, run)
-        for state, buffers, frames in zip(states, run.row_buffers(), lens.tolist(), strict=True):
-            state.buffers = buffers
-            state.frames += int(frames)
-        return [audio[i, : int(n)] for i, n in enumerate(run.lens.tolist())]
+            return decode_latents(self._codec.audio_decoder, inputs, lens, states)
 
-    def _forward(self, x: torch.Tensor, run: _Pass) -> torch.Tensor:
-        """``CausalHiFiGANDecoder.forward``, with each convolution fed its kept history."""
-        dec = self._decoder
-        x = run.conv(dec.pre_conv, x)
-        for act, res_layer, up_sample_conv in zip(
-            dec.activations, dec.res_layers, dec.up_sample_conv_layers, strict=True
-        ):
-            x = run.conv_transpose(up_sample_conv, act(x))
-            residuals = [self._res_block(block, x, run) for block in res_layer.res_blocks]
-            x = sum(residuals) / len(residuals)
-        x = run.conv(dec.post_conv, dec.post_activation(x))
-        return dec.out_activation(x)[:, 0]
 
-    @staticmethod
-    def _res_block(block: Any, x: torch.Tensor, run: _Pass) -> torch.Tensor:
-        """``HiFiGANResBlock.forward``: its ``ResidualBlock`` s in sequence."""
-        for res in block.res_blocks:
-            skip = run.conv(res.input_conv, res.input_activation(x))
-            skip = run.conv(res.skip_conv, res.skip_activation(skip))
-            x = x + res.dropout(skip)
-        return x
+def decode_latents(
+    decoder: Any, inputs: torch.Tensor, lens: torch.Tensor, states: Sequence[CodecState]
+) -> list[torch.Tensor]:
+    """``CausalHiFiGANDecoder.forward`` on new frames, each convolution fed its row's kept history.
+
+    Args:
+        decoder: A decoder :func:`decoder_unsupported_reason` accepts.
+        inputs: New latent frames ``(B, D, T)``, row ``i`` right-padded after ``lens[i]`` frames.
+        lens: New frames per row ``(B,)``, on the inputs' device.
+        states: Each row's history, advanced in place.
+
+    Returns:
+        Each row's audio for its new frames.
+
+    """
+    run = _Pass([s.buffers for s in states], lens)
+    x = run.conv(decoder.pre_conv, inputs)
+    for act, res_layer, up_sample_conv in zip(
+        decoder.activations, decoder.res_layers, decoder.up_sample_conv_layers, strict=True
+    ):
+        x = run.conv_transpose(up_sample_conv, act(x))
+        residuals = [_res_block(block, x, run) for block in res_layer.res_blocks]
+        x = sum(residuals) / len(residuals)
+    audio = decoder.out_activation(run.conv(decoder.post_conv, decoder.post_activation(x)))[:, 0]
+    for state, buffers, frames in zip(states, run.row_buffers(), lens.tolist(), strict=True):
+        state.buffers = buffers
+        state.frames += int(frames)
+    return [audio[i, : int(n)] for i, n in enumerate(run.lens.tolist())]
+
+
+def _res_block(block: Any, x: torch.Tensor, run: _Pass) -> torch.Tensor:
+    """``HiFiGANResBlock.forward``: its ``ResidualBlock`` s in sequence."""
+    for res in block.res_blocks:
+        skip = run.conv(res.input_conv, res.input_activation(x))
+        skip = run.conv(res.skip_conv, res.skip_activation(skip))
+        x = x + res.dropout(skip)
+    return x
 
 
 class _Pass:
