@@ -2,7 +2,7 @@
 
     python scripts/compare_finalize_modes.py [--manifest tests/assets/heldout/manifest.json] [--turns 5]
 
-Each session streams several held-out utterances through ONE engine stream, with 0.4 s of silence after each and a
+Each session streams several held-out utterances through ONE engine stream, with 0.4 s (``--gap-s``) of silence after each and a
 finalize at every utterance end, as a voice agent does at each end of turn. ``soft`` keeps encoder caches and decoder
 state across turns; ``hard`` resets them after every final. ``isolated`` decodes each utterance in its own stream.
 """
@@ -30,12 +30,12 @@ def load(manifest: Path) -> list[tuple[np.ndarray, str]]:
 
 
 async def run_mode(
-    model: str, mode: str, sessions: list[list[tuple[np.ndarray, str]]], latency_ms: int
+    model: str, mode: str, sessions: list[list[tuple[np.ndarray, str]]], latency_ms: int, gap_s: float = 0.4
 ) -> dict:
     finalize_mode = "hard" if mode == "isolated" else mode
     count = WordErrorCount()
     ttfs: list[float] = []
-    gap = np.zeros(int(0.4 * MODEL_SAMPLE_RATE), dtype="<i2")
+    gap = np.zeros(int(gap_s * MODEL_SAMPLE_RATE), dtype="<i2")
     async with bench_engine(model, "cpu", 4, finalize_mode) as engine:
         for session in sessions:
             stream = engine.open_stream(latency_ms) if mode != "isolated" else None
@@ -65,12 +65,14 @@ def main() -> None:
     parser.add_argument("--model", default=str(TINY_MODEL_PATH))
     parser.add_argument("--turns", type=int, default=5, help="utterances per session")
     parser.add_argument("--latency-ms", type=int, default=160)
+    parser.add_argument("--gap-s", type=float, default=0.4, help="silence after each utterance, s (a live turn: 2-4)")
+    parser.add_argument("--modes", nargs="+", choices=["isolated", "hard", "soft"], default=["isolated", "hard", "soft"])
     args = parser.parse_args()
     items = load(args.manifest)
     sessions = [items[i : i + args.turns] for i in range(0, len(items), args.turns)]
-    for mode in ("isolated", "hard", "soft"):
-        result = asyncio.run(run_mode(args.model, mode, sessions, args.latency_ms))
-        print(json.dumps(result))
+    for mode in args.modes:
+        result = asyncio.run(run_mode(args.model, mode, sessions, args.latency_ms, args.gap_s))
+        print(json.dumps({**result, "gap_s": args.gap_s}))
 
 
 if __name__ == "__main__":

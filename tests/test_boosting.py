@@ -218,7 +218,7 @@ async def test_bad_lists_are_refused_with_clear_messages_and_take_no_slot(engine
         (["a" * 65], "65 characters, more than the limit of 64"),
         (["  "], "boost phrase 0 is empty"),
         ("tuesday", "must be a list of strings"),
-        (["Tuesday"], "cannot write: 'T' (this model writes lower case"),
+        (["Tuesday"], "cannot write: 'T' (this model writes 't' in lower case only"),
         (["jazz"], "cannot write: 'j'"),
     ]
     open_before = engine.open_streams

@@ -51,7 +51,7 @@ class TopicalOpenAIServer(FakeOpenAIServer):
 
     @property
     def reply(self) -> str:
-        words = _latest_user_text(self.requests[-1]).split() if self.requests else []
+        words = normalize_text(_latest_user_text(self.requests[-1])).split() if self.requests else []
         return next((r for topic, r in REPLIES.items() if topic in words), self._fallback)
 
     @reply.setter

@@ -31,6 +31,7 @@ from pipecat_nemotron.bench import common, output
 NAME = "boost"
 
 #: Words the tiny model mishears on held-out clips (``tests/test_boosting.py``), then frequent ones.
+#: Boosted as given (write them as the model writes: cased for a cased model); counted in normalised text.
 DEFAULT_WORDS = ["tuesday", "today", "two", "five", "hey", "day"]
 
 
@@ -213,7 +214,7 @@ async def _decode_all(engine: Any, jobs: list[tuple[Any, list[str], float | None
 
 
 async def _recall(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from pipecat_nemotron.bench.wer import wer_percent
+    from pipecat_nemotron.bench.wer import normalize_text, wer_percent
     from pipecat_nemotron.engine import EngineConfig, NemotronEngine
     from pipecat_nemotron.models import TINY_MODEL_PATH
 
@@ -223,18 +224,20 @@ async def _recall(args: argparse.Namespace) -> list[dict[str, Any]]:
     await engine.start()
     try:
         audio = [r["audio_array"] for r in rows_in]
-        plain = await _decode_all(engine, [(a, [], None) for a in audio])
+        plain = [normalize_text(t) for t in await _decode_all(engine, [(a, [], None) for a in audio])]
         rows = []
-        for word in args.words:
+        for phrase in args.words:
+            word = normalize_text(phrase)
             has = [i for i, r in enumerate(rows_in) if word in r["text"].split()]
             rng = random.Random(word)
             others = rng.sample([i for i in range(len(rows_in)) if i not in set(has)], args.others)
             for alpha in args.alphas:
-                texts = await _decode_all(engine, [(audio[i], [word], alpha) for i in has + others])
+                texts = await _decode_all(engine, [(audio[i], [phrase], alpha) for i in has + others])
+                texts = [normalize_text(t) for t in texts]
                 boosted = dict(zip(has + others, texts, strict=True))
                 refs = [rows_in[i]["text"].split().count(word) for i in has]
                 rows.append({
-                    "word": word,
+                    "word": phrase,
                     "alpha": alpha,
                     "occurrences": sum(refs),
                     "recall_before": _hits(word, rows_in, plain, has) / max(1, sum(refs)),

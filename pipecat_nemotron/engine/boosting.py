@@ -7,7 +7,8 @@ trees). Another stream's tokens are not affected: rows without a list get no boo
 
 Phrases are matched as the model writes them, token for token: cased and punctuated as the model's output is.
 The Nemotron models write cased, punctuated text (``"Dr. Okafor"``); the bundled tiny model writes lower case
-only (``"friday"``), and its tokenizer has no upper-case letters at all, so ``"Friday"`` is refused for it.
+only (``"friday"``), and its tokenizer has no upper-case letters at all, so ``"Friday"`` is refused for it. A model
+that writes some capitals (a cased tiny model has only its training sentences') refuses the others by name.
 
 The checks here need no model (a server validates a client's list before it reaches the engine);
 :func:`check_alphabet` adds the loaded model's characters.
@@ -181,8 +182,12 @@ def check_alphabet(phrases: Sequence[str], alphabet: frozenset[str] | None, mode
     for i, phrase in enumerate(phrases):
         missing = sorted({c for c in phrase if c not in alphabet})
         if missing:
-            cased = any(c.lower() in alphabet for c in missing)
-            hint = " (this model writes lower case: write the phrase as it does)" if cased else ""
+            lower_only = "".join(c.lower() for c in missing if c.lower() != c and c.lower() in alphabet)
+            hint = (
+                f" (this model writes {lower_only!r} in lower case only: write the phrase as it does)"
+                if lower_only
+                else ""
+            )
             raise BoostPhraseError(
                 f"boost phrase {i} {phrase!r} has characters that {model} cannot write: "
                 f"{''.join(missing)!r}{hint}; phrases must be spelled and cased as the model writes them"
