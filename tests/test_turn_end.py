@@ -57,6 +57,11 @@ EN, ES = RULES["en"], RULES["es"]
         ("What is the weather, and", TextVerdict.CONTINUES),
         ("Hi. Set a timer,", TextVerdict.CONTINUES),
         ("What is the weather and?", TextVerdict.CONTINUES),
+        # A punctuating model's full stop at a pause after a word no statement ends on; a question may.
+        ("Hi. Set a timer for.", TextVerdict.CONTINUES),
+        ("What is nine plus.", TextVerdict.CONTINUES),
+        ("What is it for?", TextVerdict.COMPLETE),
+        ("Log me in.", TextVerdict.COMPLETE),
         # No telling: the audio decides.
         ("my number is four three nine", TextVerdict.UNKNOWN),
         ("what is the weather", TextVerdict.UNKNOWN),  # short of min_words
@@ -79,6 +84,8 @@ def test_english_rules(text: str, verdict: TextVerdict) -> None:
         ("cuanto es dos mas", TextVerdict.CONTINUES),
         ("Quiero un café y", TextVerdict.CONTINUES),
         ("Hola, pon la", TextVerdict.CONTINUES),
+        ("Pon un temporizador de.", TextVerdict.CONTINUES),
+        ("¿Cuánto es dos más tres?", TextVerdict.COMPLETE),
         ("mi numero es cuatro tres", TextVerdict.UNKNOWN),
     ],
 )

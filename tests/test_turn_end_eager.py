@@ -20,6 +20,7 @@ from word_clips import spoken_word
 
 from pipecat_nemotron.engine import NemotronEngine
 from pipecat_nemotron.stt import EagerSettings, NemotronSTTService
+from pipecat_nemotron.stt.eager import HOLD_WORDS, TurnCommit, pause_held_by
 from pipecat_nemotron.turn_end import TextVerdict, TurnEndLog, turn_commit_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -73,3 +74,17 @@ async def test_text_commit_holds_after_a_trailing_preposition(engine: NemotronEn
     assert decisions[0].commit is False and decisions[0].verdict is TextVerdict.CONTINUES
     # Only the session's end (no speech) proposes a turn stop, not the held final.
     assert len(of(down, ProposedUserStoppedSpeakingFrame)) <= 1
+
+
+
+def test_a_pause_before_any_word_or_after_a_held_one_predicts_nothing() -> None:
+    """The eager peek's decision: no word yet (a peek right after a final), a hold word, or words the text commit
+    reads as going on hold the prediction and say why; a complete sentence predicts."""
+    text_commit = turn_commit_for("text")
+    assert pause_held_by("", HOLD_WORDS, text_commit) == "before any word"
+    assert pause_held_by("  ", HOLD_WORDS, TurnCommit()) == "before any word"
+    assert pause_held_by("Set a timer for", HOLD_WORDS, TurnCommit()) == "after 'for'"
+    assert pause_held_by("Hi. Set a timer for.", frozenset(), text_commit) == "after 'for.'"
+    assert pause_held_by("my number is four", HOLD_WORDS, text_commit) == "after 'four'"  # no telling: held
+    assert pause_held_by("my number is four", HOLD_WORDS, TurnCommit()) is None
+    assert pause_held_by("What is nine plus four?", HOLD_WORDS, text_commit) is None

@@ -48,7 +48,7 @@ from pipecat_nemotron.stt.eager import (
     PauseEvent,
     TurnCommit,
     eager_from_kwargs,
-    ends_mid_sentence,
+    pause_held_by,
 )
 from pipecat_nemotron.stt.ready import NemotronSTTUnavailableError, Readiness
 from pipecat_nemotron.stt.result import TranscriptResult
@@ -417,9 +417,10 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         finally:
             if self._peek_task is asyncio.current_task():
                 self._peek_task = None
-        if ends_mid_sentence(text, self._hold_words) or self._commit.holds_prediction(text, self._frame_language()):
-            logger.debug(f"{self}: a pause after {text.split()[-1]!r} is mid-sentence; no eager end of turn")
-        elif text and self._user_speaking and self._pauses is not None and self._pauses.paused:
+        held = pause_held_by(text, self._hold_words, self._commit, self._frame_language())
+        if held is not None:
+            logger.debug(f"{self}: a pause {held} is no end of turn; none predicted")
+        elif self._user_speaking and self._pauses is not None and self._pauses.paused:
             logger.debug(f"{self}: eager end of turn: {text!r}")
             await self._push_eager_end_of_turn(text, user_id=self._user_id, language=self._frame_language())
 

@@ -41,6 +41,7 @@ __all__ = [
     "PauseEvent",
     "TurnCommit",
     "ends_mid_sentence",
+    "pause_held_by",
 ]
 
 #: What detects a pause: the service's own VAD, the ASR's blank run, or both.
@@ -354,3 +355,19 @@ class TurnCommit:
             return True
         self._held = not await verdict
         return not self._held
+
+
+def pause_held_by(text: str, hold_words: frozenset[str], commit: TurnCommit, language: object | None = None) -> str | None:
+    """Why a pause after ``text`` (the utterance so far) predicts no end of turn, or None when it predicts one.
+
+    Returns:
+        ``"before any word"`` (nothing to answer yet), ``"after 'for'"`` (a hold word, or text the commit reads as
+        going on), or None.
+
+    """
+    words = text.split()
+    if not words:
+        return "before any word"
+    if ends_mid_sentence(text, hold_words) or commit.holds_prediction(text, language):
+        return f"after {words[-1]!r}"
+    return None

@@ -5,7 +5,9 @@ The rules are data (:class:`TurnEndRules`, one per language in :data:`RULES`), r
 - **continues**: the text ends on a mark that leads on (``,`` ``;`` ``:`` ``-`` ``…``), on a word no sentence
   ends on (an article, a conjunction, a possessive, a filler: "and", "the", "my", "um"), or, unpunctuated, on a
   word a sentence rarely ends on (a preposition, an auxiliary, a question word, an arithmetic operator: "set a
-  timer for", "what is nine plus"). Punctuated, those end questions ("Where are you from?", "¿Qué hora es?").
+  timer for", "what is nine plus"). Punctuated, those end questions ("Where are you from?", "¿Qué hora es?"),
+  but a few never end a statement: before a full stop they still go on ("Set a timer for.", written by a
+  punctuating model at a pause inside the sentence).
 - **complete**: the text ends with terminal punctuation (``.`` ``?`` ``!``), as the real Nemotron models write
   it ("What is nine plus four?"). Text with no punctuation at all (the tiny models write lower case without it)
   is complete when it ends on a closing word ("please", "thanks", "thank you") or when, after a greeting, it
@@ -62,6 +64,8 @@ class TurnEndRules:
         openers: First words of a question or a request: unpunctuated text starting with one (after
             ``skip_words``) and running ``min_words`` words is complete.
         skip_words: Greetings and fillers skipped before the opener ("hi", "hello").
+        statement_continue_words: A turn ending in one of these before a full stop goes on: no statement ends on
+            them ("Set a timer for."), though a question may ("What is it for?").
         min_words: Words from the opener on that make an unpunctuated question or request complete.
         terminal_marks: Characters that end a sentence.
         continue_marks: Characters that, last in the text, lead on.
@@ -74,7 +78,9 @@ class TurnEndRules:
     closers: tuple[tuple[str, ...], ...]
     openers: frozenset[str]
     skip_words: frozenset[str]
+    statement_continue_words: frozenset[str] = frozenset()
     min_words: int = 5
+    full_stop: str = "."
     terminal_marks: str = ".?!"
     continue_marks: str = ",;:-–—…"
 
@@ -91,6 +97,8 @@ class TurnEndRules:
         if not words:
             return TextVerdict.UNKNOWN
         if stripped[-1] in self.continue_marks or words[-1] in self.open_words:
+            return TextVerdict.CONTINUES
+        if stripped[-1] in self.full_stop and words[-1] in self.statement_continue_words:
             return TextVerdict.CONTINUES
         if stripped[-1] in self.terminal_marks:
             return TextVerdict.COMPLETE
@@ -122,6 +130,8 @@ ENGLISH = TurnEndRules(
         "give show play stop start turn call"
     ),
     skip_words=_words("hi hey hello okay ok so well oh please"),
+    # Not "to", "in", "on", "up", "by": statements end on them ("I'd love to.", "Log me in.", "Stop by.").
+    statement_continue_words=_words("for of from with into than plus minus times divided"),
 )
 
 SPANISH = TurnEndRules(
@@ -137,6 +147,8 @@ SPANISH = TurnEndRules(
         "puedes podrias"
     ),
     skip_words=_words("hola oye bueno vale buenas buenos dias tardes"),
+    # Spanish strands no preposition: a sentence never ends on one.
+    statement_continue_words=_words("de a en con por para sin sobre entre hasta desde hacia mas menos"),
 )
 
 #: Rules per language code; :func:`rules_for` picks one.
