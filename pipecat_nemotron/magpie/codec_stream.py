@@ -40,16 +40,14 @@ class CodecState:
     Attributes:
         buffers: Per convolution, in call order, a tensor ``(channels, width)``; None before the first chunk
             (the decoder then sees the zeros a whole-utterance decode pads with).
-        frames: Codec frames decoded so far.
 
     """
 
-    __slots__ = ("buffers", "frames")
+    __slots__ = ("buffers",)
 
     def __init__(self) -> None:
         """An empty history (the start of an utterance)."""
         self.buffers: list[torch.Tensor] | None = None
-        self.frames = 0
 
 
 def unsupported_reason(model: Any) -> str | None:
@@ -123,7 +121,7 @@ class StreamingCodec:
         """
         reason = unsupported_reason(model)
         if reason is not None:
-            raise ValueError(f"the streaming codec does not support {reason}")
+            raise ValueError(f"the stateful codec decode does not support {reason}")
         self._codec, self._converter = codec_parts(model)
 
     def decode(self, codes: torch.Tensor, lens: torch.Tensor, states: Sequence[CodecState]) -> list[torch.Tensor]:
@@ -172,9 +170,8 @@ def decode_latents(
         residuals = [_res_block(block, x, run) for block in res_layer.res_blocks]
         x = sum(residuals) / len(residuals)
     audio = decoder.out_activation(run.conv(decoder.post_conv, decoder.post_activation(x)))[:, 0]
-    for state, buffers, frames in zip(states, run.row_buffers(), lens.tolist(), strict=True):
+    for state, buffers in zip(states, run.row_buffers(), strict=True):
         state.buffers = buffers
-        state.frames += int(frames)
     return [audio[i, : int(n)] for i, n in enumerate(run.lens.tolist())]
 
 
@@ -252,13 +249,11 @@ class CodecDecoding:
         self.samples_per_frame = int(model.codec_model_samples_per_frame)
         self.streaming: StreamingCodec | None = None
         if stateful:
-            reason = unsupported_reason(model)
-            if reason is None:
+            try:
                 self.streaming = StreamingCodec(model)
-            else:
+            except ValueError as e:  # Its message names what the codec has that the stateful decode lacks.
                 logger.warning(
-                    f"{name}: the stateful codec decode does not support {reason}; each audio chunk re-decodes "
-                    "the codec's receptive field of left context instead"
+                    f"{name}: {e}; each audio chunk re-decodes the codec's receptive field of left context instead"
                 )
         if self.streaming is not None:
             context_frames = 0

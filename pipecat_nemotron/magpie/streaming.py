@@ -103,8 +103,9 @@ class StreamingDecoder:
     """Turns codec frames, pushed one at a time, into int16 audio chunks.
 
     The first chunk is emitted after ``first_chunk_frames`` frames, later ones every ``chunk_frames`` frames (or
-    doubling from there up to ``max_chunk_frames``), and :meth:`flush` emits the rest. Concatenated, the chunks equal the decode of all frames at once (to one int16
-    step: float rounding only) when the decoder is causal and ``context_frames`` covers its receptive field.
+    doubling from there up to ``max_chunk_frames``), and :meth:`flush` emits the rest. Concatenated, the chunks
+    equal the decode of all frames at once (to one int16 step: float rounding only) when the decoder is causal and
+    ``context_frames`` covers its receptive field (or the decoder has a codec state).
     """
 
     def __init__(
