@@ -77,6 +77,19 @@ def _report(logs: Path) -> str:
     return f"logs kept in {logs}\n" + "\n".join(parts)
 
 
+def test_the_loopback_llm_answers_a_cased_punctuated_transcript_by_its_topic() -> None:
+    """Real models write "Cancel the timer, please.": the topic word is read with its punctuation stripped."""
+    llm = TopicalOpenAIServer(reply="Say that again?")
+    for said, answer in [
+        ("Cancel the timer, please.", REPLIES["timer"]),
+        ("What is the weather on Monday?", REPLIES["weather"]),
+        ("hello what is four times six", REPLIES["times"]),
+        ("Good morning.", "Say that again?"),
+    ]:
+        llm.requests.append({"messages": [{"role": "user", "content": said}]})
+        assert llm.reply == answer, said
+
+
 async def _wait_for(done, what: str, proc: subprocess.Popen, timeout_s: float, logs: Path) -> None:
     """Poll ``done()`` until it holds; fail with the logs if ``proc`` exits or ``timeout_s`` passes first."""
     loop = asyncio.get_running_loop()
