@@ -19,9 +19,11 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 import torch
+from make_tiny_model import DAYS  # scripts/ is on sys.path when this runs as a script
 
 from pipecat_nemotron.bench.wer import normalize_text
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+from pipecat_nemotron.engine.errors import BoostPhraseError
 from pipecat_nemotron.models import TINY_MODEL_PATH
 
 HELDOUT = Path(__file__).resolve().parents[1] / "tests" / "assets" / "heldout"
@@ -37,13 +39,13 @@ async def decode(engine: NemotronEngine, audio: np.ndarray, phrases: list[str], 
         await stream.close()
 
 
-def written_form(word: str, text: str) -> str:
-    """``word`` as the model writes it in ``text`` (its casing), else as given."""
+def written_forms(word: str, text: str) -> list[str]:
+    """Ways the model may write ``word``, best first: as it writes it in ``text``, else a day capitalised (as the
+    cased training labels write days), then as given (a lower-case model refuses the capital)."""
     for token in text.split():
         if normalize_text(token) == word:
-            return token.strip(".,?!;:")
-    return word.capitalize() if word in {"monday", "tuesday", "wednesday", "thursday", "friday", "saturday",
-                                         "sunday"} else word  # fmt: skip
+            return [token.strip(".,?!;:")]
+    return [word.capitalize(), word] if word in DAYS else [word]
 
 
 def single_substitution(ref: str, hyp: str) -> tuple[str, str] | None:
@@ -76,8 +78,14 @@ async def main() -> None:
             swap = single_substitution(row["text"], normalize_text(plain))
             if swap is None:
                 continue
-            phrase = written_form(swap[0], plain)
-            boosted = await decode(engine, audio, [phrase], args.alpha)
+            for phrase in written_forms(swap[0], plain):
+                try:
+                    boosted = await decode(engine, audio, [phrase], args.alpha)
+                    break
+                except BoostPhraseError:  # a character the model cannot write: try the next form
+                    continue
+            else:
+                continue  # no form the model can write
             fixed = normalize_text(boosted) == row["text"]
             print(json.dumps({"clip": row["audio"], "voice": row["voice"], "phrase": phrase, "heard": swap[1],
                               "plain": plain, "boosted": boosted, "fixed": fixed}), flush=True)  # fmt: skip
