@@ -13,17 +13,26 @@ KV-cached step with continuous batching, ``max_batch`` = the largest N) and each
 start together. Per (step, N): voice-to-voice p50/p90 (speech end to the bot speaking,
 :class:`~pipecat_nemotron.metrics.VoiceLatencyObserver`), TTS first audio p50 (the TTS TTFB metric), and the turns
 answered out of those owed (a reply still queued when the user speaks again is interrupted and never answered).
+
+``--asr server`` runs the ASR in a ``pipecat-nemotron serve`` process of its own on loopback instead, and each
+session's STT is its client (:class:`~pipecat_nemotron.stt.remote.NemotronServerSTTService`): the ASR's torch ops
+then no longer wait for the GIL behind the sessions' pipelines (``docs/BENCHMARKS.md`` §12).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
+import socket
+import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 import wave
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="clip choice seed (default: 0)")
     parser.add_argument(
+        "--asr",
+        choices=["in-process", "server"],
+        default="in-process",
+        help="ASR engine in this process, or in a `pipecat-nemotron serve` process on loopback (default: in-process)",
+    )
+    parser.add_argument(
         "--gil-switch-ms",
         type=float,
         default=DEFAULT_SWITCH_INTERVAL_MS,
@@ -112,7 +127,10 @@ def write_sessions(args: argparse.Namespace, folder: Path) -> tuple[list[Path], 
 async def run_session(
     asr: Any, magpie: Any, llm_url: str, wav: Path, args: argparse.Namespace
 ) -> list[TurnLatency]:
-    """One session through the whole agent, fed in real time; returns its turn records."""
+    """One session through the whole agent, fed in real time; returns its turn records.
+
+    ``asr`` is the shared in-process engine, or the session URL of the ASR server (``--asr server``).
+    """
     from pipecat_nemotron.agent import build_voice_agent
     from pipecat_nemotron.llm import create_nemotron_llm
     from pipecat_nemotron.magpie import MagpieSynthesisOptions
@@ -124,9 +142,13 @@ async def run_session(
 
     # As the eager benchmark's ``off``: the STT owns turn detection (committed by the VAD stop) and never predicts,
     # so Smart Turn's wait on clips it judges unfinished (up to 3 s) does not hide the TTS's share of the latency.
-    stt = NemotronSTTService(
-        engine=asr, latency_ms=args.latency, eager=EagerSettings(silence_ms=NEVER_MS)
-    )
+    never = EagerSettings(silence_ms=NEVER_MS)
+    if isinstance(asr, str):
+        from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
+
+        stt: Any = NemotronServerSTTService(url=asr, token=None, latency_ms=args.latency, eager=never)
+    else:
+        stt = NemotronSTTService(engine=asr, latency_ms=args.latency, eager=never)
     observer = VoiceLatencyObserver(log_turns=False)
     agent = build_voice_agent(
         stt=stt,
@@ -169,7 +191,6 @@ async def run_load(
 async def bench(args: argparse.Namespace, result: dict[str, Any]) -> list[dict[str, Any]]:
     """Every step at every session count, on one shared ASR engine and one Magpie engine per step."""
     from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-    from pipecat_nemotron.magpie import MagpieEngine
     from pipecat_nemotron.magpie.tiny import build_tiny_magpie
 
     spec = common.resolve_model(args.model, args.models_dir)
@@ -184,23 +205,91 @@ async def bench(args: argparse.Namespace, result: dict[str, Any]) -> list[dict[s
             max_streams=max(args.sessions),
             gil_switch_interval_ms=args.gil_switch_ms,
         )
-        async with NemotronEngine(config) as asr:
-            for step in args.steps:
-                magpie = MagpieEngine(
-                    str(magpie_path),
-                    device="cpu",
-                    step=step,
-                    max_batch=max(args.sessions),
-                    gil_switch_interval_ms=args.gil_switch_ms,
-                )
-                try:
-                    await magpie.wait_ready()
-                    for count in args.sessions:
-                        print(f"[bench] agent-load: {step} step, {count} sessions ...", flush=True)
-                        runs.append(await run_load(step, count, wavs, asr, magpie, args))
-                finally:
-                    magpie.close()
+        if args.asr == "server":
+            with asr_server(spec.path, args) as url:
+                await run_steps(args, wavs, magpie_path, url, runs)
+        else:
+            async with NemotronEngine(config) as asr:
+                await run_steps(args, wavs, magpie_path, asr, runs)
     return runs
+
+
+async def run_steps(
+    args: argparse.Namespace, wavs: list[Path], magpie_path: Path, asr: Any, runs: list[dict[str, Any]]
+) -> None:
+    """Every Magpie step at every session count on ``asr`` (engine or server URL); appends to ``runs``."""
+    from pipecat_nemotron.magpie import MagpieEngine
+
+    for step in args.steps:
+        magpie = MagpieEngine(
+            str(magpie_path),
+            device="cpu",
+            step=step,
+            max_batch=max(args.sessions),
+            gil_switch_interval_ms=args.gil_switch_ms,
+        )
+        try:
+            await magpie.wait_ready()
+            for count in args.sessions:
+                print(f"[bench] agent-load: {step} step, {count} sessions, ASR {args.asr} ...", flush=True)
+                runs.append({"asr": args.asr, **await run_load(step, count, wavs, asr, magpie, args)})
+        finally:
+            magpie.close()
+
+
+@contextlib.contextmanager
+def asr_server(model: Path, args: argparse.Namespace, ready_timeout_s: float = 300.0) -> Iterator[str]:
+    """A ``pipecat-nemotron serve`` process on loopback (no token) for the run; yields its session URL.
+
+    Raises:
+        RuntimeError: The server exited, or was not ready within ``ready_timeout_s`` (its log tail says why).
+
+    """
+    port = _free_port()
+    command = [
+        sys.executable, "-m", "pipecat_nemotron.cli", "serve", "--model", str(model), "--device", args.device,
+        "--insecure", "--host", "127.0.0.1", "--port", str(port), "--max-sessions", str(max(args.sessions)),
+        "--log-level", "WARNING",
+    ]  # fmt: skip
+    if args.threads:
+        command += ["--cpu-threads", str(args.threads)]
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_ready(proc, f"http://127.0.0.1:{port}/readyz", ready_timeout_s, log)
+            yield f"ws://127.0.0.1:{port}/v1/asr"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Any) -> None:
+    """Poll ``url`` until it answers 200; raise if ``proc`` exits or ``timeout_s`` passes first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    log.seek(0)
+    tail = log.read()[-2000:]
+    state = f"exited with {proc.returncode}" if proc.poll() is not None else f"not ready in {timeout_s:g} s"
+    raise RuntimeError(f"the ASR server {state}; its log ends:\n{tail}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # ---- report -----------------------------------------------------------------------------------------------------
@@ -216,6 +305,7 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
         label = "nemo (FIFO)" if r["step"] == "nemo" else "fast (batched)"
         rows.append(
             [
+                r.get("asr", "in-process"),
                 label,
                 r["sessions"],
                 r["v2v_p50"],
@@ -227,6 +317,7 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
             ]
         )
     headers = [
+        "ASR",
         "Magpie step",
         "sessions",
         "v2v p50 ms",

@@ -1,11 +1,12 @@
 """Python's thread switch interval, for a process that runs model threads beside an event loop.
 
-A model thread (the ASR engine's step thread, the Magpie worker) runs hundreds of small torch ops per step, and
-each op releases the GIL and takes it back. While another thread runs pure Python (the event loop's Pipecat
-pipelines, a VAD, the other model's bookkeeping), taking the GIL back waits until that thread is asked to drop
-it, which CPython does only after the switch interval (5 ms by default). A step of a few hundred ops then takes
-seconds instead of tens of milliseconds: measured with 8 sessions of the whole agent on 2 loaded vCPUs, the ASR
-finalize p50 went from 3.3 s to 0.55 s with a 0.5 ms interval; no difference on a quieter machine
+A model thread (the ASR engine's step thread, the Magpie worker) runs hundreds of small torch ops per step (about
+700 for a batched step of the tiny ASR model), and each op releases the GIL and takes it back. While another
+thread runs pure Python (the event loop's Pipecat pipelines, a VAD, the other model's bookkeeping), taking the GIL
+back waits until that thread is asked to drop it, which CPython does only after the switch interval (5 ms by
+default). A step then waits about one interval per op: measured with 8 sessions of the whole agent in one process
+on 2 quiet vCPUs, a batch-8 tiny ASR step took 36 ms alone and 590 ms beside a thread spinning in Python at
+0.5 ms, and the agent's voice-to-voice p50 at N = 8 was 5.5-6.9 s at 0.5 ms against 2.4-2.5 s at 0.02-0.1 ms
 (``docs/BENCHMARKS.md`` §12). The interval is process-wide, so an engine only ever lowers it, never raises it, and
 logs what it set.
 """
@@ -16,9 +17,10 @@ import sys
 
 from loguru import logger
 
-#: What the engines set unless told otherwise, ms: short enough that a model thread waits at most this long to
-#: take the GIL back after an op, long enough that switching costs nothing measurable.
-DEFAULT_SWITCH_INTERVAL_MS = 0.5
+#: What the engines set unless told otherwise, ms: a model thread waits about this long to take the GIL back after
+#: each op while another thread runs Python. 0.02, 0.05 and 0.1 ms measured alike in the agent at N = 8; the
+#: longest of them switches least.
+DEFAULT_SWITCH_INTERVAL_MS = 0.1
 
 
 def check_switch_interval(interval_ms: object) -> None:
