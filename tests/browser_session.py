@@ -58,14 +58,16 @@ async def wait_for_log(bot: subprocess.Popen, log: Path, text: str, timeout: flo
 
 
 # Done when the page shows every expected final and, with the whole agent, the bot's audio and a voice-to-voice
-# figure for as many turns; transcription only: the finals and live interims.
+# figure for every turn up to the last expected final (a misheard final before it was a turn of its own);
+# transcription only: the finals and live interims.
 DONE = """([expected, agent]) => {
   const s = window.nemotron;
   if (!s) return false;
   const finals = s.finals.map((f) => f.text);
   if (!expected.every((t) => finals.includes(t))) return false;
   if (!agent) return s.interims > 0;
-  return s.turns.filter((t) => t.v2v_ms > 0).length >= expected.length && s.botAudio.energy > 0;
+  const heard = Math.max(...expected.map((t) => finals.indexOf(t))) + 1;
+  return s.turns.filter((t) => t.v2v_ms > 0).length >= Math.max(expected.length, heard) && s.botAudio.energy > 0;
 }"""
 
 

@@ -15,7 +15,7 @@ start together. Per (step, N): voice-to-voice p50/p90 (speech end to the bot spe
 answered out of those owed (a reply still queued when the user speaks again is interrupted and never answered).
 
 ``--asr server`` runs the ASR in a ``pipecat-nemotron serve`` process of its own on loopback instead, and each
-session's STT is its client (:class:`~pipecat_nemotron.stt.remote.NemotronServerSTTService`): the ASR's torch ops
+session's STT is its client (:class:`~pipecat_nemotron.stt.NemotronServerSTTService`): the ASR's torch ops
 then no longer wait for the GIL behind the sessions' pipelines (``docs/BENCHMARKS.md`` §12).
 """
 
