@@ -4,9 +4,9 @@ A model thread (the ASR engine's step thread, the Magpie worker) runs hundreds o
 700 for a batched step of the tiny ASR model), and each op releases the GIL and takes it back. While another
 thread runs pure Python (the event loop's Pipecat pipelines, a VAD, the other model's bookkeeping), taking the GIL
 back waits until that thread is asked to drop it, which CPython does only after the switch interval (5 ms by
-default). A step then waits about one interval per op: measured with 8 sessions of the whole agent in one process
-on 2 quiet vCPUs, a batch-8 tiny ASR step took 36 ms alone and 590 ms beside a thread spinning in Python at
-0.5 ms, and the agent's voice-to-voice p50 at N = 8 was 5.5-6.9 s at 0.5 ms against 2.4-2.5 s at 0.02-0.1 ms
+default). A step then waits about one interval per op. Measured on 2 quiet vCPUs: a batch-8 tiny ASR step took
+36 ms alone and 590 ms beside a thread spinning in Python at 0.5 ms; with 8 sessions of the whole agent in one
+process, the voice-to-voice p50 was 5.5-7.2 s at 0.5 ms against 2.4-3.3 s at 0.02-0.1 ms
 (``docs/BENCHMARKS.md`` §12). The interval is process-wide, so an engine only ever lowers it, never raises it, and
 logs what it set.
 """
