@@ -183,26 +183,30 @@ def test_boost(model: str, tmp_path: Path) -> None:
     assert 0 <= recall["recall_before"] <= recall["recall_after"] <= 1
 
 
-def test_agent_load_asr_server_is_ready_then_stopped_or_says_why_it_failed(tmp_path: Path) -> None:
+async def test_agent_load_asr_server_is_ready_then_stopped_or_says_why_it_failed(tmp_path: Path) -> None:
     """``agent-load --asr server``: the ASR server process answers /readyz before sessions start and is stopped
     after them; a server that cannot start fails the benchmark with its log, instead of sessions hanging."""
     import argparse
+    import asyncio
     import urllib.request
 
     from pipecat_nemotron import TINY_MODEL_PATH
     from pipecat_nemotron.bench.agent_load import asr_server
 
+    def status(url: str) -> int:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status
+
     args = argparse.Namespace(device="cpu", sessions=[1, 2], threads=1)
-    with asr_server(Path(TINY_MODEL_PATH), args) as url:
+    async with asr_server(Path(TINY_MODEL_PATH), args) as url:
         assert url.startswith("ws://127.0.0.1:") and url.endswith("/v1/asr")
         ready = url.replace("ws://", "http://").replace("/v1/asr", "/readyz")
-        with urllib.request.urlopen(ready, timeout=10) as response:
-            assert response.status == 200
+        assert await asyncio.to_thread(status, ready) == 200
     with pytest.raises(OSError):
-        urllib.request.urlopen(ready, timeout=5)
+        await asyncio.to_thread(status, ready)
 
     missing = tmp_path / "missing.nemo"
     with pytest.raises(RuntimeError, match="exited") as failed:
-        with asr_server(missing, args, ready_timeout_s=120):
+        async with asr_server(missing, args, ready_timeout_s=120):
             pass
     assert "missing.nemo" in str(failed.value)

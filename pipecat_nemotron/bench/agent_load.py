@@ -25,20 +25,16 @@ import argparse
 import asyncio
 import contextlib
 import random
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 import wave
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pipecat_nemotron.bench import common, output
+from pipecat_nemotron.bench import common, load_server, output
 from pipecat_nemotron.bench.audio import load_clips
 from pipecat_nemotron.bench.eager import _NEVER_MS as NEVER_MS
 from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
@@ -206,7 +202,7 @@ async def bench(args: argparse.Namespace, result: dict[str, Any]) -> list[dict[s
             gil_switch_interval_ms=args.gil_switch_ms,
         )
         if args.asr == "server":
-            with asr_server(spec.path, args) as url:
+            async with asr_server(spec.path, args) as url:
                 await run_steps(args, wavs, magpie_path, url, runs)
         else:
             async with NemotronEngine(config) as asr:
@@ -237,59 +233,38 @@ async def run_steps(
             magpie.close()
 
 
-@contextlib.contextmanager
-def asr_server(model: Path, args: argparse.Namespace, ready_timeout_s: float = 300.0) -> Iterator[str]:
+@contextlib.asynccontextmanager
+async def asr_server(model: Path, args: argparse.Namespace, ready_timeout_s: float = 300.0) -> AsyncIterator[str]:
     """A ``pipecat-nemotron serve`` process on loopback (no token) for the run; yields its session URL.
+
+    Started, awaited and stopped as the load test's local server is (:mod:`~pipecat_nemotron.bench.load_server`);
+    its output goes to a file, whose tail a failure to start carries.
 
     Raises:
         RuntimeError: The server exited, or was not ready within ``ready_timeout_s`` (its log tail says why).
 
     """
-    port = _free_port()
+    port = load_server.free_port()
     command = [
-        sys.executable, "-m", "pipecat_nemotron.cli", "serve", "--model", str(model), "--device", args.device,
+        "-m", "pipecat_nemotron.cli", "serve", "--model", str(model), "--device", args.device,
         "--insecure", "--host", "127.0.0.1", "--port", str(port), "--max-sessions", str(max(args.sessions)),
         "--log-level", "WARNING",
     ]  # fmt: skip
     if args.threads:
         command += ["--cpu-threads", str(args.threads)]
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, *command, stdout=log, stderr=asyncio.subprocess.STDOUT
+        )
         try:
-            _wait_ready(proc, f"http://127.0.0.1:{port}/readyz", ready_timeout_s, log)
+            try:
+                await load_server.wait_ready(f"http://127.0.0.1:{port}", proc, ready_timeout_s)
+            except (RuntimeError, TimeoutError) as e:
+                log.seek(0)
+                raise RuntimeError(f"the ASR server: {e}; its log ends:\n{log.read()[-2000:]}") from None
             yield f"ws://127.0.0.1:{port}/v1/asr"
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Any) -> None:
-    """Poll ``url`` until it answers 200; raise if ``proc`` exits or ``timeout_s`` passes first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    log.seek(0)
-    tail = log.read()[-2000:]
-    state = f"exited with {proc.returncode}" if proc.poll() is not None else f"not ready in {timeout_s:g} s"
-    raise RuntimeError(f"the ASR server {state}; its log ends:\n{tail}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+            await load_server.stop_process(proc)
 
 
 # ---- report -----------------------------------------------------------------------------------------------------
