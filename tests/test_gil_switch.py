@@ -24,6 +24,17 @@ def cpython_default_interval() -> Iterator[None]:
     sys.setswitchinterval(before)
 
 
+def test_the_documented_default_is_a_tenth_of_a_millisecond() -> None:
+    """README and docs/TTS.md say 0.1 ms: 0.5 ms still starved the model threads at 8 sessions (BENCHMARKS §12)."""
+    import inspect
+
+    from pipecat_nemotron.magpie import MagpieEngine
+
+    assert DEFAULT_SWITCH_INTERVAL_MS == 0.1
+    assert EngineConfig().gil_switch_interval_ms == 0.1
+    assert inspect.signature(MagpieEngine).parameters["gil_switch_interval_ms"].default == 0.1
+
+
 @pytest.mark.parametrize("bad", [0, -1.0, True, "0.5"])
 def test_config_rejects_a_bad_interval(bad: object) -> None:
     with pytest.raises(ValueError, match="gil_switch_interval_ms"):
