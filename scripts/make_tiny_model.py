@@ -11,6 +11,7 @@ Stages (each can be run alone; ``all`` runs them in order)::
     data      synthesise train/val/test utterances under data/tiny_asr/ (16 kHz mono int16 wav + manifests)
     accents   synthesise the accent-mix training set (phonemes of one accent spoken by another, perturbed)
     sessions  join pairs of training utterances with a pause into multi-turn training clips
+    turns     2-3 training utterances with live-session pauses (0.3-3 s) as multi-turn clips (cased fine-tune)
     tokenizer train a ~128-piece SentencePiece BPE tokenizer on the training transcripts
     heldout   (re)generate only the full held-out test sets (a few hundred utterances each)
     train     one training run with NeMo's Lightning path on CPU (options below); checkpoints under --run-dir
@@ -689,9 +690,45 @@ def stage_sessions(args: argparse.Namespace) -> None:
                 "duration": round(x.size / MODEL_SAMPLE_RATE, 4),
                 "text": " ".join(r["text"] for r in parts),
                 "voice": "|".join(r["voice"] for r in parts),
+                "parts": [r["text"] for r in parts],
             }
             f.write(json.dumps(row) + "\n")
     join_manifests("train_all_manifest.json", "train_mix_manifest.json", "train_sessions_manifest.json")
+
+
+def stage_turns(args: argparse.Namespace) -> None:
+    """Longer multi-turn training clips (``train_turns``): 2-3 training utterances of at most 3 s each, each
+    followed by a 0.3-3.0 s pause (the silence of a live session between an end of turn and the next words).
+
+    A live stream keeps its encoder caches and decoder state across turns (soft finalize) and hears 2-4 s of
+    silence between them; the ``sessions`` clips (two turns, 0.2-1.5 s apart) cover only the short end. Each
+    part keeps its own spoken text (``parts``), so the cased labels close every turn's sentence. The mixed
+    manifest ``train_turns_all_manifest.json`` is ``train_lead_all`` followed by these clips.
+    """
+    rng = random.Random(args.seed + 6)
+    rows = [json.loads(line) for line in (DATA_DIR / "train_mix_manifest.json").open()]
+    rows = [r for r in rows if r["duration"] <= 3.0]
+    out_dir = DATA_DIR / "train_turns"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (DATA_DIR / "train_turns_manifest.json").open("w") as f:
+        for i in range(args.n_turns):
+            parts = rng.sample(rows, rng.choice((2, 2, 3)))
+            pieces = []
+            for r in parts:
+                pieces.append(read_pcm16(Path(r["audio_filepath"])))
+                pieces.append(np.zeros(int(rng.uniform(0.3, 3.0) * MODEL_SAMPLE_RATE), np.int16))
+            x = np.concatenate(pieces)
+            path = out_dir / f"turns_{i:06d}.wav"
+            write_wav(path, x)
+            row = {
+                "audio_filepath": str(path),
+                "duration": round(x.size / MODEL_SAMPLE_RATE, 4),
+                "text": " ".join(r["text"] for r in parts),
+                "voice": "|".join(r["voice"] for r in parts),
+                "parts": [r["text"] for r in parts],
+            }
+            f.write(json.dumps(row) + "\n")
+    join_manifests("train_turns_all_manifest.json", "train_lead_all_manifest.json", "train_turns_manifest.json")
 
 
 def stage_silences(args: argparse.Namespace) -> None:
@@ -726,6 +763,14 @@ def stage_silences(args: argparse.Namespace) -> None:
     join_manifests("train_lead_all_manifest.json", "train_all_manifest.json", "train_lead_manifest.json")
 
 
+def cased_label(row: dict[str, Any]) -> str:
+    """The cased, punctuated label of a manifest row: its spoken text punctuated, or, for a multi-turn clip
+    (``parts``: each turn's spoken text), each turn punctuated on its own ("Stop, please. What time is it?")."""
+    if "parts" in row:
+        return " ".join(punctuate(part) for part in row["parts"])
+    return punctuate(row.get("spoken", row["text"]))
+
+
 def stage_cased(args: argparse.Namespace) -> None:
     """Cased, punctuated copies of every manifest under data/tiny_asr/: ``<name>_cased_manifest.json`` with the
     label :func:`punctuate` of the spoken text (kept as ``spoken``). Train with ``--labels cased``."""
@@ -737,7 +782,7 @@ def stage_cased(args: argparse.Namespace) -> None:
             for line in src:
                 row = json.loads(line)
                 spoken = row.get("spoken", row["text"])
-                dst.write(json.dumps({**row, "text": punctuate(spoken), "spoken": spoken}) + "\n")
+                dst.write(json.dumps({**row, "text": cased_label(row), "spoken": spoken}) + "\n")
         print(f"[cased] {out.name}", flush=True)
 
 
@@ -762,6 +807,8 @@ def labelled(manifest: str, args: argparse.Namespace) -> str:
 
 def tokenizer_dir(args: argparse.Namespace) -> Path:
     """Where the tokenizer of ``--labels``'s labels lives."""
+    if args.tokenizer_dir:
+        return DATA_DIR / args.tokenizer_dir
     return DATA_DIR / ("tokenizer_cased" if args.labels == "cased" else "tokenizer")
 
 
@@ -1109,9 +1156,9 @@ def init_from_other_vocabulary(model: Any, source: Path) -> None:
     """Copy a trained ``.nemo`` model's weights into ``model``, whose tokenizer differs (fine-tuning to new labels).
 
     Every parameter but the per-token rows is copied as is. A token's rows (predictor embedding, joint and CTC
-    outputs) come from the old token with the same text once lower-cased ("▁What" from "▁what"), the blank's
-    from the old blank. A word piece without such a match ("▁Monday") takes its output rows from the first old
-    token of its lower-cased text (where the old model started emitting it) and its embedding from the last
+    outputs) come from the old token with the same text, or the same text once lower-cased ("▁What" from
+    "▁what"), the blank's from the old blank. A word piece without such a match ("▁Monday") takes its output rows
+    from the first old token of its text (lower-cased for a lower-case old model) (where the old model started emitting it) and its embedding from the last
     (the old predictor's input after it); punctuation keeps its fresh initialisation.
     """
     import torch
@@ -1123,13 +1170,15 @@ def init_from_other_vocabulary(model: Any, source: Path) -> None:
         old = ASRModel.restore_from(str(source), map_location="cpu")
     old_ids = {p: i for i, p in enumerate(old.tokenizer.ids_to_tokens(list(range(old.tokenizer.vocab_size))))}
     new_pieces = model.tokenizer.ids_to_tokens(list(range(model.tokenizer.vocab_size)))
+    old_cased = any(c.isupper() for p in old_ids for c in p)  # spell new pieces with the old model's case
     first: dict[int, int] = {len(new_pieces): old.tokenizer.vocab_size}  # blank
     last = dict(first)
     for i, piece in enumerate(new_pieces):
-        if piece.lower() in old_ids:
-            first[i] = last[i] = old_ids[piece.lower()]
+        if piece in old_ids or piece.lower() in old_ids:
+            first[i] = last[i] = old_ids.get(piece, old_ids.get(piece.lower()))
         elif any(c.isalpha() for c in piece):
-            ids = old.tokenizer.text_to_ids(piece.lower().replace(WORD_MARK, " ").strip())
+            text = piece.replace(WORD_MARK, " ").strip()
+            ids = old.tokenizer.text_to_ids(text if old_cased else text.lower())
             if ids:
                 first[i], last[i] = ids[0], ids[-1]
     old_state, state = old.state_dict(), model.state_dict()
@@ -1141,7 +1190,7 @@ def init_from_other_vocabulary(model: Any, source: Path) -> None:
                 continue
             for new_id, old_id in rows.items():
                 state[name][new_id] = value[old_id]
-    exact = sum(p.lower() in old_ids for p in new_pieces)
+    exact = sum(p in old_ids or p.lower() in old_ids for p in new_pieces)
     fresh = [p for i, p in enumerate(new_pieces) if i not in first]
     print(
         f"[train] initialised from {source}: of {len(new_pieces)} tokens {exact} copied, "
@@ -1407,6 +1456,7 @@ DATA_OPTIONS: dict[str, tuple[Any, str]] = {
     "ci_every": (3, "CI held-out subset: every N-th utterance of each full held-out set"),
     "n_accents": (8000, "accent-mix training utterances"),
     "n_sessions": (3000, "multi-turn training clips"),
+    "n_turns": (3000, "multi-turn training clips with live-session pauses (turns stage)"),
     "n_lead": (3000, "training clips after a long leading silence (silences stage)"),
     "max_lead_s": (5.0, "silences stage: longest leading silence, s"),
 }
@@ -1445,7 +1495,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "stages", nargs="+", choices=["all", "data", "accents", "sessions", "silences", "cased", "heldout", "tokenizer", "train", "recipe", "export", "assets"],
+        "stages", nargs="+", choices=["all", "data", "accents", "sessions", "turns", "silences", "cased", "heldout", "tokenizer", "train", "recipe", "export", "assets"],
         help="stages to run, in the order given ('all' = data accents sessions tokenizer recipe export assets)",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=1234)
@@ -1467,6 +1517,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=["plain", "cased"],
         default="plain",
         help="training labels: lower case without punctuation, or cased and punctuated (the cased stage's manifests)",
+    )
+    train.add_argument(
+        "--tokenizer-dir",
+        default="",
+        help="tokenizer folder under data/tiny_asr/ (default: tokenizer, or tokenizer_cased with --labels cased)",
     )
     train.add_argument("--resume", action="store_true", help="resume from <run-dir>/checkpoints/last.ckpt")
     train.add_argument(
@@ -1529,6 +1584,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "data": stage_data,
         "accents": stage_accents,
         "sessions": stage_sessions,
+        "turns": stage_turns,
         "silences": stage_silences,
         "cased": stage_cased,
         "heldout": stage_heldout_full,

@@ -110,6 +110,11 @@ def test_training_labels_are_written_like_nemotron() -> None:
         "What is two plus two? Set a timer for five minutes."
     )
     assert punctuate("remind me on monday and what time is it") == "Remind me on Monday and what time is it?"
+    # A multi-turn clip's label closes every turn's sentence; punctuating the joined words would not.
+    cased_label = _make_tiny_model_script().cased_label
+    turns = {"text": "cancel the timer thank you hello hi", "parts": ["cancel the timer thank you", "hello", "hi"]}
+    assert cased_label(turns) == "Cancel the timer. Thank you. Hello. Hi."
+    assert cased_label({"text": "what time is it please"}) == "What time is it, please?"
 
 
 def test_fast_rnnt_loss_equals_nemo_pytorch_loss() -> None:
