@@ -12,6 +12,7 @@ Stages (each can be run alone; ``all`` runs them in order)::
     accents   synthesise the accent-mix training set (phonemes of one accent spoken by another, perturbed)
     sessions  join pairs of training utterances with a pause into multi-turn training clips
     turns     2-3 training utterances with live-session pauses (0.3-3 s) as multi-turn clips (cased fine-tune)
+    paused    training utterances with a 0.3-1 s pause inside the sentence (cased fine-tune)
     tokenizer train a ~128-piece SentencePiece BPE tokenizer on the training transcripts
     heldout   (re)generate only the full held-out test sets (a few hundred utterances each)
     train     one training run with NeMo's Lightning path on CPU (options below); checkpoints under --run-dir
@@ -729,6 +730,58 @@ def stage_turns(args: argparse.Namespace) -> None:
             }
             f.write(json.dumps(row) + "\n")
     join_manifests("train_turns_all_manifest.json", "train_lead_all_manifest.json", "train_turns_manifest.json")
+
+
+def word_gaps(x: np.ndarray, window: int = 160, min_windows: int = 3) -> list[int]:
+    """Samples at the middle of each quiet run of at least ``min_windows`` (10 ms windows under a tenth of the
+    clip's loud level) between the first and last loud window of ``x``: the gaps between its words (and some
+    stop closures inside them, which a pause may also split)."""
+    n = x.size // window
+    rms = np.sqrt((x[: n * window].astype(np.float64) ** 2).reshape(n, window).mean(axis=1))
+    quiet = rms < 0.1 * np.percentile(rms, 95)
+    loud = np.flatnonzero(~quiet)
+    if loud.size < 2:
+        return []
+    gaps, start = [], None
+    for i in range(int(loud[0]), int(loud[-1]) + 1):
+        if quiet[i] and start is None:
+            start = i
+        elif not quiet[i] and start is not None:
+            if i - start >= min_windows:
+                gaps.append((start + i) // 2 * window + window // 2)
+            start = None
+    return gaps
+
+
+def stage_paused(args: argparse.Namespace) -> None:
+    """Training clips with a pause inside a sentence (``train_paused``): a training utterance of at most 4 s with
+    0.3-1.0 s of silence inserted at one of its word gaps, its label unchanged.
+
+    Users pause inside sentences ("set a timer for ... six minutes") for longer than a VAD's stop. A punctuating
+    model that heard pauses only between sentences (the multi-turn clips) writes a full stop at every pause,
+    which the turn-end rules then read as a finished sentence. The mixed manifest ``train_paused_all_manifest.json``
+    is ``train_turns_all`` followed by these clips.
+    """
+    rng = random.Random(args.seed + 7)
+    rows = [json.loads(line) for line in (DATA_DIR / "train_manifest.json").open()]
+    rows = [r for r in rows if r["duration"] <= 4.0 and len(r["text"].split()) >= 3]
+    out_dir = DATA_DIR / "train_paused"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = 0
+    with (DATA_DIR / "train_paused_manifest.json").open("w") as f:
+        while written < args.n_paused:
+            r = rng.choice(rows)
+            x = read_pcm16(Path(r["audio_filepath"]))
+            gaps = word_gaps(x)
+            if not gaps:
+                continue
+            at = rng.choice(gaps)
+            x = np.concatenate([x[:at], np.zeros(int(rng.uniform(0.3, 1.0) * MODEL_SAMPLE_RATE), np.int16), x[at:]])
+            path = out_dir / f"paused_{written:06d}.wav"
+            write_wav(path, x)
+            f.write(json.dumps({**r, "audio_filepath": str(path), "duration": round(x.size / MODEL_SAMPLE_RATE, 4)}) + "\n")
+            written += 1
+    join_manifests("train_paused_all_manifest.json", "train_turns_all_manifest.json", "train_paused_manifest.json")
 
 
 def stage_silences(args: argparse.Namespace) -> None:
@@ -1456,6 +1509,7 @@ DATA_OPTIONS: dict[str, tuple[Any, str]] = {
     "ci_every": (3, "CI held-out subset: every N-th utterance of each full held-out set"),
     "n_accents": (8000, "accent-mix training utterances"),
     "n_sessions": (3000, "multi-turn training clips"),
+    "n_paused": (3000, "training clips with a pause inside a sentence (paused stage)"),
     "n_turns": (3000, "multi-turn training clips with live-session pauses (turns stage)"),
     "n_lead": (3000, "training clips after a long leading silence (silences stage)"),
     "max_lead_s": (5.0, "silences stage: longest leading silence, s"),
@@ -1495,7 +1549,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "stages", nargs="+", choices=["all", "data", "accents", "sessions", "turns", "silences", "cased", "heldout", "tokenizer", "train", "recipe", "export", "assets"],
+        "stages", nargs="+", choices=["all", "data", "accents", "sessions", "turns", "paused", "silences", "cased", "heldout", "tokenizer", "train", "recipe", "export", "assets"],
         help="stages to run, in the order given ('all' = data accents sessions tokenizer recipe export assets)",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=1234)
@@ -1585,6 +1639,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "accents": stage_accents,
         "sessions": stage_sessions,
         "turns": stage_turns,
+        "paused": stage_paused,
         "silences": stage_silences,
         "cased": stage_cased,
         "heldout": stage_heldout_full,
