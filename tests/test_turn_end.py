@@ -7,6 +7,7 @@ verdict the test sets (Smart Turn complete / incomplete), fed the frames a VAD a
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -158,13 +159,29 @@ class FixedAnalyzer(BaseTurnAnalyzer):
         self._speech, self._silence_ms = False, 0.0
 
 
+class SlowAnalyzer(FixedAnalyzer):
+    """A :class:`FixedAnalyzer` whose verdict takes ``delay_s`` (Smart Turn's inference), or fails after it."""
+
+    def __init__(self, complete: bool, delay_s: float, fail: bool = False) -> None:
+        super().__init__(complete)
+        self.delay_s, self.fail = delay_s, fail
+
+    async def analyze_end_of_turn(self) -> tuple[EndOfTurnState, None]:
+        await asyncio.sleep(self.delay_s)
+        if self.fail:
+            raise RuntimeError("turn model crashed")
+        return await super().analyze_end_of_turn()
+
+
 def _audio(seconds: float) -> list[InputAudioRawFrame]:
     return [InputAudioRawFrame(b"\0\0" * 320, 16000, 1) for _ in range(int(seconds / 0.02))]
 
 
-def _user_aggregator(mode: str, smart_complete: bool, log: TurnEndLog, stops: list[object]) -> object:
+def _user_aggregator(
+    mode: str, analyzer: BaseTurnAnalyzer, log: TurnEndLog, stops: list[object]
+) -> object:
     """Pipecat's user aggregator with the ``mode`` strategies; each committed turn appends its strategy to ``stops``."""
-    strategies = user_turn_strategies_for(mode, analyzer=FixedAnalyzer(smart_complete), log=log)  # type: ignore[arg-type]
+    strategies = user_turn_strategies_for(mode, analyzer=analyzer, log=log)  # type: ignore[arg-type]
     user = LLMContextAggregatorPair(
         LLMContext(), user_params=LLMUserAggregatorParams(user_turn_strategies=strategies)
     ).user()
@@ -178,11 +195,16 @@ def _user_aggregator(mode: str, smart_complete: bool, log: TurnEndLog, stops: li
 
 
 async def _turn(
-    mode: str, text: str, smart_complete: bool, silence_s: float = 0.4, language: Language | None = None
+    mode: str,
+    text: str,
+    smart_complete: bool,
+    silence_s: float = 0.4,
+    language: Language | None = None,
+    analyzer: BaseTurnAnalyzer | None = None,
 ) -> tuple[int, TurnEndLog]:
     """One user turn through Pipecat's user aggregator: (user turns committed within ``silence_s``, the log)."""
     log, stops = TurnEndLog(), []
-    user = _user_aggregator(mode, smart_complete, log, stops)
+    user = _user_aggregator(mode, analyzer or FixedAnalyzer(smart_complete), log, stops)
     frames = [
         VADUserStartedSpeakingFrame(),
         SleepFrame(sleep=0.05),
@@ -202,6 +224,27 @@ async def test_text_commits_a_complete_question_that_smart_turn_holds() -> None:
     # Smart Turn alone holds the same turn (until its fallback silence, longer than this one).
     committed, log = await _turn("smart", "hello what is four times six", smart_complete=False)
     assert committed == 0 and [d.by for _, d in log.decisions] == ["smart"]
+
+
+async def test_a_complete_sentence_does_not_wait_for_the_analyzers_inference() -> None:
+    # Smart Turn's verdict takes 5 s here: the words commit within the 0.4 s of silence, without it.
+    slow = SlowAnalyzer(complete=False, delay_s=5.0)
+    committed, log = await _turn("text", "What is nine plus four?", smart_complete=False, analyzer=slow)
+    assert committed == 1 and log.last_commit == TurnEndDecision(True, "text", TextVerdict.COMPLETE, None)
+    # Words that tell nothing wait for the verdict (0.3 s here), then it decides.
+    slow = SlowAnalyzer(complete=True, delay_s=0.3)
+    committed, log = await _turn("text", "my number is four three nine", smart_complete=True, silence_s=0.8, analyzer=slow)
+    assert committed == 1 and [d for _, d in log.decisions] == [TurnEndDecision(True, "smart", TextVerdict.UNKNOWN, True)]
+    # A hold by the words also waits for it (the record keeps both verdicts).
+    slow = SlowAnalyzer(complete=True, delay_s=0.3)
+    committed, log = await _turn("text", "set a timer for", smart_complete=True, silence_s=0.8, analyzer=slow)
+    assert committed == 0 and [d for _, d in log.decisions] == [TurnEndDecision(False, "text", TextVerdict.CONTINUES, True)]
+
+
+async def test_an_analyzer_that_fails_leaves_the_vad_stop_to_decide() -> None:
+    broken = SlowAnalyzer(complete=False, delay_s=0.05, fail=True)
+    committed, log = await _turn("text", "my number is four three nine", smart_complete=False, analyzer=broken)
+    assert committed == 1 and [d for _, d in log.decisions] == [TurnEndDecision(True, "vad", TextVerdict.UNKNOWN, None)]
 
 
 async def test_text_holds_a_mid_clause_pause_that_smart_turn_calls_complete() -> None:

@@ -3,8 +3,9 @@
 Two places decide when a VAD stop ends the user's turn, and both apply :func:`~pipecat_nemotron.turn_end.decide`:
 
 - :class:`TranscriptTurnStopStrategy`, a Pipecat ``TurnAnalyzerUserTurnStopStrategy`` in the user aggregator
-  (the eager end of turn off). It waits, as Pipecat's does, for the analyzer's verdict and the finalized
-  transcript, then reads the turn's words.
+  (the eager end of turn off). It reads the turn's words when the finalized transcript arrives; a complete
+  sentence commits then, without waiting for the analyzer's inference (Smart Turn v3: ~100 ms on a CPU core),
+  and otherwise it waits, as Pipecat's does, for the analyzer's verdict.
 - :class:`TextTurnCommit`, the STT's :class:`~pipecat_nemotron.stt.eager.TurnCommit` when the STT owns turn detection
   (the eager end of turn on). It also gates the eager predictions: in ``"text"`` mode a pause predicts the end of
   the turn only when the words so far are a complete sentence, the same evidence that commits it at the VAD stop.
@@ -19,7 +20,7 @@ import asyncio
 
 from loguru import logger
 from pipecat.audio.turn.base_turn_analyzer import BaseTurnAnalyzer
-from pipecat.frames.frames import InputAudioRawFrame, TranscriptionFrame
+from pipecat.frames.frames import InputAudioRawFrame, TranscriptionFrame, VADUserStoppedSpeakingFrame
 from pipecat.turns.user_turn_strategies import UserTurnStrategies
 
 from pipecat_nemotron.stt.eager import TurnCommit
@@ -95,6 +96,8 @@ class TranscriptTurnStopStrategy(TurnAnalyzerUserTurnStopStrategy):
         self._language: object | None = None
         self._decision: TurnEndDecision | None = None
         self._hold_ms: float | None = None  # silence since the VAD stop while the words hold the turn
+        self._analysis: asyncio.Task[None] | None = None  # the analyzer's verdict at the VAD stop, in flight
+        self._analyzer_failed = False  # at this VAD stop: the VAD stop decides in its place
 
     async def _reset(self) -> None:
         self._finals = []
@@ -103,7 +106,47 @@ class TranscriptTurnStopStrategy(TurnAnalyzerUserTurnStopStrategy):
     async def _discard_pending_end_of_turn(self) -> None:
         self._decision = None
         self._hold_ms = None
+        self._analyzer_failed = False
+        analysis, self._analysis = self._analysis, None
+        if analysis is not None and analysis is not asyncio.current_task() and not analysis.done():
+            await self.task_manager.cancel_task(analysis)  # a stale verdict must not land on the next turn
         await super()._discard_pending_end_of_turn()
+
+    async def cleanup(self) -> None:
+        """Stop an analysis in flight, then Pipecat's cleanup (the analyzer's)."""
+        analysis, self._analysis = self._analysis, None
+        if analysis is not None and not analysis.done():
+            await self.task_manager.cancel_task(analysis)
+        await super().cleanup()
+
+    async def _handle_vad_user_stopped_speaking(self, frame: VADUserStoppedSpeakingFrame) -> None:
+        if not (self._read_text and self._has_analyzer):
+            await super()._handle_vad_user_stopped_speaking(frame)
+            return
+        # The analyzer runs beside the frames that follow, so that the final transcript, which arrives during
+        # its inference, can commit a complete sentence at once; any other verdict of the words waits for it.
+        self._vad_user_speaking = False  # the audio after the stop is silence to the analyzer meanwhile
+        self._vad_stopped = True
+        self._analysis = self.task_manager.create_task(self._analyze(frame), f"{self}::_analyze")
+
+    async def _analyze(self, frame: VADUserStoppedSpeakingFrame) -> None:
+        try:
+            await super()._handle_vad_user_stopped_speaking(frame)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the turn must still end: without a verdict the VAD stop decides
+            logger.error(f"{self}: turn analyzer failed at a VAD stop, the VAD stop decides: {e!r}")
+            self._analyzer_failed = True
+            self._turn_complete = True
+            if self._timeout_task is None:  # Pipecat's wait for a transcript that never comes, as after a verdict
+                self._timeout_task = self.task_manager.create_task(
+                    self._timeout_handler(self._stt_timeout), f"{self}::_timeout_handler"
+                )
+            await self._maybe_trigger_user_turn_stopped()
+
+    def _analysis_pending(self) -> bool:
+        task = self._analysis
+        return task is not None and not task.done() and task is not asyncio.current_task()
 
     async def _handle_transcription(self, frame: TranscriptionFrame) -> None:
         if frame.text:
@@ -125,7 +168,13 @@ class TranscriptTurnStopStrategy(TurnAnalyzerUserTurnStopStrategy):
             verdict = None
             if self._read_text:
                 verdict = rules_for(self._language, self._default_language).verdict(" ".join(self._finals))
-            self._decision = decide(verdict, self._turn_complete if self._has_analyzer else None)
+            if self._analysis_pending():
+                if verdict is not TextVerdict.COMPLETE:
+                    return  # the analyzer decides, or the words hold once its verdict is in
+                self._decision = decide(verdict, None)
+            else:
+                analyzed = self._has_analyzer and not self._analyzer_failed
+                self._decision = decide(verdict, self._turn_complete if analyzed else None)
             self._turn_complete = self._decision.commit
             if self._decision.by == "text" and not self._decision.commit:
                 self._hold_ms = 0.0
