@@ -67,6 +67,10 @@ EN, ES = RULES["en"], RULES["es"]
         ("my number is four three nine", TextVerdict.UNKNOWN),
         ("what is the weather", TextVerdict.UNKNOWN),  # short of min_words
         ("Set a timer", TextVerdict.UNKNOWN),  # punctuating model, no mark at the end
+        # A cased model writes its marks: none yet is no sentence end, though lower case would read complete.
+        ("Set a timer for six", TextVerdict.UNKNOWN),
+        ("set a timer for six", TextVerdict.COMPLETE),
+        ("Hi set a timer for eight minutes thanks", TextVerdict.UNKNOWN),
         ("", TextVerdict.UNKNOWN),
     ],
 )
@@ -88,6 +92,7 @@ def test_english_rules(text: str, verdict: TextVerdict) -> None:
         ("Pon un temporizador de.", TextVerdict.CONTINUES),
         ("¿Cuánto es dos más tres?", TextVerdict.COMPLETE),
         ("mi numero es cuatro tres", TextVerdict.UNKNOWN),
+        ("Dime la hora por favor", TextVerdict.UNKNOWN),  # cased, so punctuating: no "." yet
     ],
 )
 def test_spanish_rules(text: str, verdict: TextVerdict) -> None:

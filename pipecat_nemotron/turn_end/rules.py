@@ -9,13 +9,14 @@ The rules are data (:class:`TurnEndRules`, one per language in :data:`RULES`), r
   but a few never end a statement: before a full stop they still go on ("Set a timer for.", written by a
   punctuating model at a pause inside the sentence).
 - **complete**: the text ends with terminal punctuation (``.`` ``?`` ``!``), as the real Nemotron models write
-  it ("What is nine plus four?"). Text with no punctuation at all (the tiny models write lower case without it)
-  is complete when it ends on a closing word ("please", "thanks", "thank you") or when, after a greeting, it
+  it ("What is nine plus four?"). Lower-case text with no punctuation at all (a model that writes neither, as the
+  bundled bilingual tiny model) is complete when it ends on a closing word ("please", "thanks", "thank you") or when, after a greeting, it
   opens like a question or a request ("what", "how", "set", "remind") and runs at least ``min_words`` words.
 - **unknown**: anything else ("my number is four three nine"); the audio (Smart Turn) decides.
 
 A punctuated text is judged by its punctuation and last word only: a model that writes punctuation writes it where
-the sentence ends, and its absence then means the sentence has not ended.
+the sentence ends, and its absence then means the sentence has not ended. A text with a capital counts as
+punctuated: models that write case ("Set a timer for six") write punctuation too.
 """
 
 from __future__ import annotations
@@ -104,8 +105,10 @@ class TurnEndRules:
             return TextVerdict.COMPLETE
         if words[-1] in self.continue_words:
             return TextVerdict.CONTINUES
-        if any(c in stripped for c in self.terminal_marks + self.continue_marks):
-            return TextVerdict.UNKNOWN  # a punctuating model: no mark at the end, the sentence has not ended
+        if any(c in stripped for c in self.terminal_marks + self.continue_marks) or any(c.isupper() for c in stripped):
+            # A punctuating model (marks, or capitals: the models that write case punctuate too) writes no mark
+            # at the end: the sentence has not ended.
+            return TextVerdict.UNKNOWN
         if any(tuple(words[-len(p) :]) == p for p in self.closers if len(p) <= len(words)):
             return TextVerdict.COMPLETE
         start = 0
