@@ -1,12 +1,14 @@
 """Per-stream phrase boosting (issue 24) on the bundled tiny model: what boosting fixes, what it must not touch.
 
-How the misheard words were chosen: the tiny model was run over all 200 bundled held-out clips
-(``tests/assets/heldout``: sentences and voices never used in training). Where it wrote one word of its vocabulary
-for another, the right word was boosted alone; kept are the clips where a boost of 2.0 fixes the word and changes
-nothing else. All are a frequent word heard for a rarer near-homophone by a voice never trained on
-(``en-gb-x-gbcwmd`` West Midlands, ``Andy``, ``Mike``): "thursday" for "tuesday", "tomorrow" for "today", and "seven"
-or "ten" for "two". At the default weight (1.0) the tiny model's confident errors stay; docs/BENCHMARKS.md
-section 15 gives recall and false insertions at both weights.
+How the misheard words were chosen (``scripts/pick_misheard_clips.py``, run again whenever the bundled model
+changes): the tiny model was run over all 200 bundled held-out clips (``tests/assets/heldout``: sentences never
+used in training). Where its final differed from the reference by one substituted word, the right word was boosted
+alone, written as the model writes it; kept are the clips where a boost of 2.0 gives the reference's words and
+changes no other word. The bundled cased model mishears few held-out words: two clips pass, both a digit heard for
+"two" by a voice never trained on (West Midlands ``en-gb-x-gbcwmd``: "seven"; ``en-us+Andy``: "four"). The second is
+boosted with a phrase ("for two minutes"), so that the tests have two different lists. Phrases are matched as the model
+writes them: "Three minus two" fixes the first clip, "three minus two" does not. At the default weight (1.0) the
+tiny model's confident errors stay; docs/BENCHMARKS.md section 15 gives recall and false insertions at both weights.
 """
 
 from __future__ import annotations
@@ -37,28 +39,16 @@ ALPHA = 2.0
 #: (clip, boosted phrase, text without the boost, text with it).
 MISHEARD = [
     (
-        "unseen_000177.flac",
-        "tuesday",
-        "how is the weather on monday what is the weather thursday thank you",
-        "how is the weather on monday what is the weather tuesday thank you",
-    ),
-    (
-        "unseen_000006.flac",
-        "today",
-        "how is the weather tomorrow and what is nine times six",
-        "how is the weather today and what is nine times six",
-    ),
-    (
-        "unseen_000024.flac",
+        "unseen_000039.flac",
         "two",
-        "hi what is nine plus seven what is the weather friday",
-        "hi what is nine plus two what is the weather friday",
+        "Three minus seven. What is the weather today?",
+        "Three minus two. What is the weather today?",
     ),
     (
-        "unseen_000261.flac",
-        "two",
-        "hello set a timer for ten minutes and hello",
-        "hello set a timer for two minutes and hello",
+        "unseen_000255.flac",
+        "for two minutes",
+        "Hi. Set a timer for four minutes.",
+        "Hi. Set a timer for two minutes.",
     ),
 ]
 
@@ -70,13 +60,13 @@ def heldout(name: str) -> np.ndarray:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine():
-    """The tiny model, 8 streams batched, torch on one thread; streams opened without a list boost "tuesday"."""
+    """The tiny model, 8 streams batched, torch on one thread; streams opened without a list boost "two"."""
     async with started_engine(
         TINY_MODEL_PATH,
         one_thread=True,
         max_streams=8,
         max_batch_size=8,
-        default_boost_phrases=("tuesday",),
+        default_boost_phrases=("two",),
         default_boost_alpha=ALPHA,
     ) as e:
         yield e
@@ -128,7 +118,7 @@ async def test_boosting_fixes_misheard_words_and_only_on_the_boosted_stream(engi
         results = await asyncio.gather(*runs)
     finally:
         engine.remove_step_listener(listen)
-    assert max(sizes) == 2 * len(MISHEARD)  # all eight streams shared steps
+    assert max(sizes) == 2 * len(MISHEARD)  # all the streams shared steps
     for i, (name, _, _, _) in enumerate(MISHEARD):
         assert results[2 * i] == alone[name][0]
         assert results[2 * i + 1][0] == alone[name][1][0]
@@ -182,25 +172,25 @@ async def test_a_change_applies_at_the_next_utterance_and_lists_are_built_once(e
     utterance's first word waits for the next utterance; equal lists share one tree, freed when unused."""
     name, word, plain, fixed = MISHEARD[0]
     audio = heldout(name)
-    assert (await decode(engine, audio))[0] == fixed  # default_boost_phrases=("tuesday",)
+    assert (await decode(engine, audio))[0] == fixed  # default_boost_phrases=("two",)
 
     builds = engine.boost_trees[1]
     stream = engine.open_stream(boost_phrases=[])
-    twin = engine.open_stream(boost_phrases=["today"], boost_alpha=ALPHA)
+    twin = engine.open_stream(boost_phrases=[MISHEARD[1][1]], boost_alpha=ALPHA)
     try:
         await stream.push(audio)
         await twin.push(heldout(MISHEARD[1][0]))
         async for update in stream.updates():
             if update.text:
                 break
-        stream.set_boost_phrases(["today"], alpha=ALPHA)  # a word is out: applies to the next utterance
+        stream.set_boost_phrases([MISHEARD[1][1]], alpha=ALPHA)  # a word is out: applies to the next utterance
         assert stream.boost_phrases == ()
         assert (await stream.finalize()).text == plain
-        assert stream.boost_phrases == ("today",) and stream.boost_alpha == ALPHA
+        assert stream.boost_phrases == (MISHEARD[1][1],) and stream.boost_alpha == ALPHA
         await stream.push(heldout(MISHEARD[1][0]))
         assert (await stream.finalize()).text == MISHEARD[1][3]
         assert (await twin.finalize()).text == MISHEARD[1][3]
-        assert engine.boost_trees == (1, builds + 1)  # both streams' "today" share one tree
+        assert engine.boost_trees == (1, builds + 1)  # both streams' "for two minutes" share one tree
         stream.set_boost_phrases(None)  # no word in the new utterance yet: applies now
         assert stream.boost_phrases == () and stream.boost_alpha is None
     finally:
@@ -218,7 +208,7 @@ async def test_bad_lists_are_refused_with_clear_messages_and_take_no_slot(engine
         (["a" * 65], "65 characters, more than the limit of 64"),
         (["  "], "boost phrase 0 is empty"),
         ("tuesday", "must be a list of strings"),
-        (["Tuesday"], "cannot write: 'T' (this model writes 't' in lower case only"),
+        (["Doctor"], "cannot write: 'D' (this model writes 'd' in lower case only"),
         (["jazz"], "cannot write: 'j'"),
     ]
     open_before = engine.open_streams
@@ -264,8 +254,8 @@ async def test_heldout_wer_of_unrelated_speech_moves_at_most_half_a_point(engine
     """Held-out clips that contain none of the boosted phrases, every stream boosted (different lists of names
     and words of the vocabulary): the WER stays within 0.5 points of the unboosted decode (here: no word changes).
     The full held-out set is ``python -m pipecat_nemotron.bench boost``'s insertion count."""
-    lists = [["tuesday", "doctor okafor"], ["cancel the timer", "nemotron"], ["thirty", "pipecat"]]
-    boosted_words = {w for phrases in lists for p in phrases for w in p.split()}
+    lists = [["Tuesday", "doctor okafor"], ["cancel the timer", "nemotron"], ["thirty", "pipecat"]]
+    boosted_words = {w.lower() for phrases in lists for p in phrases for w in p.split()}
     rows = [
         r
         for r in json.loads((HELDOUT / "manifest.json").read_text())
@@ -303,14 +293,14 @@ async def test_boosting_off_refuses_phrases_naming_the_fix() -> None:
 async def test_a_new_list_is_built_off_the_model_thread_before_its_first_step(engine: NemotronEngine) -> None:
     """``open_stream`` starts the build: the tree exists before the stream sends audio, and its step reuses it."""
     before_active, before_builds = engine.boost_trees
-    stream = engine.open_stream(boost_phrases=["set a timer for two minutes"], boost_alpha=ALPHA)
+    stream = engine.open_stream(boost_phrases=["a timer for two minutes"], boost_alpha=ALPHA)
     try:
         for _ in range(200):  # at most 10 s
             if engine.boost_trees[1] > before_builds:
                 break
             await asyncio.sleep(0.05)
         assert engine.boost_trees == (before_active, before_builds + 1)  # built, not yet in the decoder
-        name, _, _, fixed = MISHEARD[3]
+        name, _, _, fixed = MISHEARD[1]
         await stream.push(heldout(name))
         assert (await stream.finalize()).text == fixed
         assert engine.boost_trees == (before_active + 1, before_builds + 1)  # added, not built again
@@ -326,7 +316,7 @@ async def test_transcribe_file_example_refuses_a_bad_boost_before_loading_the_mo
 
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(EXAMPLE), str(DEMO_AUDIO_DIR / "two_turns.wav"), "--model", str(TINY_MODEL_PATH),
-        "--device", "cpu", "--boost", "tuesday", "--boost-alpha", "0",
+        "--device", "cpu", "--boost", "Tuesday", "--boost-alpha", "0",
         cwd=tmp_path,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,

@@ -1,9 +1,10 @@
 """Phrase boosting over the wire and in the Pipecat services: the ``boost`` feature of ``nemotron-asr.v1``.
 
 The bundled trained tiny model, served on loopback as in ``test_server.py``. The clip is one of the engine tests'
-misheard held-out clips (``tests/test_boosting.py`` says how they were chosen): "... what is the weather tuesday
-thank you" comes out with "thursday"; boosting "tuesday" (weight 2) gives it right, in a stream's first utterance
-and in its second.
+misheard held-out clips (``tests/test_boosting.py`` says how they were chosen): "Three minus two. What is the
+weather today?" comes out with "seven" for "two"; boosting "minus two" (weight 2) gives it right in a stream's first
+utterance, and changes the second one's words. A phrase with a capital the tiny model never writes ("Doctor") is
+refused.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pipecat.tests.utils import SleepFrame, run_test
 from websockets.exceptions import ConnectionClosed
 from ws_client import open_session, raw_messages, stream
 
+from pipecat_nemotron.bench.wer import normalize_text
 from pipecat_nemotron.engine import NemotronEngine
 from pipecat_nemotron.server.app import ASRServer
 from pipecat_nemotron.server.protocol import (
@@ -38,7 +40,8 @@ from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 HELDOUT = Path(__file__).parent / "assets" / "heldout"
-BOOST = ["tuesday"]
+BOOST = ["minus two"]
+UNWRITABLE = "Doctor"  # the tiny model writes "d" in lower case only
 ALPHA = 2.0
 FINALIZE = '{"type": "finalize"}'
 CLOSE = '{"type": "close"}'
@@ -46,8 +49,8 @@ CLOSE = '{"type": "close"}'
 
 @pytest.fixture(scope="module")
 def code_clip() -> bytes:
-    """'how is the weather on monday what is the weather tuesday thank you' (16 kHz int16)."""
-    audio, rate = sf.read(HELDOUT / "unseen_000177.flac", dtype="int16")
+    """'Three minus two. What is the weather today?' (16 kHz int16)."""
+    audio, rate = sf.read(HELDOUT / "unseen_000039.flac", dtype="int16")
     assert rate == 16000
     return audio.tobytes()
 
@@ -72,11 +75,11 @@ async def engine_texts(engine: NemotronEngine, pcm: bytes, *lists: list[str]) ->
 async def texts(engine: NemotronEngine, code_clip: bytes) -> dict[str, str]:
     """What the tests expect, from engine streams; and the test's premise: boosting changes these texts.
 
-    ``plain`` / ``boosted``: the clip alone, without and with "tuesday". ``kept`` / ``changed``: the clip twice in
-    one stream boosted with "tuesday", the second time still with it or with no phrase.
+    ``plain`` / ``boosted``: the clip alone, without and with "minus two". ``kept`` / ``changed``: the clip twice
+    in one stream boosted with it, the second time still with it or with no phrase.
     """
     (plain,), (boosted,) = await engine_texts(engine, code_clip, []), await engine_texts(engine, code_clip, BOOST)
-    assert "tuesday" not in plain.split() and "tuesday" in boosted.split(), (plain, boosted)
+    assert "two" not in normalize_text(plain).split() and "two" in normalize_text(boosted).split(), (plain, boosted)
     _, kept = await engine_texts(engine, code_clip, BOOST, BOOST)
     first, changed = await engine_texts(engine, code_clip, BOOST, [])
     assert first == boosted and changed != kept, (kept, changed)
@@ -142,22 +145,22 @@ async def test_refusals_name_the_limit_and_malformed_lists_close_with_4400(boost
     assert "boost_phrases must be a list of strings" in bare.message
     weight = await refused_at_config(boost_server, json.dumps({"type": "config", "boost_phrases": BOOST, "boost_alpha": 0}))
     assert "boost_alpha must be in (0, 10]" in weight.message
-    cased = await refused_at_config(boost_server, json.dumps({"type": "config", "boost_phrases": ["Tuesday"]}))
-    assert "'Tuesday'" in cased.message and "cased as the model writes them" in cased.message
+    cased = await refused_at_config(boost_server, json.dumps({"type": "config", "boost_phrases": [UNWRITABLE]}))
+    assert f"'{UNWRITABLE}'" in cased.message and "cased as the model writes them" in cased.message
     # In a session, a list over the limits or one the model cannot write is refused and the session goes on ...
     ws, ready = await open_session(boost_server.url)
     assert isinstance(ready, ReadyMessage)
     await ws.send(SetBoostPhrasesMessage(phrases=("a", "b", "c", "d")).to_json())
+    await ws.send(SetBoostPhrasesMessage(phrases=(UNWRITABLE,)).to_json())
+    await ws.send(SetBoostPhrasesMessage(phrases=("Tuesday",), alpha=11.0).to_json())
     await ws.send(SetBoostPhrasesMessage(phrases=("Tuesday",)).to_json())
-    await ws.send(SetBoostPhrasesMessage(phrases=("tuesday",), alpha=11.0).to_json())
-    await ws.send(SetBoostPhrasesMessage(phrases=("tuesday",)).to_json())
     # ... a list that is not a list of strings is malformed: 4400, closed.
     await ws.send(json.dumps({"type": "set_boost_phrases", "phrases": [4]}))
     messages = await raw_messages(ws)
     assert ws.close_code == CloseCode.PROTOCOL_ERROR
     refusals = [m for m in messages if m["type"] == "error" and not m["fatal"]]
     assert [m["request"] for m in refusals] == ["set_boost_phrases"] * 3, messages
-    assert "more than 3" in refusals[0]["message"] and "'Tuesday'" in refusals[1]["message"]
+    assert "more than 3" in refusals[0]["message"] and f"'{UNWRITABLE}'" in refusals[1]["message"]
     assert "boost_alpha" in refusals[2]["message"]
     assert [m for m in messages if m["type"] == "boost"] == [{"type": "boost", "count": 1, "applied": "now"}]
     assert messages[-1]["fatal"] and "phrases must be a list of strings" in messages[-1]["message"]
@@ -243,13 +246,13 @@ def over(limit: int) -> list[str]:
 
 
 def settings_frames(code_clip: bytes, limit: int) -> list:
-    """Two turns: boosted with "tuesday"; then after an update over the limit and one cased wrong (both refused),
+    """Two turns: boosted with "minus two"; then after an update over the limit and one cased wrong (both refused),
     and one to no phrase."""
     return [
         SleepFrame(sleep=0.5),
         *turn(code_clip),
         STTUpdateSettingsFrame(delta=NemotronSTTSettings(boost_phrases=over(limit))),
-        STTUpdateSettingsFrame(delta=NemotronSTTSettings(boost_phrases=["Tuesday"])),
+        STTUpdateSettingsFrame(delta=NemotronSTTSettings(boost_phrases=[UNWRITABLE])),
         SleepFrame(sleep=0.3),
         STTUpdateSettingsFrame(delta=NemotronSTTSettings(boost_phrases=[])),
         SleepFrame(sleep=0.3),
@@ -262,7 +265,7 @@ def check_settings_run(stt, down: list, up: list, texts: dict, limit: int) -> No
     assert [f.text for f in down if isinstance(f, TranscriptionFrame)] == [texts["boosted"], texts["changed"]]
     errors = [f.error for f in up if isinstance(f, ErrorFrame)]
     assert len(errors) == 2, errors
-    assert f"more than {limit} boost phrases" in errors[0] and "'Tuesday'" in errors[1]
+    assert f"more than {limit} boost phrases" in errors[0] and f"'{UNWRITABLE}'" in errors[1]
     assert (stt.boost_phrases, stt.boost_alpha) == ((), ALPHA)
 
 
@@ -318,7 +321,7 @@ def test_serve_flags_set_the_servers_limits() -> None:
 
 
 async def test_in_process_stt_with_phrases_its_model_cannot_write_fails_to_open(engine: NemotronEngine) -> None:
-    stt = NemotronSTTService(engine=engine, boost_phrases=["Tuesday"])  # the limits pass; the characters do not
+    stt = NemotronSTTService(engine=engine, boost_phrases=[UNWRITABLE])  # the limits pass; the characters do not
     _, up = await run_test(stt, frames_to_send=[SleepFrame(sleep=0.5)], start_timeout=5.0)
     errors = [f.error for f in up if isinstance(f, ErrorFrame)]
-    assert len(errors) == 1 and "could not open its stream" in errors[0] and "'Tuesday'" in errors[0], errors
+    assert len(errors) == 1 and "could not open its stream" in errors[0] and f"'{UNWRITABLE}'" in errors[0], errors

@@ -1,8 +1,9 @@
 """The eager end of turn gated by the transcript (``turn_end="text"``), in the in-process STT with the tiny model.
 
-A sentence with a pause inside it ("my number is four ... three nine thanks", its two halves spoken by
-espeak-ng): today's eager end of turn predicts the end at the pause (a number is no hold word) and must
-withdraw it; with the ``"text"`` commit the words so far are no complete sentence, so it predicts only at the end.
+A question with a pause inside it ("what is nine ... plus four please", its two halves spoken by espeak-ng):
+today's eager end of turn predicts the end at the pause (a number is no hold word) and must withdraw it; with the
+``"text"`` commit the words so far ("What is nine", cased with no mark: a punctuating model's unfinished sentence)
+are no complete sentence, so it predicts only at the end.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def _words(text: str, seed: int) -> bytes:
 
 
 async def _eager_run(stt: NemotronSTTService) -> tuple[list, list, list]:
-    frames = paused_turn(_words("my number is four", 3), resume=_words("three nine thanks", 4))
+    # A pause after "nine" (no hold word): the question visibly goes on, and a punctuating model writes no mark yet.
+    frames = paused_turn(_words("what is nine", 3), resume=_words("plus four please", 4))
     down, _ = await run_test(stt, frames_to_send=frames, start_timeout=5.0)
     return of(down, EagerTranscriptionFrame), of(down, EagerEndOfTurnCancelFrame), of(down, TranscriptionFrame)
 
@@ -55,7 +57,7 @@ async def test_text_gate_cancels_fewer_predictions_on_a_paused_sentence(engine: 
     assert len(cancels) < 1 and len(predictions) == 1, [p.text for p in predictions]
     # The one prediction is the whole sentence, kept: the committed final matches it, committed by the words.
     (final,) = finals
-    assert predictions[0].text == final.text and final.text.endswith("thanks")
+    assert predictions[0].text == final.text and final.text.rstrip(".?!").endswith("please")
     commits = [d for _, d in log.decisions if d.commit]
     assert commits and commits[0].by == "text" and commits[0].verdict is TextVerdict.COMPLETE
 

@@ -31,8 +31,8 @@ from pipecat_nemotron.bench import common, output
 NAME = "boost"
 
 #: Words the tiny model mishears on held-out clips (``tests/test_boosting.py``), then frequent ones.
-#: Boosted as given (write them as the model writes: cased for a cased model); counted in normalised text.
-DEFAULT_WORDS = ["tuesday", "today", "two", "five", "hey", "day"]
+#: Written as the model writes them (boosting matches case); counted in normalised text.
+DEFAULT_WORDS = ["Tuesday", "today", "two", "five", "Hey", "day"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,9 +6,9 @@ asked for it, inside the one batched decode of a step (:mod:`~pipecat_nemotron.e
 trees). Another stream's tokens are not affected: rows without a list get no boost.
 
 Phrases are matched as the model writes them, token for token: cased and punctuated as the model's output is.
-The Nemotron models write cased, punctuated text (``"Dr. Okafor"``); the bundled tiny model writes lower case
-only (``"friday"``), and its tokenizer has no upper-case letters at all, so ``"Friday"`` is refused for it. A model
-that writes some capitals (a cased tiny model has only its training sentences') refuses the others by name.
+The Nemotron models write cased, punctuated text (``"Dr. Okafor"``). So does the bundled tiny model, but its
+tokenizer has only the capitals of its training sentences (``"Friday"``, ``"Tuesday"``), so ``"Doctor"`` is refused
+for it: it writes ``"d"`` in lower case only.
 
 The checks here need no model (a server validates a client's list before it reaches the engine);
 :func:`check_alphabet` adds the loaded model's characters.

@@ -71,7 +71,7 @@ class TimingCalibration:
 
 #: Offsets measured with ``scripts/eval_word_timings.py --raw`` on espeak-ng word clips, by model file name.
 MEASURED_CALIBRATIONS: dict[str, TimingCalibration] = {
-    "tiny_nemotron_asr.nemo": TimingCalibration(start_offset_ms=-410.0, end_offset_ms=-115.0),
+    "tiny_nemotron_asr.nemo": TimingCalibration(start_offset_ms=-383.0, end_offset_ms=-69.0),
 }
 
 
