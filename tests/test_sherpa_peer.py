@@ -15,6 +15,7 @@ import pytest
 
 from pipecat_nemotron.bench.audio import HELDOUT_MANIFEST, manifest_rows
 from pipecat_nemotron.bench.sherpa_run import sherpa_missing
+from pipecat_nemotron.bench.wer import normalize_text
 from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.models import TINY_MODEL_PATH
 from pipecat_nemotron.wav_input import read_float32
@@ -61,7 +62,9 @@ async def test_sherpa_onnx_gives_our_transcripts_at_160ms(tiny_export) -> None:
         ours = [f.text for f in await asyncio.gather(*(engine.transcribe(a, latency_ms=160) for a in audio))]
     recognizer = sherpa_run.make_recognizer(tiny_export, threads=1)
     theirs = sherpa_run.transcribe(recognizer, tiny_export, audio)
-    assert theirs == ours
+    # The same words. sherpa-onnx's greedy search emits at most one token per encoder frame (``sherpa_run``'s
+    # docstring), so a mark the model emits in the frame of a word's last piece ("please.") can be missing there.
+    assert [normalize_text(t) for t in theirs] == [normalize_text(t) for t in ours], (theirs, ours)
     assert all(t for t in ours), ours  # real sentences, not three empty strings
 
 
