@@ -665,6 +665,18 @@ def join_manifests(out: str, *parts: str) -> None:
     print(f"[data] {out}: {text.count(chr(10))} utterances ({' + '.join(parts)})", flush=True)
 
 
+def joined_row(path: Path, x: np.ndarray, parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest row of a multi-turn clip ``x`` (int16, 16 kHz) written at ``path``, joined from ``parts``'
+    rows: their texts joined, and each kept in ``parts`` (the cased labels punctuate each turn on its own)."""
+    return {
+        "audio_filepath": str(path),
+        "duration": round(x.size / MODEL_SAMPLE_RATE, 4),
+        "text": " ".join(r["text"] for r in parts),
+        "voice": "|".join(r["voice"] for r in parts),
+        "parts": [r["text"] for r in parts],
+    }
+
+
 def stage_sessions(args: argparse.Namespace) -> None:
     """Multi-turn training clips (``train_sessions``): two training utterances of at most 3.5 s each joined by a
     0.2-1.5 s pause (the pure-PyTorch RNNT loss costs O(T x U) Python-level steps, so longer clips slow training).
@@ -686,14 +698,7 @@ def stage_sessions(args: argparse.Namespace) -> None:
             x = np.concatenate([first, pause, second])
             path = out_dir / f"session_{i:06d}.wav"
             write_wav(path, x)
-            row = {
-                "audio_filepath": str(path),
-                "duration": round(x.size / MODEL_SAMPLE_RATE, 4),
-                "text": " ".join(r["text"] for r in parts),
-                "voice": "|".join(r["voice"] for r in parts),
-                "parts": [r["text"] for r in parts],
-            }
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(joined_row(path, x, parts)) + "\n")
     join_manifests("train_all_manifest.json", "train_mix_manifest.json", "train_sessions_manifest.json")
 
 
@@ -721,14 +726,7 @@ def stage_turns(args: argparse.Namespace) -> None:
             x = np.concatenate(pieces)
             path = out_dir / f"turns_{i:06d}.wav"
             write_wav(path, x)
-            row = {
-                "audio_filepath": str(path),
-                "duration": round(x.size / MODEL_SAMPLE_RATE, 4),
-                "text": " ".join(r["text"] for r in parts),
-                "voice": "|".join(r["voice"] for r in parts),
-                "parts": [r["text"] for r in parts],
-            }
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(joined_row(path, x, parts)) + "\n")
     join_manifests("train_turns_all_manifest.json", "train_lead_all_manifest.json", "train_turns_manifest.json")
 
 
