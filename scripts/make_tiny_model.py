@@ -20,9 +20,12 @@ Stages (each can be run alone; ``all`` runs them in order)::
     export    write the best checkpoint as pipecat_nemotron/assets/tiny_nemotron_asr.nemo
     assets    write pipecat_nemotron/assets/demo/ and tests/assets/heldout/ from held-out sentences
 
-Reproduce the bundled model (data ~10 min; training ~3.1 h on a 2-core CPU, see docs/TINY_MODEL.md)::
+Reproduce the lower-case phase-5 model (data ~10 min; training ~3.1 h on a 2-core CPU, see docs/TINY_MODEL.md)::
 
     .venv/bin/python scripts/make_tiny_model.py all
+
+The bundled model is its cased, punctuated fine-tune (the ``turns``, ``paused``, ``silences`` and ``cased`` stages,
+a 256-piece cased tokenizer and six ``train`` runs): docs/TINY_MODEL.md, *Cased, punctuated output*, lists them.
 
 Everything is seeded: the same seed gives byte-identical audio (``sox -D`` disables dither) and the same data
 splits. CPU training is deterministic up to thread scheduling of floating-point reductions.
