@@ -23,14 +23,14 @@ from pipecat.runner.types import RunnerArguments
 from pipecat.runner.utils import create_transport
 from pipecat.transports.base_transport import TransportParams
 
-from pipecat_nemotron.agent import AgentSettings, build_voice_agent
-from pipecat_nemotron.llm_env import load_env_file
-from pipecat_nemotron.runner import (
+from pipecat_nemotron.agent.assembly import AgentSettings, build_voice_agent
+from pipecat_nemotron.agent.runner import (
     offer_loopback_ice_candidates,
     preload_when_runner_starts,
     serve_nemotron_page,
 )
-from pipecat_nemotron.transcripts import TranscriptCollector, UtteranceRecord
+from pipecat_nemotron.llm.env import load_env_file
+from pipecat_nemotron.observers.transcripts import TranscriptCollector, UtteranceRecord
 
 load_env_file(override=True)  # the .env of the directory the bot is started from
 SETTINGS = AgentSettings.from_env(os.environ)

@@ -6,7 +6,7 @@
 
 ASR and TTS run in this process on the GPU; the LLM runs on the OpenAI-compatible server `.env` names. Each turn's
 latency (TTFS, ASR finalize, LLM TTFB, TTS TTFB, voice-to-voice) goes to runs/local_turns.jsonl; plot it with
-`python -m pipecat_nemotron.report runs/local_turns.jsonl -o latency.png`.
+`python -m pipecat_nemotron.observers.report runs/local_turns.jsonl -o latency.png`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import sys
 from loguru import logger
 from pipecat.pipeline.runner import WorkerRunner
 
-from pipecat_nemotron.agent import AgentSettings, build_voice_agent
-from pipecat_nemotron.llm_env import load_env_file
+from pipecat_nemotron.agent.assembly import AgentSettings, build_voice_agent
+from pipecat_nemotron.llm.env import load_env_file
 
 
 async def main() -> None:

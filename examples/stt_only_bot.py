@@ -21,7 +21,7 @@ from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.audio.vad_processor import VADProcessor
 
 from pipecat_nemotron import NemotronSTTService, default_asr_model
-from pipecat_nemotron.transcripts import TranscriptCollector, print_latency_summary
+from pipecat_nemotron.observers.transcripts import TranscriptCollector, print_latency_summary
 
 
 async def run(model: str, latency_ms: int, device: str, cpu_threads: int | None = None) -> None:

@@ -32,11 +32,11 @@ from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.audio.vad_processor import VADProcessor
 
 from pipecat_nemotron import NemotronSTTService, default_asr_model
-from pipecat_nemotron.engine import EngineConfig
-from pipecat_nemotron.engine.boosting import DEFAULT_BOOST_ALPHA
+from pipecat_nemotron.agent.wav_input import run_worker_on_wav
+from pipecat_nemotron.asr import EngineConfig
+from pipecat_nemotron.asr.boosting import DEFAULT_BOOST_ALPHA
+from pipecat_nemotron.observers.transcripts import TranscriptCollector, print_latency_summary
 from pipecat_nemotron.stt.base import NemotronSTTUnavailableError
-from pipecat_nemotron.transcripts import TranscriptCollector, print_latency_summary
-from pipecat_nemotron.wav_input import run_worker_on_wav
 
 
 async def transcribe(

@@ -5,8 +5,7 @@ Heavy modules (Pipecat services, NeMo) load on first attribute access, so ``impo
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from pipecat_nemotron.runtime.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -14,22 +13,18 @@ _EXPORTS = {
     "NemotronSTTService": "pipecat_nemotron.stt",
     "NemotronSTTSettings": "pipecat_nemotron.stt",
     "NemotronSTTUnavailableError": "pipecat_nemotron.stt.ready",
-    "NemotronEngine": "pipecat_nemotron.engine",
-    "EngineConfig": "pipecat_nemotron.engine",
+    "NemotronEngine": "pipecat_nemotron.asr",
+    "EngineConfig": "pipecat_nemotron.asr",
     "default_asr_model": "pipecat_nemotron.models",
     "TINY_MODEL_PATH": "pipecat_nemotron.models",
     "MagpieTTSService": "pipecat_nemotron.tts",
     "create_nemotron_llm": "pipecat_nemotron.llm",
     "NemotronLLMSettings": "pipecat_nemotron.llm",
-    "VoiceLatencyObserver": "pipecat_nemotron.metrics",
+    "VoiceLatencyObserver": "pipecat_nemotron.observers",
     "TranscriptResult": "pipecat_nemotron.stt.result",
 }
 
 __all__ = ["__version__", *_EXPORTS]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pipecat_nemotron' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pipecat_nemotron.engine import EngineConfig
+    from pipecat_nemotron.asr import EngineConfig
     from pipecat_nemotron.server.config import ServerConfig
 
 #: Environment variable with the accepted bearer tokens (comma separated).
@@ -79,7 +79,7 @@ def _seconds_or_none(value: str) -> float | None:
 
 def _model_options(group: argparse._ArgumentGroup) -> None:
     """The engine: model, device, dtype, capacity, latency and finalize defaults, longest utterance, CPU threads."""
-    from pipecat_nemotron.engine.config import DEFAULT_MODEL, EngineConfig
+    from pipecat_nemotron.asr.config import DEFAULT_MODEL, EngineConfig
 
     group.add_argument(
         "--model", default=os.environ.get("NEMOTRON_ASR_MODEL", DEFAULT_MODEL), help="model id or .nemo path"
@@ -274,7 +274,7 @@ def serve_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
         ValueError: A value is out of range, or more than one metrics token was given (the message names it).
 
     """
-    from pipecat_nemotron.engine import EngineConfig
+    from pipecat_nemotron.asr import EngineConfig
     from pipecat_nemotron.server.config import ServerConfig, tokens_from
 
     sources = [os.environ.get(TOKENS_ENV, "")]

@@ -46,9 +46,9 @@ async def run_demo(
     wav: Path, model: str, latency_ms: int, device: str, realtime: bool, turns_jsonl: Path
 ) -> int:
     """Run the pipeline over ``wav``; return a process exit code."""
-    from pipecat_nemotron.agent import AgentSettings, build_voice_agent
-    from pipecat_nemotron.transcripts import TranscriptCollector, print_latency_summary
-    from pipecat_nemotron.wav_input import run_worker_on_wav
+    from pipecat_nemotron.agent.assembly import AgentSettings, build_voice_agent
+    from pipecat_nemotron.agent.wav_input import run_worker_on_wav
+    from pipecat_nemotron.observers.transcripts import TranscriptCollector, print_latency_summary
 
     settings = replace(
         AgentSettings.from_env(os.environ), asr_model=model, asr_device=device, asr_latency_ms=latency_ms
@@ -74,9 +74,9 @@ async def run_demo(
         print(f"\nexpected: {expected}\ngot:      {' | '.join(u.text for u in collector.utterances)}")
     if agent.observer.turns:
         print(
-            f"\nVoice-to-voice per turn written to {turns_jsonl}; plot: python -m pipecat_nemotron.report {turns_jsonl}"
+            f"\nVoice-to-voice per turn written to {turns_jsonl}; plot: python -m pipecat_nemotron.observers.report {turns_jsonl}"
         )
-        from pipecat_nemotron.metrics import format_summary
+        from pipecat_nemotron.observers.metrics import format_summary
 
         print(format_summary(agent.observer.summary(log=False)))
     if collector.errors:
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true", help="DEBUG logs")
     args = parser.parse_args(argv)
 
-    from pipecat_nemotron.llm_env import load_env_file
+    from pipecat_nemotron.llm.env import load_env_file
 
     load_env_file()
     logger.remove()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipecat_nemotron.devices import resolve_device
-from pipecat_nemotron.engine.config import DEFAULT_MODEL
+from pipecat_nemotron.asr.config import DEFAULT_MODEL
+from pipecat_nemotron.runtime.devices import resolve_device
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 

@@ -40,9 +40,9 @@ from pathlib import Path
 import numpy as np
 import websockets
 
+from pipecat_nemotron.agent.wav_input import read_pcm16
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.server.protocol import PROTOCOL_VERSION, ConfigMessage
-from pipecat_nemotron.wav_input import read_pcm16
 
 FRAME_S = 0.02
 FRAME_BYTES = 640  # 20 ms of 16 kHz int16

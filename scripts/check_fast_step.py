@@ -19,12 +19,12 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
+from pipecat_nemotron.agent.wav_input import read_pcm16
+from pipecat_nemotron.asr import EngineConfig
+from pipecat_nemotron.asr.config import LATENCY_MODES
 from pipecat_nemotron.bench.audio import HELDOUT_MANIFEST, manifest_rows, transcribe_clips
 from pipecat_nemotron.bench.wer import wer_percent
-from pipecat_nemotron.engine import EngineConfig
-from pipecat_nemotron.engine.config import LATENCY_MODES
 from pipecat_nemotron.models import TINY_MODEL_PATH
-from pipecat_nemotron.wav_input import read_pcm16
 
 #: Largest tolerated |WER(bf16) - WER(fp32)|, points.
 BF16_WER_TOLERANCE = 1.0

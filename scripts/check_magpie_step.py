@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pipecat_nemotron.magpie.tiny import english_tokens, inference_parameters
+from pipecat_nemotron.tts.magpie.tiny import english_tokens, inference_parameters
 
 SENTENCES = [
     "Hello there.",
@@ -69,7 +69,7 @@ def fast_codes(model: Any, texts: list[Any]) -> list[Any]:
     """Our step's greedy codes for ``texts`` admitted together (one batched prefill)."""
     import torch
 
-    from pipecat_nemotron.magpie.fast_step import FastMagpieStep, RowSampling
+    from pipecat_nemotron.tts.magpie.fast_step import FastMagpieStep, RowSampling
 
     step = FastMagpieStep(model)
     with torch.inference_mode():
@@ -83,10 +83,10 @@ def fast_codes(model: Any, texts: list[Any]) -> list[Any]:
 def load(args: argparse.Namespace, tmp: str) -> Any:
     """The model to check."""
     if args.model:
-        from pipecat_nemotron.magpie.loading import load_magpie_model
+        from pipecat_nemotron.tts.magpie.loading import load_magpie_model
 
         return load_magpie_model(args.model, "cpu", args.codec)
-    from pipecat_nemotron.magpie import tiny
+    from pipecat_nemotron.tts.magpie import tiny
 
     shape = tiny.RELEASED_SHAPE if args.shape == "357m" else tiny.SMALL_RELEASED_FAMILY_SHAPE
     return tiny.random_magpie(tiny.build_tiny_codec(tmp), seed=7, end_of_speech_bias=0.0, shape=shape)

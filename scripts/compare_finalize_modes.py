@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
+from pipecat_nemotron.agent.wav_input import read_pcm16
+from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.bench.audio import HELDOUT_MANIFEST, manifest_rows
 from pipecat_nemotron.bench.common import bench_engine
 from pipecat_nemotron.bench.wer import WordErrorCount
-from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.models import TINY_MODEL_PATH
-from pipecat_nemotron.wav_input import read_pcm16
 
 
 def load(manifest: Path) -> list[tuple[np.ndarray, str]]:

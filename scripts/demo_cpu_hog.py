@@ -29,8 +29,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipecat_nemotron.latency_stats import percentile  # noqa: E402
 from pipecat_nemotron.models import DEMO_AUDIO_DIR  # noqa: E402
+from pipecat_nemotron.observers.latency_stats import percentile  # noqa: E402
 
 _FINALIZE = re.compile(r"ASR finalize ([\d.]+) ms")
 _FINAL = re.compile(r"\[final\] ")

@@ -3,7 +3,7 @@
 language prompt, and how often ``auto`` finals name the right locale, per latency mode.
 
 Runs the bundled tiny bilingual model (or ``--model``) on its held-out clips (``tests/assets/heldout_multilingual``:
-sentences and voices never trained on) through :class:`~pipecat_nemotron.engine.NemotronEngine`, every clip a
+sentences and voices never trained on) through :class:`~pipecat_nemotron.asr.NemotronEngine`, every clip a
 stream of its own, all streams of a pass batched together, hard finalize (each clip decoded as a clip of its own).
 
 Example::
@@ -19,10 +19,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pipecat_nemotron.agent.wav_input import read_pcm16
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine
 from pipecat_nemotron.bench.wer import wer_percent
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.models import TINY_MULTILINGUAL_MODEL_PATH
-from pipecat_nemotron.wav_input import read_pcm16
 
 HELDOUT = Path(__file__).resolve().parent.parent / "tests" / "assets" / "heldout_multilingual"
 

@@ -11,7 +11,7 @@ sets under ``data/tiny_asr/`` (regenerate with ``make_tiny_model.py heldout``).
 
 Backends:
 
-* ``engine``: ``pipecat_nemotron.engine.NemotronEngine`` (the streaming engine of this package), all
+* ``engine``: ``pipecat_nemotron.asr.NemotronEngine`` (the streaming engine of this package), all
   utterances of a mode submitted concurrently so that the engine batches them;
 * ``nemo``: NeMo's model-level cache-aware streaming (``conformer_stream_step`` chunk by chunk with
   ``CacheAwareStreamingAudioBuffer``), an independent cross-check of the engine;
@@ -50,13 +50,13 @@ from typing import Any
 
 import numpy as np
 
+from pipecat_nemotron.agent.wav_input import read_float32, read_pcm16
+from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.asr.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
 from pipecat_nemotron.bench.audio import HELDOUT_MANIFEST, manifest_rows
 from pipecat_nemotron.bench.common import REPO_ROOT, bench_engine
 from pipecat_nemotron.bench.wer import WordErrorCount, normalize_text
-from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
-from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
 from pipecat_nemotron.models import TINY_MODEL_PATH
-from pipecat_nemotron.wav_input import read_float32, read_pcm16
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_tiny_model import punctuate  # noqa: E402  (the training labels' rules, next to this script)
@@ -137,7 +137,7 @@ def load_model(path: Path) -> Any:
     """Restore the ``.nemo`` on CPU in eval mode."""
     from nemo.collections.asr.models import ASRModel
 
-    from pipecat_nemotron.engine.loading import quiet_nemo
+    from pipecat_nemotron.asr.loading import quiet_nemo
 
     with quiet_nemo(logging.WARNING):
         model = ASRModel.restore_from(str(path), map_location="cpu")
@@ -192,7 +192,7 @@ def nemo_stream(model: Any, utts: Sequence[Utt], right: int, batch_size: int) ->
 
 def nemo_offline(model: Any, utts: Sequence[Utt], right: int, batch_size: int) -> list[str]:
     """Whole-utterance ``model.transcribe()`` with the same attention context."""
-    from pipecat_nemotron.engine.loading import quiet_nemo
+    from pipecat_nemotron.asr.loading import quiet_nemo
 
     model.encoder.set_default_att_context_size([LEFT_CONTEXT_FRAMES, right])
     with quiet_nemo(logging.WARNING):

@@ -38,10 +38,10 @@ sys.path.insert(0, str(REPO / "tests"))  # the clip builder lives with the tests
 
 from word_clips import HELDOUT_MANIFEST, TRAINING_LIKE_GAPS_S, TimingErrors, correct_words, sentence_clips  # noqa: E402
 
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine  # noqa: E402
-from pipecat_nemotron.engine.loading import TOKEN_CONFIDENCE_CFG  # noqa: E402
+from pipecat_nemotron.agent.wav_input import read_float32  # noqa: E402
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine  # noqa: E402
+from pipecat_nemotron.asr.loading import TOKEN_CONFIDENCE_CFG  # noqa: E402
 from pipecat_nemotron.models import TINY_MODEL_PATH  # noqa: E402
-from pipecat_nemotron.wav_input import read_float32  # noqa: E402
 
 #: NeMo confidence measures compared by ``confidence`` (``confidence_cfg.method_cfg``).
 METHODS: dict[str, dict[str, Any]] = {
@@ -157,7 +157,7 @@ async def _decode_cost(
     """The greedy decode alone on one pass's encoder outputs, confidence on and off; word assembly per call."""
     import torch
 
-    from pipecat_nemotron.engine.words import TokenTrace
+    from pipecat_nemotron.asr.words import TokenTrace
 
     chunks: list[tuple[Any, Any]] = []
     with engine.observe_encoder_output(lambda _ids, enc, lens: chunks.append((enc.clone(), lens.clone()))):

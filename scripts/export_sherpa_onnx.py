@@ -25,8 +25,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipecat_nemotron.asr.errors import ModelLoadError
 from pipecat_nemotron.bench.sherpa_export import SherpaExportError, export_sherpa_onnx
-from pipecat_nemotron.engine.errors import ModelLoadError
 
 
 def main(argv: list[str] | None = None) -> int:

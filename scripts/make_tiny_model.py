@@ -54,12 +54,12 @@ from typing import Any
 
 import numpy as np
 
+from pipecat_nemotron.agent.wav_input import read_pcm16
+from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.asr.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
 from pipecat_nemotron.bench.audio import HELDOUT_DIR
 from pipecat_nemotron.bench.common import REPO_ROOT
-from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
-from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
-from pipecat_nemotron.wav_input import read_pcm16
 
 DATA_DIR = REPO_ROOT / "data" / "tiny_asr"
 RUN_DIR = REPO_ROOT / "runs" / "tiny_asr"
@@ -911,7 +911,7 @@ ATT_CONTEXT_SIZE = [[LEFT_CONTEXT_FRAMES, LATENCY_MODES[ms]] for ms in (160, 80,
 def model_config(args: argparse.Namespace, tokenizer_dir: Path) -> dict[str, Any]:
     """The training config: the package's architecture (:func:`asr_model_config`) at the sizes of ``args``, with
     dropout and dither, plus what training adds (datasets, SpecAugment, the CTC head, optimiser settings)."""
-    from pipecat_nemotron.engine.architectures import FastConformerSize, asr_model_config
+    from pipecat_nemotron.asr.architectures import FastConformerSize, asr_model_config
 
     size = FastConformerSize(
         features=80,
@@ -993,7 +993,7 @@ def build_model(args: argparse.Namespace, trainer: Any = None) -> Any:
     from nemo.collections.asr.models import EncDecHybridRNNTCTCBPEModel
     from omegaconf import OmegaConf
 
-    from pipecat_nemotron.engine.loading import quiet_nemo
+    from pipecat_nemotron.asr.loading import quiet_nemo
 
     cfg = OmegaConf.create(model_config(args, tokenizer_dir(args)))
     with quiet_nemo(logging.WARNING):
@@ -1176,7 +1176,7 @@ def _training_model(args: argparse.Namespace, trainer: Any) -> Any:
     """The model with its data and optimiser set up (from ``--init-from``'s weights if given)."""
     import torch
 
-    from pipecat_nemotron.engine.loading import quiet_nemo
+    from pipecat_nemotron.asr.loading import quiet_nemo
 
     model = build_model(args, trainer=trainer)
     if args.init_from:
@@ -1218,7 +1218,7 @@ def init_from_other_vocabulary(model: Any, source: Path) -> None:
     import torch
     from nemo.collections.asr.models import ASRModel
 
-    from pipecat_nemotron.engine.loading import quiet_nemo
+    from pipecat_nemotron.asr.loading import quiet_nemo
 
     with quiet_nemo(logging.WARNING):
         old = ASRModel.restore_from(str(source), map_location="cpu")
@@ -1401,7 +1401,7 @@ def stage_export(args: argparse.Namespace) -> None:
     # Datasets point at this machine's data/ folder; a shipped model must not carry them.
     from omegaconf import open_dict
 
-    from pipecat_nemotron.engine.loading import quiet_nemo
+    from pipecat_nemotron.asr.loading import quiet_nemo
 
     with open_dict(model.cfg):
         for key in ("train_ds", "validation_ds", "test_ds"):

@@ -6,7 +6,7 @@ whose encoder output is concatenated with a language one-hot (``en-US``, ``es-ES
 by ``prompt_kernel``. It is fine-tuned from the bundled English tiny model (``tiny_nemotron_asr.nemo``, built by
 ``scripts/make_tiny_model.py``): the English weights are loaded, ``prompt_kernel`` starts as the exact identity on
 the encoder part, and the model is trained on English + Spanish espeak-ng speech with the five attention contexts
-of :data:`pipecat_nemotron.engine.architectures.MULTILINGUAL_ATT_CONTEXT_SIZES` (including the 320 ms [56, 3]).
+of :data:`pipecat_nemotron.asr.architectures.MULTILINGUAL_ATT_CONTEXT_SIZES` (including the 320 ms [56, 3]).
 
 The English tokenizer (128 BPE pieces) is kept: it has every letter but ``j`` and ``q``, so Spanish is *spoken*
 with its proper spelling (accents, ``ñ``) but *labelled* lower case and ASCII-folded (``mañana`` -> ``manana``),
@@ -60,16 +60,16 @@ from make_tiny_model import (  # noqa: E402
     write_wav,
 )
 
-from pipecat_nemotron.bench.common import REPO_ROOT  # noqa: E402
-from pipecat_nemotron.bench.wer import wer_percent  # noqa: E402
-from pipecat_nemotron.engine.architectures import (  # noqa: E402
+from pipecat_nemotron.agent.wav_input import read_pcm16  # noqa: E402
+from pipecat_nemotron.asr.architectures import (  # noqa: E402
     AUTO_LANGUAGE,
     MULTILINGUAL_ATT_CONTEXT_SIZES,
     prompt_model_defaults,
 )
-from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE  # noqa: E402
+from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE  # noqa: E402
+from pipecat_nemotron.bench.common import REPO_ROOT  # noqa: E402
+from pipecat_nemotron.bench.wer import wer_percent  # noqa: E402
 from pipecat_nemotron.models import ASSETS_DIR, TINY_MODEL_PATH  # noqa: E402
-from pipecat_nemotron.wav_input import read_pcm16  # noqa: E402
 
 DATA_DIR = REPO_ROOT / "data" / "tiny_asr_multilingual"
 RUN_DIR = REPO_ROOT / "runs" / "tiny_asr_multilingual"
@@ -243,7 +243,7 @@ def extract_tokenizer(nemo_path: Path, out_dir: Path) -> Path:
 def _quiet() -> Any:
     import logging
 
-    from pipecat_nemotron.nemo_logs import quiet_nemo
+    from pipecat_nemotron.runtime.nemo_logs import quiet_nemo
 
     return quiet_nemo(logging.ERROR)
 

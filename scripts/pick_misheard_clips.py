@@ -21,9 +21,9 @@ import soundfile as sf
 import torch
 from make_tiny_model import DAYS  # scripts/ is on sys.path when this runs as a script
 
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine
+from pipecat_nemotron.asr.errors import BoostPhraseError
 from pipecat_nemotron.bench.wer import normalize_text
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-from pipecat_nemotron.engine.errors import BoostPhraseError
 from pipecat_nemotron.models import TINY_MODEL_PATH
 
 HELDOUT = Path(__file__).resolve().parents[1] / "tests" / "assets" / "heldout"

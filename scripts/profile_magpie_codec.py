@@ -31,7 +31,7 @@ TEXT = "The quick brown fox jumps over the lazy dog."
 
 
 def _worker_profile(magpie: Path, codec: Path, *, stateful: bool, requests: int, frames: int, top: int) -> None:
-    from pipecat_nemotron.magpie import MagpieEngine, MagpieSynthesisOptions
+    from pipecat_nemotron.tts.magpie import MagpieEngine, MagpieSynthesisOptions
 
     engine = MagpieEngine(str(magpie), device="cpu", codec_model_path=str(codec), max_batch=requests,
                           stateful_codec=stateful)
@@ -90,9 +90,9 @@ def _mean_ms(call: Any, repeats: int) -> float:
 
 
 def _call_costs(magpie: Path, codec: Path, repeats: int = 10) -> None:
-    from pipecat_nemotron.magpie._nemo_private import codes_to_audio_batch
-    from pipecat_nemotron.magpie.codec_stream import CodecState, StreamingCodec
-    from pipecat_nemotron.magpie.loading import load_magpie_model
+    from pipecat_nemotron.tts.magpie._nemo_private import codes_to_audio_batch
+    from pipecat_nemotron.tts.magpie.codec_stream import CodecState, StreamingCodec
+    from pipecat_nemotron.tts.magpie.loading import load_magpie_model
 
     model = load_magpie_model(str(magpie), "cpu", str(codec))
     streaming = StreamingCodec(model)
@@ -124,7 +124,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=8, help="profile lines per run (default: 8)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from pipecat_nemotron.magpie.tiny import build_tiny_magpie
+    from pipecat_nemotron.tts.magpie.tiny import build_tiny_magpie
 
     with tempfile.TemporaryDirectory() as folder:
         magpie, codec = build_tiny_magpie(Path(folder))

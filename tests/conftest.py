@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def tiny_random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight 4-layer FastConformer-RNNT (8x dw_striding, chunked_limited x4 lookaheads, causal)."""
-    from pipecat_nemotron.engine.architectures import build_random_model
+    from pipecat_nemotron.asr.architectures import build_random_model
 
     return build_random_model(tmp_path_factory.mktemp("models") / "tiny_random.nemo", size="tiny", seed=0)
 
@@ -42,7 +42,7 @@ def tiny_random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_quiet_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Like ``tiny_random_model`` with the joint biased towards blank, so decoding costs what a trained model's does."""
-    from pipecat_nemotron.engine.architectures import build_random_model
+    from pipecat_nemotron.asr.architectures import build_random_model
 
     return build_random_model(
         tmp_path_factory.mktemp("models") / "tiny_quiet.nemo", size="tiny", seed=1, blank_bias=6.0
@@ -52,7 +52,7 @@ def tiny_quiet_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_multilingual_random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight tiny model of the multilingual prompt class (en-US, es-ES, de-DE, auto; five modes)."""
-    from pipecat_nemotron.engine.architectures import build_random_model
+    from pipecat_nemotron.asr.architectures import build_random_model
 
     return build_random_model(
         tmp_path_factory.mktemp("models") / "tiny_multilingual_random.nemo",
@@ -65,7 +65,7 @@ def tiny_multilingual_random_model(tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="session")
 def tiny_magpie(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(magpie .nemo, codec .nemo); the codec is moved away from the path stored in the checkpoint."""
-    from pipecat_nemotron.magpie.tiny import build_tiny_magpie
+    from pipecat_nemotron.tts.magpie.tiny import build_tiny_magpie
 
     root = tmp_path_factory.mktemp("magpie")
     magpie, codec = build_tiny_magpie(root / "build")
@@ -80,7 +80,7 @@ def bot_magpie(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Magpie for a bot started as a user would (``MAGPIE_TTS_MODEL``): its codec stays at the path the
     checkpoint stores (the bot's settings take no codec path), and it ends every sentence at NeMo's 4-frame
     minimum (~0.19 s of audio), so replies are short and do not overlap the next turn."""
-    from pipecat_nemotron.magpie.tiny import build_tiny_magpie
+    from pipecat_nemotron.tts.magpie.tiny import build_tiny_magpie
 
     magpie, _codec = build_tiny_magpie(tmp_path_factory.mktemp("bot_magpie"), end_of_speech_bias=30.0)
     return magpie
@@ -91,7 +91,7 @@ def asr_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bundled trained tiny model (or, where it is absent, a random one biased to emit a few tokens)."""
     if TRAINED_MODEL.exists():
         return TRAINED_MODEL
-    from pipecat_nemotron.engine.architectures import build_random_model
+    from pipecat_nemotron.asr.architectures import build_random_model
 
     return build_random_model(
         tmp_path_factory.mktemp("server_models") / "tiny_b08.nemo", size="tiny", seed=1, blank_bias=0.8
@@ -101,7 +101,7 @@ def asr_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def magpie_engine(tiny_magpie):
     """A started tiny Magpie engine shared by a test module."""
-    from pipecat_nemotron.magpie import MagpieEngine
+    from pipecat_nemotron.tts.magpie import MagpieEngine
 
     magpie, codec = tiny_magpie
     engine = MagpieEngine(str(magpie), device="cpu", codec_model_path=str(codec))

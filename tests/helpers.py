@@ -34,15 +34,15 @@ from pipecat.tests.utils import SleepFrame, run_test
 from pipecat.utils.time import time_now_iso8601
 from websockets.exceptions import ConnectionClosed
 
+from pipecat_nemotron.agent.wav_input import read_pcm16, silence
+from pipecat_nemotron.asr import ASRStream, EngineConfig, NemotronEngine
 from pipecat_nemotron.bench.audio import wait_caught_up  # noqa: F401  (tests import it from here)
-from pipecat_nemotron.engine import ASRStream, EngineConfig, NemotronEngine
-from pipecat_nemotron.metrics import VoiceLatencyObserver, asr_finalize_metrics_frame
 from pipecat_nemotron.models import DEMO_AUDIO_DIR
+from pipecat_nemotron.observers.metrics import VoiceLatencyObserver, asr_finalize_metrics_frame
 from pipecat_nemotron.server.app import ASRServer, ServerConfig
 from pipecat_nemotron.server.protocol import CloseCode, ConfigMessage, parse_server_message
 from pipecat_nemotron.stt import NemotronSTTSettings
 from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
-from pipecat_nemotron.wav_input import read_pcm16, silence
 
 
 def offline_decode(
@@ -54,7 +54,7 @@ def offline_decode(
     Runs the engine's model on the calling thread, so call it while no stream is being decoded; the encoder's
     attention context is restored afterwards (the engine's worker thread sets it only when it changes).
     """
-    from pipecat_nemotron.engine.modes import model_latency_modes
+    from pipecat_nemotron.asr.modes import model_latency_modes
 
     model = engine.model
     previous = list(model.encoder.att_context_size)
@@ -218,7 +218,7 @@ def magpie_options_for(frames: int, **kwargs: Any) -> Any:
 
     ceil((frames - 0.5) frames' worth of seconds x frame rate) == frames, clear of float rounding.
     """
-    from pipecat_nemotron.magpie import MagpieSynthesisOptions
+    from pipecat_nemotron.tts.magpie import MagpieSynthesisOptions
 
     return MagpieSynthesisOptions(
         max_duration_s=(frames - 0.5) * MAGPIE_SAMPLES_PER_FRAME / MAGPIE_CODEC_RATE, **kwargs

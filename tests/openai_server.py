@@ -1,4 +1,4 @@
-"""The loopback OpenAI-compatible server (:mod:`pipecat_nemotron.testing.openai_server`) and its fixture."""
+"""The loopback OpenAI-compatible server (:mod:`pipecat_nemotron.llm.fake_server`) and its fixture."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest_asyncio
 
-from pipecat_nemotron.testing.openai_server import DEFAULT_REPLY, FakeOpenAIServer
+from pipecat_nemotron.llm.fake_server import DEFAULT_REPLY, FakeOpenAIServer
 
 __all__ = ["DEFAULT_REPLY", "FakeOpenAIServer", "openai_server"]
 

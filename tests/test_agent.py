@@ -9,15 +9,15 @@ from helpers import FrameRecorder
 from openai_server import FakeOpenAIServer
 from pipecat.frames.frames import TranscriptionFrame
 
-from pipecat_nemotron.agent import AgentSettings, SimulatedPlayback, build_voice_agent
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-from pipecat_nemotron.llm import create_nemotron_llm
-from pipecat_nemotron.llm_env import ENV_BASE_URL
-from pipecat_nemotron.magpie import MagpieSynthesisOptions
+from pipecat_nemotron.agent.assembly import AgentSettings, SimulatedPlayback, build_voice_agent
+from pipecat_nemotron.agent.wav_input import read_wav, run_worker_on_wav
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine
+from pipecat_nemotron.llm.env import ENV_BASE_URL
+from pipecat_nemotron.llm.service import create_nemotron_llm
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.stt import NemotronSTTService
-from pipecat_nemotron.tts import MagpieTTSService
-from pipecat_nemotron.wav_input import read_wav, run_worker_on_wav
+from pipecat_nemotron.tts.magpie import MagpieSynthesisOptions
+from pipecat_nemotron.tts.service import MagpieTTSService
 
 LLM_DELAY_S = 0.4
 

@@ -24,10 +24,10 @@ import soundfile as sf
 import torch
 from helpers import started_engine
 
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine
+from pipecat_nemotron.asr.boosting import validate_boost_phrases
+from pipecat_nemotron.asr.errors import BoostingUnavailableError, BoostPhraseError
 from pipecat_nemotron.bench.wer import wer_percent
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-from pipecat_nemotron.engine.boosting import validate_boost_phrases
-from pipecat_nemotron.engine.errors import BoostingUnavailableError, BoostPhraseError
 from pipecat_nemotron.models import TINY_MODEL_PATH
 
 HELDOUT = Path(__file__).resolve().parent / "assets" / "heldout"
@@ -132,8 +132,8 @@ async def test_streaming_equals_offline_with_boosting(engine: NemotronEngine) ->
     from nemo.collections.asr.parts.context_biasing.boosting_graph_batched import BoostingTreeModelConfig
     from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
-    from pipecat_nemotron.engine.boost_models import biasing_multi_model
-    from pipecat_nemotron.engine.modes import model_latency_modes
+    from pipecat_nemotron.asr.boost_models import biasing_multi_model
+    from pipecat_nemotron.asr.modes import model_latency_modes
 
     name, word, _, fixed = MISHEARD[0]
     audio = heldout(name)
@@ -275,7 +275,7 @@ async def test_heldout_wer_of_unrelated_speech_moves_at_most_half_a_point(engine
 
 async def test_boosting_off_refuses_phrases_naming_the_fix() -> None:
     """``max_boost_phrases=0`` builds the decoder without per-stream biasing; phrases are refused, not ignored."""
-    from pipecat_nemotron.engine.boost_models import biasing_multi_model, require_per_stream_biasing
+    from pipecat_nemotron.asr.boost_models import biasing_multi_model, require_per_stream_biasing
 
     async with started_engine(TINY_MODEL_PATH, one_thread=True, max_boost_phrases=0, warmup=False) as off:
         with pytest.raises(BoostingUnavailableError, match="max_boost_phrases=0"):

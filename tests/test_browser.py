@@ -150,7 +150,7 @@ async def _smart_turn_verdict(path: Path) -> bool:
     """Smart Turn v3's verdict on the WAV's speech followed by the VAD's 200 ms stop (True: complete)."""
     from pipecat.audio.turn.base_turn_analyzer import EndOfTurnState
 
-    from pipecat_nemotron.turn_end import smart_turn_analyzer
+    from pipecat_nemotron.agent.turn_end import smart_turn_analyzer
 
     with wave.open(str(path)) as w:
         samples = np.frombuffer(w.readframes(w.getnframes()), "<i2")

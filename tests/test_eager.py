@@ -24,17 +24,17 @@ from pipecat.frames.frames import (
 )
 from pipecat.processors.frame_processor import FrameDirection
 
-from pipecat_nemotron.agent import AgentSettings, SimulatedPlayback, VoiceAgent, build_voice_agent
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-from pipecat_nemotron.latency_stats import summarize_eager
-from pipecat_nemotron.llm import create_nemotron_llm
-from pipecat_nemotron.magpie import MagpieSynthesisOptions
-from pipecat_nemotron.metrics import VoiceLatencyObserver
+from pipecat_nemotron.agent.assembly import AgentSettings, SimulatedPlayback, VoiceAgent, build_voice_agent
+from pipecat_nemotron.agent.wav_input import read_pcm16, run_worker_on_wav
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine
+from pipecat_nemotron.llm.service import create_nemotron_llm
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
+from pipecat_nemotron.observers.latency_stats import summarize_eager
+from pipecat_nemotron.observers.metrics import VoiceLatencyObserver
 from pipecat_nemotron.stt import NemotronSTTService
 from pipecat_nemotron.stt.eager import EagerSettings, PauseDetector, PauseEvent, ends_mid_sentence
-from pipecat_nemotron.tts import MagpieTTSService
-from pipecat_nemotron.wav_input import read_pcm16, run_worker_on_wav
+from pipecat_nemotron.tts.magpie import MagpieSynthesisOptions
+from pipecat_nemotron.tts.service import MagpieTTSService
 
 LLM_DELAY_S = 0.15
 #: The VAD silence that commits a turn in these tests, s: long, so a peek on a loaded 2-core CPU always lands
@@ -241,8 +241,8 @@ def test_agent_settings_eager() -> None:
 
 
 def test_report_plots_eager_turns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from pipecat_nemotron.latency_stats import TurnLatency
-    from pipecat_nemotron.report import main
+    from pipecat_nemotron.observers.latency_stats import TurnLatency
+    from pipecat_nemotron.observers.report import main
 
     turns = [
         TurnLatency(

@@ -24,7 +24,8 @@ from pipecat.tests.utils import SleepFrame, run_test
 from pipecat.turns.user_turn_strategies import EagerUserTurnStrategies
 from ws_client import stream
 
-from pipecat_nemotron.engine import NemotronEngine
+from pipecat_nemotron.agent.wav_input import silence
+from pipecat_nemotron.asr import NemotronEngine
 from pipecat_nemotron.server.app import ASRServer
 from pipecat_nemotron.server.protocol import (
     PEEK_FEATURE,
@@ -39,7 +40,6 @@ from pipecat_nemotron.server.protocol import (
 from pipecat_nemotron.stt import NemotronSTTService
 from pipecat_nemotron.stt.eager import EagerSettings
 from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
-from pipecat_nemotron.wav_input import silence
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

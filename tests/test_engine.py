@@ -17,7 +17,8 @@ from helpers import (
     wait_caught_up,
 )
 
-from pipecat_nemotron.engine import (
+from pipecat_nemotron.agent.wav_input import read_float32
+from pipecat_nemotron.asr import (
     CapacityError,
     EngineConfig,
     InvalidAudioError,
@@ -27,7 +28,6 @@ from pipecat_nemotron.engine import (
 )
 from pipecat_nemotron.models import DEMO_AUDIO_DIR
 from pipecat_nemotron.models import TINY_MODEL_PATH as TRAINED_MODEL
-from pipecat_nemotron.wav_input import read_float32
 
 MODES = (80, 160, 560, 1120)
 
@@ -367,7 +367,7 @@ async def test_finalize_encodes_only_the_tail_whatever_the_utterance_length(tiny
 
 
 async def test_model_load_errors(tmp_path) -> None:
-    from pipecat_nemotron.engine import ModelLoadError
+    from pipecat_nemotron.asr import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="does not exist"):
         await NemotronEngine(EngineConfig(model=str(tmp_path / "missing.nemo"), device="cpu")).start()
@@ -425,9 +425,9 @@ async def test_two_models_loading_at_once_each_find_their_own_files(tiny_random_
 async def test_non_streaming_model_is_rejected(tmp_path) -> None:
     from omegaconf import OmegaConf
 
-    from pipecat_nemotron.engine import ModelLoadError
-    from pipecat_nemotron.engine.architectures import TINY, asr_model_config, train_tokenizer
-    from pipecat_nemotron.nemo_logs import quiet_nemo
+    from pipecat_nemotron.asr import ModelLoadError
+    from pipecat_nemotron.asr.architectures import TINY, asr_model_config, train_tokenizer
+    from pipecat_nemotron.runtime.nemo_logs import quiet_nemo
 
     cfg = asr_model_config(str(train_tokenizer(tmp_path / "tok")), TINY)
     cfg["encoder"].update(att_context_style="regular", att_context_size=[-1, -1], conv_context_size=None)
@@ -444,7 +444,7 @@ async def test_non_streaming_model_is_rejected(tmp_path) -> None:
 
 
 async def test_engine_not_started_and_stop_fails_pending(tiny_random_model) -> None:
-    from pipecat_nemotron.engine import EngineNotRunningError
+    from pipecat_nemotron.asr import EngineNotRunningError
 
     eng = NemotronEngine(EngineConfig(model=str(tiny_random_model), device="cpu", warmup=False))
     with pytest.raises(EngineNotRunningError, match="start"):
@@ -476,7 +476,7 @@ async def test_stop_while_loading_waits_for_the_load_and_stops_cleanly(tiny_rand
 _ESCAPING_ERROR = """
 import asyncio, sys
 import numpy as np
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine
 
 async def main():
     engine = NemotronEngine(EngineConfig(model=sys.argv[1], device="cpu", max_streams=2, warmup=False))

@@ -5,9 +5,9 @@ names its seed, and the same seed replays the same interleaving.
 
 Two levels:
 
-- the policy stepped by hand (:class:`~pipecat_nemotron.engine.fake_runner.ManualOwner`): requests land
+- the policy stepped by hand (:class:`~pipecat_nemotron.asr.fake_runner.ManualOwner`): requests land
   anywhere, including between a step's plan and its results, in an order fixed by the seed;
-- the whole engine on the scripted runner (:class:`~pipecat_nemotron.engine.fake_runner.FakeEngine`): six
+- the whole engine on the scripted runner (:class:`~pipecat_nemotron.asr.fake_runner.FakeEngine`): six
   concurrent streams with random early closes, as in the soak that once saw a ``finalize()`` go unanswered;
   there the scheduler task and its worker thread choose the interleaving.
 """
@@ -23,16 +23,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from pipecat_nemotron.engine import (
+from pipecat_nemotron.asr import (
     CapacityError,
     EngineConfig,
     StreamClosedError,
     StreamFailedError,
     TranscriptUpdate,
 )
-from pipecat_nemotron.engine.fake_runner import FAKE_MODES, FakeEngine, ManualOwner
-from pipecat_nemotron.engine.step_plan import StepOutput, StepPlan
-from pipecat_nemotron.engine.stream import ASRStream
+from pipecat_nemotron.asr.fake_runner import FAKE_MODES, FakeEngine, ManualOwner
+from pipecat_nemotron.asr.step_plan import StepOutput, StepPlan
+from pipecat_nemotron.asr.stream import ASRStream
 
 #: Waits in the engine-level churn fail after this long (a liveness guard, not a timing assertion), seconds.
 HANG_S = 30.0

@@ -1,4 +1,4 @@
-"""Unit tests of a stream's update queue (``pipecat_nemotron.engine.stream.UpdateQueue``): no model.
+"""Unit tests of a stream's update queue (``pipecat_nemotron.asr.stream.UpdateQueue``): no model.
 
 What a reader of ``ASRStream.updates()`` relies on: updates in order, unread partials coalesced (a slow reader
 sees the latest text, not a backlog), finals never dropped, and a failure raised after what came before it.
@@ -10,9 +10,9 @@ import asyncio
 
 import pytest
 
-from pipecat_nemotron.engine.errors import StreamFailedError
-from pipecat_nemotron.engine.stream import UpdateQueue
-from pipecat_nemotron.engine.types import TranscriptUpdate
+from pipecat_nemotron.asr.errors import StreamFailedError
+from pipecat_nemotron.asr.stream import UpdateQueue
+from pipecat_nemotron.asr.types import TranscriptUpdate
 
 
 def _update(text: str, utterance: int = 0, final: bool = False, forced: bool = False) -> TranscriptUpdate:

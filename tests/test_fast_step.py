@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 import torch
 
+from pipecat_nemotron.agent.wav_input import read_float32, read_pcm16
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine
+from pipecat_nemotron.asr.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
+from pipecat_nemotron.asr.fast_step import FastEncoderStep, nemo_encoder_step
+from pipecat_nemotron.asr.loading import load_asr_model
 from pipecat_nemotron.bench.audio import transcribe_clips
 from pipecat_nemotron.bench.wer import normalize_text, word_errors
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
-from pipecat_nemotron.engine.fast_step import FastEncoderStep, nemo_encoder_step
-from pipecat_nemotron.engine.loading import load_asr_model
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
-from pipecat_nemotron.wav_input import read_float32, read_pcm16
 
 HELDOUT = TINY_MODEL_PATH.parents[2] / "tests" / "assets" / "heldout"
 MODES = sorted(LATENCY_MODES)
@@ -183,8 +183,8 @@ def test_600m_architecture_fast_step_decodes_like_nemo_step(tmp_path) -> None:
     """The real architecture (24 layers, d_model 1024, random weights): the same tokens in the 160 ms mode."""
     from omegaconf import OmegaConf
 
-    from pipecat_nemotron.engine.architectures import NEMOTRON_600M, asr_model_config, train_tokenizer
-    from pipecat_nemotron.nemo_logs import quiet_nemo
+    from pipecat_nemotron.asr.architectures import NEMOTRON_600M, asr_model_config, train_tokenizer
+    from pipecat_nemotron.runtime.nemo_logs import quiet_nemo
 
     with quiet_nemo():
         from nemo.collections.asr.models import EncDecRNNTBPEModel
@@ -219,7 +219,7 @@ def _steady_inputs(encoder: Any, fast: FastEncoderStep, batch: int, seed: int) -
 @torch.inference_mode()
 def test_padding_a_batch_to_its_graph_bucket_leaves_real_rows_unchanged(random_model: Any) -> None:
     """The CUDA-graph path runs 3 streams in the batch-4 graph with an inert row; checked eagerly on CPU."""
-    from pipecat_nemotron.engine.cuda_graphs import batch_buckets, pad_batch
+    from pipecat_nemotron.asr.cuda_graphs import batch_buckets, pad_batch
 
     assert batch_buckets(12) == (1, 2, 4, 8, 12)
     encoder = random_model.encoder
@@ -239,7 +239,7 @@ def test_padding_a_batch_to_its_graph_bucket_leaves_real_rows_unchanged(random_m
 @pytest.mark.gpu
 @torch.inference_mode()
 def test_cuda_graph_step_equals_eager_step(tiny_random_model) -> None:
-    from pipecat_nemotron.engine.cuda_graphs import GraphedEncoderStep
+    from pipecat_nemotron.asr.cuda_graphs import GraphedEncoderStep
 
     device = torch.device("cuda")
     model = load_asr_model(EngineConfig(model=str(tiny_random_model), device="cuda"), device, torch.float32)

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from pipecat_nemotron.engine import EngineConfig
-from pipecat_nemotron.engine.gil import DEFAULT_SWITCH_INTERVAL_MS, shorten_switch_interval
+from pipecat_nemotron.asr import EngineConfig
+from pipecat_nemotron.runtime.gil import DEFAULT_SWITCH_INTERVAL_MS, shorten_switch_interval
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def test_the_documented_default_is_a_tenth_of_a_millisecond() -> None:
     """README and docs/TTS.md say 0.1 ms: 0.5 ms still starved the model threads at 8 sessions (BENCHMARKS §12)."""
     import inspect
 
-    from pipecat_nemotron.magpie import MagpieEngine
+    from pipecat_nemotron.tts.magpie import MagpieEngine
 
     assert DEFAULT_SWITCH_INTERVAL_MS == 0.1
     assert EngineConfig().gil_switch_interval_ms == 0.1
@@ -65,7 +65,7 @@ async def test_asr_engine_leaves_the_interval_when_told(
 
 
 def test_magpie_engine_lowers_the_interval(cpython_default_interval: None, tiny_magpie) -> None:
-    from pipecat_nemotron.magpie import MagpieEngine
+    from pipecat_nemotron.tts.magpie import MagpieEngine
 
     magpie, codec = tiny_magpie
     engine = MagpieEngine(str(magpie), device="cpu", codec_model_path=str(codec), warmup=False)
@@ -76,7 +76,7 @@ def test_magpie_engine_lowers_the_interval(cpython_default_interval: None, tiny_
 
 
 def test_magpie_engine_leaves_the_interval_when_told(cpython_default_interval: None, tiny_magpie) -> None:
-    from pipecat_nemotron.magpie import MagpieEngine
+    from pipecat_nemotron.tts.magpie import MagpieEngine
 
     magpie, codec = tiny_magpie
     engine = MagpieEngine(

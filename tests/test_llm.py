@@ -23,8 +23,8 @@ from pipecat.processors.aggregators.llm_response_universal import LLMContextAggr
 from pipecat.services.openai.llm import OpenAILLMService
 from pipecat.tests.utils import run_test
 
-from pipecat_nemotron import llm_env
-from pipecat_nemotron.llm import (
+from pipecat_nemotron.llm import env as llm_env
+from pipecat_nemotron.llm.service import (
     HOSTED_BASE_URL,
     LLAMA_CPP_MODEL,
     NIM_MODEL,

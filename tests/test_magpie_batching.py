@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 from helpers import MAGPIE_SAMPLES_PER_FRAME, magpie_options_for, one_torch_thread
 
-from pipecat_nemotron.magpie import MagpieEngine, MagpieEngineError, MagpieSynthesisOptions, SynthesisStream
+from pipecat_nemotron.tts.magpie import (
+    MagpieEngine,
+    MagpieEngineError,
+    MagpieSynthesisOptions,
+    SynthesisStream,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -144,7 +149,7 @@ def test_requests_over_max_batch_wait_fifo_and_report_their_wait(tiny_magpie: tu
 def test_an_unsupported_model_warns_and_falls_back_to_nemos_step(tmp_path: Path) -> None:
     from loguru import logger
 
-    from pipecat_nemotron.magpie.tiny import TINY_SHAPE, build_tiny_magpie
+    from pipecat_nemotron.tts.magpie.tiny import TINY_SHAPE, build_tiny_magpie
 
     magpie, codec = build_tiny_magpie(tmp_path, shape=dataclasses.replace(TINY_SHAPE, decoder_kernel=3))
     messages: list[str] = []
@@ -180,7 +185,7 @@ async def test_wait_ready_raises_when_the_worker_dies_before_loading(
     """A worker thread that stops before the model is ready (here: its log filter fails) must not hang waiters."""
     import contextlib
 
-    from pipecat_nemotron.magpie import engine as engine_module
+    from pipecat_nemotron.tts.magpie import engine as engine_module
 
     @contextlib.contextmanager
     def broken_quiet_nemo(level: int):

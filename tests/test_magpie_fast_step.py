@@ -9,9 +9,9 @@ import pytest
 import torch
 from helpers import one_torch_thread
 
-from pipecat_nemotron.magpie.fast_step import FastMagpieStep, RowSampling, unsupported_reason
-from pipecat_nemotron.magpie.loading import load_magpie_model
-from pipecat_nemotron.magpie.tiny import english_tokens, inference_parameters
+from pipecat_nemotron.tts.magpie.fast_step import FastMagpieStep, RowSampling, unsupported_reason
+from pipecat_nemotron.tts.magpie.loading import load_magpie_model
+from pipecat_nemotron.tts.magpie.tiny import english_tokens, inference_parameters
 
 TEXTS = [
     "Hello there, this is a test of speech.",
@@ -36,7 +36,7 @@ def tiny_model(tiny_magpie: tuple[Path, Path]) -> Any:
 @pytest.fixture(scope="module")
 def family_model(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A small random model of the released 357M shape family (no decoder position embeddings, 16-wide xattn)."""
-    from pipecat_nemotron.magpie.tiny import SMALL_RELEASED_FAMILY_SHAPE, build_tiny_magpie
+    from pipecat_nemotron.tts.magpie.tiny import SMALL_RELEASED_FAMILY_SHAPE, build_tiny_magpie
 
     magpie, codec = build_tiny_magpie(
         tmp_path_factory.mktemp("family"), seed=3, end_of_speech_bias=0.0, shape=SMALL_RELEASED_FAMILY_SHAPE
@@ -149,7 +149,7 @@ def test_greedy_codes_equal_generate_speech(tiny_model: Any, family_model: Any, 
     on, that loop re-applies each step's prior to every past frame, which no cache reproduces).
     """
     model = tiny_model if which == "tiny" else family_model
-    from pipecat_nemotron.magpie.tiny import set_end_of_speech_bias
+    from pipecat_nemotron.tts.magpie.tiny import set_end_of_speech_bias
 
     set_end_of_speech_bias(model, 0.0)  # Random weights: end of speech comes when it comes.
     try:
@@ -228,7 +228,7 @@ def test_greedy_codes_equal_generate_speech_at_the_released_357m_shape(tmp_path:
     """The released architecture (12 decoder layers of 768, 110-frame speaker context, ...) with random weights:
     top-k 1 codes equal NeMo's generate_speech (KV-cache mode) on a short sentence, 6 frames (~40 s of CPU, most of
     it building the random model; scripts/check_magpie_step.py runs more sentences and frames)."""
-    from pipecat_nemotron.magpie.tiny import RELEASED_SHAPE, build_tiny_codec, random_magpie
+    from pipecat_nemotron.tts.magpie.tiny import RELEASED_SHAPE, build_tiny_codec, random_magpie
 
     model = random_magpie(build_tiny_codec(tmp_path), seed=7, end_of_speech_bias=0.0, shape=RELEASED_SHAPE)
     assert model.decoder.n_layers == 12 and model.baked_context_embedding_len[0] == 110

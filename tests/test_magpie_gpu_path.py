@@ -14,10 +14,10 @@ import pytest
 import torch
 from helpers import MAGPIE_SAMPLES_PER_FRAME, magpie_options_for, one_torch_thread
 
-from pipecat_nemotron.magpie import MagpieEngine
-from pipecat_nemotron.magpie.fast_step import FastMagpieStep, RowSampling
-from pipecat_nemotron.magpie.graphs import GraphedMagpieStep, bucket_for, slot_buckets
-from pipecat_nemotron.magpie.loading import load_magpie_model
+from pipecat_nemotron.tts.magpie import MagpieEngine
+from pipecat_nemotron.tts.magpie.fast_step import FastMagpieStep, RowSampling
+from pipecat_nemotron.tts.magpie.graphs import GraphedMagpieStep, bucket_for, slot_buckets
+from pipecat_nemotron.tts.magpie.loading import load_magpie_model
 
 TEXTS = ["Hello there, this is a test.", "Short one.", "The quick brown fox jumps over the lazy dog."]
 

@@ -20,9 +20,10 @@ from pipecat.frames.frames import TranscriptionFrame
 from pipecat.tests.utils import SleepFrame, run_test
 from ws_client import open_session, stream
 
+from pipecat_nemotron.agent.wav_input import read_float32
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine, TranscriptUpdate
+from pipecat_nemotron.asr.splits import SPLIT_WINDOW_S, choose_split
 from pipecat_nemotron.bench.wer import normalize_text
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine, TranscriptUpdate
-from pipecat_nemotron.engine.splits import SPLIT_WINDOW_S, choose_split
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.server.app import ASRServer, ServerConfig
 from pipecat_nemotron.server.protocol import (
@@ -34,7 +35,6 @@ from pipecat_nemotron.server.protocol import (
 )
 from pipecat_nemotron.stt import NemotronSTTService
 from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
-from pipecat_nemotron.wav_input import read_float32
 
 CLIPS = ("demo_weather.wav", "demo_timer.wav", "demo_math.wav")
 

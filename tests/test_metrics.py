@@ -35,8 +35,8 @@ from pipecat.services.stt_service import STTService
 from pipecat.tests.utils import SleepFrame, run_test
 from pipecat.utils.time import time_now_iso8601
 
-from pipecat_nemotron.llm import create_nemotron_llm
-from pipecat_nemotron.metrics import (
+from pipecat_nemotron.llm.service import create_nemotron_llm
+from pipecat_nemotron.observers.metrics import (
     ASRFinalizeMetricsData,
     TurnLatency,
     VoiceLatencyObserver,

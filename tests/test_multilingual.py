@@ -22,7 +22,7 @@ from helpers import (
     wait_caught_up,
 )
 
-from pipecat_nemotron.engine import ModelLoadError, NemotronEngine
+from pipecat_nemotron.asr import ModelLoadError, NemotronEngine
 
 MODES = (80, 160, 320, 560, 1120)
 LANGUAGES = ("en-US", "es-ES", "de-DE", "auto")
@@ -193,7 +193,7 @@ def test_language_detection_scores_the_greedy_alignment(tiny_multilingual_random
     """The detector's per-language score is the log-probability NeMo's own joint gives the greedy path."""
     from nemo.collections.asr.models import ASRModel
 
-    from pipecat_nemotron.engine.language_id import UtteranceEvidence, alignment_scores
+    from pipecat_nemotron.asr.language_id import UtteranceEvidence, alignment_scores
 
     model = ASRModel.restore_from(str(tiny_multilingual_random_model), map_location="cpu").eval()
     audio = torch.from_numpy(noise_clip(1.7, seed=90))[None]

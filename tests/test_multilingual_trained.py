@@ -14,10 +14,10 @@ import pytest
 import pytest_asyncio
 from helpers import started_engine
 
+from pipecat_nemotron.agent.wav_input import read_pcm16
+from pipecat_nemotron.asr import NemotronEngine
 from pipecat_nemotron.bench.wer import wer_percent
-from pipecat_nemotron.engine import NemotronEngine
 from pipecat_nemotron.models import TINY_MULTILINGUAL_MODEL_PATH
-from pipecat_nemotron.wav_input import read_pcm16
 
 HELDOUT = Path(__file__).parent / "assets" / "heldout_multilingual"
 OTHER = {"en-US": "es-ES", "es-ES": "en-US"}

@@ -11,9 +11,9 @@ import pytest_asyncio
 import torch
 from helpers import wait_caught_up
 
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine, PeekTranscript, StreamClosedError
+from pipecat_nemotron.agent.wav_input import read_pcm16
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine, PeekTranscript, StreamClosedError
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
-from pipecat_nemotron.wav_input import read_pcm16
 
 MODES = (80, 160, 560, 1120)
 #: two_turns.wav: the first turn ends by 1.8 s, the second starts at 3.0 s (``turns.json``); 16 kHz int16.

@@ -34,11 +34,11 @@ from pipecat.tests.utils import SleepFrame, run_test
 from processes import free_port
 from websockets.exceptions import ConnectionClosed
 
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+from pipecat_nemotron.agent.wav_input import read_pcm16
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.server.config import ServerConfig
 from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
-from pipecat_nemotron.wav_input import read_pcm16
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.serial]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipecat_nemotron.latency_stats import TurnLatency
-from pipecat_nemotron.report import WATERFALL_SEGMENTS, main, waterfall_segments
+from pipecat_nemotron.observers.latency_stats import TurnLatency
+from pipecat_nemotron.observers.report import WATERFALL_SEGMENTS, main, waterfall_segments
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REPO = Path(__file__).resolve().parents[1]
@@ -101,7 +101,7 @@ def test_cli_module(tmp_path: Path) -> None:
     write_turns(jsonl)
     out = tmp_path / "latency.png"
     result = subprocess.run(
-        [sys.executable, "-m", "pipecat_nemotron.report", str(jsonl), "-o", str(out), "--dpi", "60"],
+        [sys.executable, "-m", "pipecat_nemotron.observers.report", str(jsonl), "-o", str(out), "--dpi", "60"],
         cwd=REPO,
         capture_output=True,
         text=True,

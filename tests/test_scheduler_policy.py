@@ -1,7 +1,7 @@
 """The scheduler's policy, step by step, on a scripted model runner (no NeMo model, no scheduler task).
 
 Each test drives :class:`SchedulerPolicy` by hand (plan → run → resolve) through real :class:`ASRStream`
-handles, whose owner is :class:`~pipecat_nemotron.engine.fake_runner.ManualOwner` (it implements the
+handles, whose owner is :class:`~pipecat_nemotron.asr.fake_runner.ManualOwner` (it implements the
 stream's ``StreamOwner`` contract), so a test can act between the plan of a step and its results, where the scheduler task never lets
 a user act in a reproducible way.
 """
@@ -15,9 +15,9 @@ import sys
 import numpy as np
 import pytest
 
-from pipecat_nemotron.engine import PeekTranscript, StreamClosedError, StreamFailedError, TranscriptUpdate
-from pipecat_nemotron.engine.fake_runner import ManualOwner, fake_token
-from pipecat_nemotron.engine.stream import ASRStream
+from pipecat_nemotron.asr import PeekTranscript, StreamClosedError, StreamFailedError, TranscriptUpdate
+from pipecat_nemotron.asr.fake_runner import ManualOwner, fake_token
+from pipecat_nemotron.asr.stream import ASRStream
 
 
 def audio(seconds: float) -> np.ndarray:
@@ -246,7 +246,7 @@ def test_the_policy_and_the_loop_import_without_torch() -> None:
     """The policy is plain Python: importing it (and the scheduler loop) loads neither torch nor NeMo."""
     code = (
         "import sys\n"
-        "import pipecat_nemotron.engine.policy, pipecat_nemotron.engine.scheduler\n"
+        "import pipecat_nemotron.asr.policy, pipecat_nemotron.asr.scheduler\n"
         "print(sorted(m for m in ('torch', 'nemo') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -264,7 +264,7 @@ async def test_a_peek_with_nothing_left_to_flush_is_answered_without_the_model()
 
 async def test_a_latency_change_is_checked_against_the_model_once_and_refused_whole() -> None:
     """``set_latency`` is validated by the owner alone; a refused value leaves nothing pending."""
-    from pipecat_nemotron.engine.config import validate_latency_ms
+    from pipecat_nemotron.asr.config import validate_latency_ms
 
     modes = ManualOwner().runner.modes
     for bad in (200, 160.0, True, "160"):

@@ -48,8 +48,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 from ws_client import raw_messages, stream
 
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-from pipecat_nemotron.metrics import ASRFinalizeMetricsData
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine
+from pipecat_nemotron.observers.metrics import ASRFinalizeMetricsData
 from pipecat_nemotron.server.app import ASRServer, ServerConfig, is_loopback, tokens_from
 from pipecat_nemotron.server.protocol import (
     PROTOCOL_VERSION,

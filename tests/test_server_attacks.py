@@ -31,7 +31,7 @@ from pipecat.frames.frames import TranscriptionFrame
 from ws_client import stream
 
 import pipecat_nemotron.server.session as session_module
-from pipecat_nemotron.engine import NemotronEngine
+from pipecat_nemotron.asr import NemotronEngine
 from pipecat_nemotron.server.app import ASRServer
 from pipecat_nemotron.server.protocol import (
     CloseCode,

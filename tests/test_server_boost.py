@@ -23,8 +23,8 @@ from pipecat.tests.utils import SleepFrame, run_test
 from websockets.exceptions import ConnectionClosed
 from ws_client import open_session, raw_messages, stream
 
+from pipecat_nemotron.asr import NemotronEngine
 from pipecat_nemotron.bench.wer import normalize_text
-from pipecat_nemotron.engine import NemotronEngine
 from pipecat_nemotron.server.app import ASRServer
 from pipecat_nemotron.server.protocol import (
     CloseCode,

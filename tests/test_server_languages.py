@@ -20,7 +20,7 @@ from pipecat.transcriptions.language import Language
 from websockets.exceptions import ConnectionClosed
 from ws_client import open_session, raw_messages, stream
 
-from pipecat_nemotron.engine import NemotronEngine
+from pipecat_nemotron.asr import NemotronEngine
 from pipecat_nemotron.server.app import ASRServer, ServerConfig
 from pipecat_nemotron.server.protocol import (
     CloseCode,
@@ -149,7 +149,7 @@ async def test_pipecat_client_language_and_settings_update(server: ASRServer, en
 @pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")
 def test_language_codes_are_checked_for_shape_before_the_models_languages() -> None:
     """Every Pipecat ``Language`` is a code; text that is not one is refused, never mapped to a locale."""
-    from pipecat_nemotron.engine.languages import LanguagePrompts, language_code
+    from pipecat_nemotron.asr.languages import LanguagePrompts, language_code
 
     assert all(language_code(language) for language in Language)
     for garbage in ("en-XX-\x1b[31m", "en US", "", "e", "en--us", "x" * 9, "fr-\n"):

@@ -17,7 +17,7 @@ from loguru import logger
 from websockets.exceptions import ConnectionClosed
 from ws_client import open_session, raw_messages
 
-from pipecat_nemotron.engine import NemotronEngine, StepStats
+from pipecat_nemotron.asr import NemotronEngine, StepStats
 from pipecat_nemotron.server.protocol import PROTOCOL_VERSION, ConfigMessage, ReadyMessage
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -137,7 +137,7 @@ async def test_peeks_before_a_finalize_are_about_its_utterance(engine: NemotronE
 
 @pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")
 def test_engine_load_is_spare_below_half_busy() -> None:
-    from pipecat_nemotron.server.pacing import LOAD_WINDOW_S, EngineLoad
+    from pipecat_nemotron.server.engine_load import LOAD_WINDOW_S, EngineLoad
 
     load = EngineLoad()
     assert load.spare() and load.busy_fraction() == 0.0

@@ -25,13 +25,13 @@ from pipecat.frames.frames import (
 from pipecat.tests.utils import SleepFrame, run_test
 from processes import free_port
 
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine, TranscriptUpdate
+from pipecat_nemotron.agent.wav_input import read_pcm16
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine, TranscriptUpdate
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.server.app import ASRServer, ServerConfig
 from pipecat_nemotron.stt.remote.reconnect import ASRReconnectMetricsData, ReconnectPolicy
 from pipecat_nemotron.stt.remote.replay import Segment
 from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
-from pipecat_nemotron.wav_input import read_pcm16
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 SYNC = pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")

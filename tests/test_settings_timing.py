@@ -16,8 +16,9 @@ from pipecat.frames.frames import STTUpdateSettingsFrame, TranscriptionFrame
 from pipecat.tests.utils import SleepFrame, run_test
 from ws_client import open_session, stream
 
+from pipecat_nemotron.agent.wav_input import read_float32
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine
 from pipecat_nemotron.bench.wer import normalize_text
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH, TINY_MULTILINGUAL_MODEL_PATH
 from pipecat_nemotron.server.app import ASRServer, ServerConfig
 from pipecat_nemotron.server.protocol import (
@@ -30,7 +31,6 @@ from pipecat_nemotron.server.protocol import (
     parse_server_message,
 )
 from pipecat_nemotron.stt import NemotronSTTService, NemotronSTTSettings
-from pipecat_nemotron.wav_input import read_float32
 
 #: What the user says after the pause: the trained tiny model transcribes it exactly in every mode.
 SECOND = "hi set a timer for twenty minutes thanks"

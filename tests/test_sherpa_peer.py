@@ -13,12 +13,12 @@ import dataclasses
 
 import pytest
 
+from pipecat_nemotron.agent.wav_input import read_float32
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine
 from pipecat_nemotron.bench.audio import HELDOUT_MANIFEST, manifest_rows
 from pipecat_nemotron.bench.sherpa_run import sherpa_missing
 from pipecat_nemotron.bench.wer import normalize_text
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
 from pipecat_nemotron.models import TINY_MODEL_PATH
-from pipecat_nemotron.wav_input import read_float32
 
 
 def heldout_audio(names: tuple[str, ...]) -> list:
@@ -71,9 +71,9 @@ async def test_sherpa_onnx_gives_our_transcripts_at_160ms(tiny_export) -> None:
 def test_exporter_refuses_a_model_outside_the_family(tmp_path) -> None:
     from omegaconf import OmegaConf
 
+    from pipecat_nemotron.asr.architectures import TINY, asr_model_config, train_tokenizer
     from pipecat_nemotron.bench.sherpa_export import SherpaExportError, export_sherpa_onnx
-    from pipecat_nemotron.engine.architectures import TINY, asr_model_config, train_tokenizer
-    from pipecat_nemotron.nemo_logs import quiet_nemo
+    from pipecat_nemotron.runtime.nemo_logs import quiet_nemo
 
     # A cache-aware streaming model the engine runs, but with mel features sherpa-onnx does not compute.
     cfg = asr_model_config(str(train_tokenizer(tmp_path / "tok")), TINY)

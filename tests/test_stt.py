@@ -21,10 +21,10 @@ from pipecat.metrics.metrics import TTFBMetricsData
 from pipecat.pipeline.worker import PipelineParams
 from pipecat.tests.utils import SleepFrame, run_test
 
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine
+from pipecat_nemotron.asr.shared import SharedEngines
 from pipecat_nemotron.bench.wer import normalize_text
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-from pipecat_nemotron.engine.shared import SharedEngines
-from pipecat_nemotron.metrics import ASRFinalizeMetricsData
+from pipecat_nemotron.observers.metrics import ASRFinalizeMetricsData
 from pipecat_nemotron.stt import NemotronSTTService
 
 

@@ -20,10 +20,12 @@ from pipecat.frames.frames import InterimTranscriptionFrame, TranscriptionFrame
 from pipecat.tests.utils import SleepFrame, run_test
 from word_clips import HELDOUT_MANIFEST, TimingErrors, WordClip, WordSpan, correct_words, sentence_clips
 
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-from pipecat_nemotron.engine.types import WordTiming
-from pipecat_nemotron.engine.words import TimingCalibration, TokenTrace, WordAligner, calibration_for
+from pipecat_nemotron.agent.wav_input import read_float32
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine
+from pipecat_nemotron.asr.types import WordTiming
+from pipecat_nemotron.asr.words import TimingCalibration, TokenTrace, WordAligner, calibration_for
 from pipecat_nemotron.models import TINY_MODEL_PATH as TRAINED_MODEL
+from pipecat_nemotron.observers.transcripts import TranscriptCollector
 from pipecat_nemotron.server.app import ASRServer, ServerConfig
 from pipecat_nemotron.server.protocol import (
     PROTOCOL_VERSION,
@@ -38,8 +40,6 @@ from pipecat_nemotron.server.protocol import (
 from pipecat_nemotron.stt import NemotronSTTService
 from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 from pipecat_nemotron.stt.result import TranscriptResult
-from pipecat_nemotron.transcripts import TranscriptCollector
-from pipecat_nemotron.wav_input import read_float32
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
+from pipecat_nemotron.agent.wav_input import read_pcm16
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine
+from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.bench.audio import HELDOUT_MANIFEST, manifest_rows
 from pipecat_nemotron.bench.wer import WordErrorCount, normalize_text
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
-from pipecat_nemotron.wav_input import read_pcm16
 
 
 def test_committed_model_is_cache_aware_nemotron_family() -> None:

@@ -27,7 +27,7 @@ from pipecat.tests.utils import run_test
 from pipecat.transcriptions.language import Language
 from pipecat.workers.runner import WorkerRunner
 
-from pipecat_nemotron.magpie import (
+from pipecat_nemotron.tts.magpie import (
     LANGUAGES,
     VOICES,
     MagpieEngine,
@@ -37,8 +37,8 @@ from pipecat_nemotron.magpie import (
     normalize_voice,
     shared_magpie_engines,
 )
-from pipecat_nemotron.magpie import loading as magpie_loading
-from pipecat_nemotron.tts import MagpieTTSService
+from pipecat_nemotron.tts.magpie import loading as magpie_loading
+from pipecat_nemotron.tts.service import MagpieTTSService
 
 TEXT = "Hello there, this is a test of streaming speech synthesis."
 @pytest.fixture(scope="module", autouse=True)
@@ -150,7 +150,7 @@ def test_private_nemo_members_still_work(engine: MagpieEngine) -> None:
     """Fails loudly when a NeMo upgrade moves what frame-level streaming hooks into."""
     import torch
 
-    from pipecat_nemotron.magpie import _nemo_private
+    from pipecat_nemotron.tts.magpie import _nemo_private
 
     model = engine.model
     _nemo_private.check_compatibility(model)
@@ -181,8 +181,8 @@ def test_prefix_decodes_like_full_decode(engine: MagpieEngine) -> None:
 
     import torch
 
-    from pipecat_nemotron.magpie._nemo_private import codes_to_audio
-    from pipecat_nemotron.magpie.streaming import measure_decoder_context
+    from pipecat_nemotron.tts.magpie._nemo_private import codes_to_audio
+    from pipecat_nemotron.tts.magpie.streaming import measure_decoder_context
 
     model = engine.model
     generator = torch.Generator().manual_seed(1)
@@ -215,9 +215,9 @@ def test_a_batch_of_rows_decodes_to_the_samples_each_decodes_alone(engine: Magpi
     """
     import torch
 
-    from pipecat_nemotron.magpie._nemo_private import codes_to_audio
-    from pipecat_nemotron.magpie.codec_stream import CodecDecoding
-    from pipecat_nemotron.magpie.streaming import flush_together, to_int16
+    from pipecat_nemotron.tts.magpie._nemo_private import codes_to_audio
+    from pipecat_nemotron.tts.magpie.codec_stream import CodecDecoding
+    from pipecat_nemotron.tts.magpie.streaming import flush_together, to_int16
 
     model = engine.model
     codec = CodecDecoding(model, stateful=stateful, context_frames=None, name="test")
@@ -260,7 +260,11 @@ def test_codec_states_stream_a_decoder_of_the_released_codecs_shape() -> None:
     import torch
     from nemo.collections.tts.modules.audio_codec_modules import CausalHiFiGANDecoder
 
-    from pipecat_nemotron.magpie.codec_stream import CodecState, decode_latents, decoder_unsupported_reason
+    from pipecat_nemotron.tts.magpie.codec_stream import (
+        CodecState,
+        decode_latents,
+        decoder_unsupported_reason,
+    )
 
     torch.manual_seed(0)
     decoder = CausalHiFiGANDecoder(
@@ -295,8 +299,8 @@ def test_growing_chunks_double_up_to_the_cap_and_give_the_same_audio(engine: Mag
     """``max_chunk_frames``: chunks of 2, 4, 8, 16, 16 frames then the rest; concatenated, the whole decode."""
     import torch
 
-    from pipecat_nemotron.magpie._nemo_private import codes_to_audio
-    from pipecat_nemotron.magpie.streaming import to_int16
+    from pipecat_nemotron.tts.magpie._nemo_private import codes_to_audio
+    from pipecat_nemotron.tts.magpie.streaming import to_int16
 
     model = engine.model
     codes = torch.randint(
@@ -317,7 +321,7 @@ def test_a_codec_the_state_cannot_follow_warns_and_decodes_with_left_context(eng
     """A codec decoder whose left padding is not zeros (reflect) cannot be streamed from a state: refused, named."""
     from loguru import logger
 
-    from pipecat_nemotron.magpie.codec_stream import CodecDecoding, unsupported_reason
+    from pipecat_nemotron.tts.magpie.codec_stream import CodecDecoding, unsupported_reason
 
     model = engine.model  # The engine is idle; its padding mode is restored below.
     assert unsupported_reason(model) is None
@@ -378,7 +382,7 @@ def test_end_of_speech_frames_are_dropped(engine: MagpieEngine) -> None:
     """With the end token forced, NeMo ends at its 4-frame minimum; the end frame carries no audio."""
     import torch
 
-    from pipecat_nemotron.magpie.tiny import set_end_of_speech_bias
+    from pipecat_nemotron.tts.magpie.tiny import set_end_of_speech_bias
 
     set_end_of_speech_bias(engine.model, 30.0)
     try:
@@ -559,7 +563,7 @@ async def test_services_share_one_engine_per_model(tiny_magpie: tuple[Path, Path
 
 
 async def test_preload_keeps_the_model_loaded_for_the_process(tiny_magpie: tuple[Path, Path]) -> None:
-    from pipecat_nemotron.magpie import SharedMagpieEngines
+    from pipecat_nemotron.tts.magpie import SharedMagpieEngines
 
     magpie, codec = tiny_magpie
     registry = SharedMagpieEngines(unload_when_unused=True)

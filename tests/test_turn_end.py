@@ -26,7 +26,7 @@ from pipecat.processors.aggregators.llm_response_universal import (
 from pipecat.tests.utils import SleepFrame, run_test
 from pipecat.transcriptions.language import Language
 
-from pipecat_nemotron.turn_end import (
+from pipecat_nemotron.agent.turn_end import (
     RULES,
     TextVerdict,
     TurnEndDecision,
@@ -292,9 +292,9 @@ async def test_a_spanish_transcript_is_read_with_the_spanish_rules() -> None:
 def test_agent_settings_and_build_voice_agent_take_the_mode(tmp_path: Path) -> None:
     from pipecat.processors.aggregators.llm_response_universal import LLMUserAggregator
 
-    from pipecat_nemotron.agent import AgentSettings, build_voice_agent
-    from pipecat_nemotron.llm import create_nemotron_llm
-    from pipecat_nemotron.turn_end import TextTurnCommit, TranscriptTurnStopStrategy
+    from pipecat_nemotron.agent.assembly import AgentSettings, build_voice_agent
+    from pipecat_nemotron.agent.turn_end import TextTurnCommit, TranscriptTurnStopStrategy
+    from pipecat_nemotron.llm.service import create_nemotron_llm
 
     assert AgentSettings.from_env({"NEMOTRON_TURN_END": "Text"}).turn_end == "text"
     assert AgentSettings.from_env({}).turn_end is None

@@ -19,10 +19,10 @@ from pipecat.frames.frames import (
 from pipecat.tests.utils import run_test
 from word_clips import spoken_word
 
-from pipecat_nemotron.engine import NemotronEngine
+from pipecat_nemotron.agent.turn_end import TextVerdict, TurnEndLog, turn_commit_for
+from pipecat_nemotron.asr import NemotronEngine
 from pipecat_nemotron.stt import EagerSettings, NemotronSTTService
 from pipecat_nemotron.stt.eager import HOLD_WORDS, TurnCommit, pause_held_by
-from pipecat_nemotron.turn_end import TextVerdict, TurnEndLog, turn_commit_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -32,15 +32,15 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.tests.utils import run_test
 from processes import clean_env, free_port
 
-from pipecat_nemotron.agent import AgentSettings
-from pipecat_nemotron.engine import EngineConfig, ModelLoadError, NemotronEngine
-from pipecat_nemotron.engine.config import default_cpu_threads
-from pipecat_nemotron.engine.shared import SharedEngines
+from pipecat_nemotron.agent.assembly import AgentSettings
+from pipecat_nemotron.agent.wav_input import run_worker_on_wav
+from pipecat_nemotron.asr import EngineConfig, ModelLoadError, NemotronEngine
+from pipecat_nemotron.asr.config import default_cpu_threads
+from pipecat_nemotron.asr.shared import SharedEngines
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
+from pipecat_nemotron.observers.transcripts import TranscriptCollector
 from pipecat_nemotron.stt import NemotronSTTService
 from pipecat_nemotron.stt.base import NemotronSTTUnavailableError
-from pipecat_nemotron.transcripts import TranscriptCollector
-from pipecat_nemotron.wav_input import run_worker_on_wav
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO_TURNS = DEMO_AUDIO_DIR / "two_turns.wav"
@@ -231,7 +231,7 @@ async def test_demo_exits_non_zero_when_the_last_final_is_lost(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from pipecat_nemotron import demo
-    from pipecat_nemotron.engine.shared import shared_engines
+    from pipecat_nemotron.asr.shared import shared_engines
 
     for key in [k for k in list(os.environ) if k.startswith(("NEMOTRON_", "MAGPIE_"))]:
         monkeypatch.delenv(key)
@@ -271,7 +271,7 @@ def test_demo_reads_env_from_the_current_directory_and_names_an_unreachable_llm(
 
 
 async def test_llm_check_names_the_url(openai_server) -> None:  # noqa: F811
-    from pipecat_nemotron.llm_check import check_llm_endpoint
+    from pipecat_nemotron.llm.check import check_llm_endpoint
 
     assert await check_llm_endpoint(openai_server.base_url, "none") is None
     dead = f"http://127.0.0.1:{free_port()}/v1"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.bench.wer import normalize_text
-from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 
 #: Held-out sentences and voices of the tiny model.
 HELDOUT_MANIFEST = Path(__file__).resolve().parent / "assets" / "heldout" / "manifest.json"

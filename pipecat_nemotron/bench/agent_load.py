@@ -1,17 +1,17 @@
 """``agent-load``: N concurrent sessions through the whole agent in one process, Magpie FIFO vs batched.
 
 Each session is a WAV of held-out speech (``tests/assets/heldout``) fed in real time through the whole local agent
-(:func:`~pipecat_nemotron.agent.build_voice_agent`, :func:`~pipecat_nemotron.wav_input.run_worker_on_wav`): Silero
-VAD (its stop commits the turn, no Smart Turn, as ``eager``'s ``off``) → the Nemotron STT on one shared :class:`~pipecat_nemotron.engine.NemotronEngine` (tiny model) → a loopback
-OpenAI-compatible server (:mod:`pipecat_nemotron.testing.openai_server`) whose first token comes a fixed time after
+(:func:`~pipecat_nemotron.agent.assembly.build_voice_agent`, :func:`~pipecat_nemotron.agent.wav_input.run_worker_on_wav`): Silero
+VAD (its stop commits the turn, no Smart Turn, as ``eager``'s ``off``) → the Nemotron STT on one shared :class:`~pipecat_nemotron.asr.NemotronEngine` (tiny model) → a loopback
+OpenAI-compatible server (:mod:`pipecat_nemotron.llm.fake_server`) whose first token comes a fixed time after
 each request and whose reply is one sentence of about 2 s of speech → Magpie TTS on one shared
-:class:`~pipecat_nemotron.magpie.MagpieEngine` (tiny random model, which never ends a sentence early, so each reply
+:class:`~pipecat_nemotron.tts.magpie.MagpieEngine` (tiny random model, which never ends a sentence early, so each reply
 is ``--reply-s`` of audio) → simulated playback.
 
 For each Magpie step (``nemo``: NeMo's ``generate_speech``, one request at a time, first-in first-out; ``fast``: our
 KV-cached step with continuous batching, ``max_batch`` = the largest N) and each N of ``--sessions``, N sessions
 start together. Per (step, N): voice-to-voice p50/p90 (speech end to the bot speaking,
-:class:`~pipecat_nemotron.metrics.VoiceLatencyObserver`), TTS first audio p50 (the TTS TTFB metric), and the turns
+:class:`~pipecat_nemotron.observers.metrics.VoiceLatencyObserver`), TTS first audio p50 (the TTS TTFB metric), and the turns
 answered out of those owed (a reply still queued when the user speaks again is interrupted and never answered).
 
 ``--asr server`` runs the ASR in a ``pipecat-nemotron serve`` process of its own on loopback instead, and each
@@ -34,12 +34,12 @@ from typing import Any
 
 import numpy as np
 
+from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.bench import common, load_server, output
 from pipecat_nemotron.bench.audio import load_clips
 from pipecat_nemotron.bench.eager import _NEVER_MS as NEVER_MS
-from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
-from pipecat_nemotron.engine.gil import DEFAULT_SWITCH_INTERVAL_MS
-from pipecat_nemotron.latency_stats import TurnLatency, percentile
+from pipecat_nemotron.observers.latency_stats import TurnLatency, percentile
+from pipecat_nemotron.runtime.gil import DEFAULT_SWITCH_INTERVAL_MS
 
 NAME = "agent-load"
 #: One sentence the LLM replies with; the tiny Magpie speaks ``--reply-s`` of audio for it whatever its length.
@@ -127,14 +127,14 @@ async def run_session(
 
     ``asr`` is the shared in-process engine, or the session URL of the ASR server (``--asr server``).
     """
-    from pipecat_nemotron.agent import build_voice_agent
-    from pipecat_nemotron.llm import create_nemotron_llm
-    from pipecat_nemotron.magpie import MagpieSynthesisOptions
-    from pipecat_nemotron.metrics import VoiceLatencyObserver
+    from pipecat_nemotron.agent.assembly import build_voice_agent
+    from pipecat_nemotron.agent.wav_input import run_worker_on_wav
+    from pipecat_nemotron.llm.service import create_nemotron_llm
+    from pipecat_nemotron.observers.metrics import VoiceLatencyObserver
     from pipecat_nemotron.stt.eager import EagerSettings
     from pipecat_nemotron.stt.local import NemotronSTTService
-    from pipecat_nemotron.tts import MagpieTTSService
-    from pipecat_nemotron.wav_input import run_worker_on_wav
+    from pipecat_nemotron.tts.magpie import MagpieSynthesisOptions
+    from pipecat_nemotron.tts.service import MagpieTTSService
 
     # As the eager benchmark's ``off``: the STT owns turn detection (committed by the VAD stop) and never predicts,
     # so Smart Turn's wait on clips it judges unfinished (up to 3 s) does not hide the TTS's share of the latency.
@@ -161,7 +161,7 @@ async def run_load(
     step: str, count: int, wavs: list[Path], asr: Any, magpie: Any, args: argparse.Namespace
 ) -> dict:
     """``count`` sessions started together on the shared engines; returns their statistics."""
-    from pipecat_nemotron.testing.openai_server import FakeOpenAIServer
+    from pipecat_nemotron.llm.fake_server import FakeOpenAIServer
 
     async with FakeOpenAIServer(reply=REPLY, first_token_delay_s=args.ttft_ms / 1000) as server:
         per_session = await asyncio.gather(
@@ -186,8 +186,8 @@ async def run_load(
 
 async def bench(args: argparse.Namespace, result: dict[str, Any]) -> list[dict[str, Any]]:
     """Every step at every session count, on one shared ASR engine and one Magpie engine per step."""
-    from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-    from pipecat_nemotron.magpie.tiny import build_tiny_magpie
+    from pipecat_nemotron.asr import EngineConfig, NemotronEngine
+    from pipecat_nemotron.tts.magpie.tiny import build_tiny_magpie
 
     spec = common.resolve_model(args.model, args.models_dir)
     result["model"] = spec.as_dict()
@@ -214,7 +214,7 @@ async def run_steps(
     args: argparse.Namespace, wavs: list[Path], magpie_path: Path, asr: Any, runs: list[dict[str, Any]]
 ) -> None:
     """Every Magpie step at every session count on ``asr`` (engine or server URL); appends to ``runs``."""
-    from pipecat_nemotron.magpie import MagpieEngine
+    from pipecat_nemotron.tts.magpie import MagpieEngine
 
     for step in args.steps:
         magpie = MagpieEngine(

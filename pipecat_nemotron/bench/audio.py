@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipecat_nemotron.agent.wav_input import read_float32
+from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
 from pipecat_nemotron.bench.common import REPO_ROOT
-from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
-from pipecat_nemotron.wav_input import read_float32
 
 if TYPE_CHECKING:
-    from pipecat_nemotron.engine import ASRStream, EngineConfig
+    from pipecat_nemotron.asr import ASRStream, EngineConfig
 
 #: The CI subset of the tiny model's held-out sets (FLAC files and ``manifest.json``).
 HELDOUT_DIR = REPO_ROOT / "tests" / "assets" / "heldout"
@@ -87,7 +87,7 @@ async def transcribe_clips(
         Per mode, the final text of each clip in order.
 
     """
-    from pipecat_nemotron.engine import NemotronEngine
+    from pipecat_nemotron.asr import NemotronEngine
 
     texts: dict[int, list[str]] = {}
     async with NemotronEngine(config) as engine:

@@ -95,12 +95,12 @@ def _cost_cell(model: Any, batch: int, args: argparse.Namespace, dtype: Any) -> 
     """Encoder and decode times of one batch size under every decoder; the trees' build time."""
     import torch
 
+    from pipecat_nemotron.asr.boost_models import BoostModels
+    from pipecat_nemotron.asr.boosting import BoostList, model_alphabet
+    from pipecat_nemotron.asr.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
+    from pipecat_nemotron.asr.fast_step import FastEncoderStep
+    from pipecat_nemotron.asr.loading import _configure_decoding
     from pipecat_nemotron.bench.encoder_step import _Cell
-    from pipecat_nemotron.engine.boost_models import BoostModels
-    from pipecat_nemotron.engine.boosting import BoostList, model_alphabet
-    from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
-    from pipecat_nemotron.engine.fast_step import FastEncoderStep
-    from pipecat_nemotron.engine.loading import _configure_decoding
 
     right = LATENCY_MODES[160]
     model.encoder.set_default_att_context_size([LEFT_CONTEXT_FRAMES, right])
@@ -214,8 +214,8 @@ async def _decode_all(engine: Any, jobs: list[tuple[Any, list[str], float | None
 
 
 async def _recall(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from pipecat_nemotron.asr import EngineConfig, NemotronEngine
     from pipecat_nemotron.bench.wer import normalize_text, wer_percent
-    from pipecat_nemotron.engine import EngineConfig, NemotronEngine
     from pipecat_nemotron.models import TINY_MODEL_PATH
 
     rows_in = _heldout_rows()[: args.clips]

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.bench.audio import Clip
 from pipecat_nemotron.bench.stats import sync_device
-from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 
 #: Buffered baseline geometry per latency mode: (chunk, right context) in seconds; chunk + right = latency.
 BUFFERED_SPLIT: dict[int, tuple[float, float]] = {
@@ -135,7 +135,7 @@ class BufferedBaseline:
         from nemo.collections.asr.inference.factory.pipeline_builder import PipelineBuilder
         from nemo.collections.asr.inference.pipelines.buffered_rnnt_pipeline import BufferedRNNTPipeline
 
-        from pipecat_nemotron.engine.loading import quiet_nemo
+        from pipecat_nemotron.asr.loading import quiet_nemo
 
         self.keep_normalization = keep_normalization
         self.flush = flush

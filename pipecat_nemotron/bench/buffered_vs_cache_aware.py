@@ -43,7 +43,7 @@ from pipecat_nemotron.bench import common, output, stats
 from pipecat_nemotron.bench.audio import Clip, load_clips, synthetic_clip
 from pipecat_nemotron.bench.buffered_baseline import BUFFERED_LEFT_S, BUFFERED_SPLIT, BufferedBaseline
 from pipecat_nemotron.bench.wer import wer_percent
-from pipecat_nemotron.devices import resolve_device
+from pipecat_nemotron.runtime.devices import resolve_device
 
 NAME = "buffered-vs-cache-aware"
 

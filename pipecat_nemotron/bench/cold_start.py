@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipecat_nemotron.bench import common, output, stats
-from pipecat_nemotron.devices import resolve_device
+from pipecat_nemotron.runtime.devices import resolve_device
 
 NAME = "cold-start"
 
@@ -29,8 +29,8 @@ _COLD_WARM = """
 import asyncio, json, time
 t0 = time.perf_counter()
 import pipecat_nemotron.stt
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-from pipecat_nemotron.engine.shared import SharedEngines
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine
+from pipecat_nemotron.asr.shared import SharedEngines
 import_s = time.perf_counter() - t0
 
 async def main():
@@ -54,8 +54,8 @@ import asyncio, json, time
 import pipecat_nemotron.stt.local as stt_module
 if not {prefetch!r}:
     stt_module.prefetch_nemo_imports = lambda: None
-from pipecat_nemotron.engine import EngineConfig
-from pipecat_nemotron.engine.shared import SharedEngines
+from pipecat_nemotron.asr import EngineConfig
+from pipecat_nemotron.asr.shared import SharedEngines
 
 async def main():
     registry = SharedEngines()

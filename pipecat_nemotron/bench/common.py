@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 from pipecat_nemotron.models import TINY_MODEL_PATH
 
 if TYPE_CHECKING:
-    from pipecat_nemotron.engine import NemotronEngine
-    from pipecat_nemotron.engine.config import EncoderStep, FinalizeMode
+    from pipecat_nemotron.asr import NemotronEngine
+    from pipecat_nemotron.asr.config import EncoderStep, FinalizeMode
 
 #: The repository root (when running from a checkout).
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -223,11 +223,11 @@ def engine_logs(verbose: bool) -> Iterator[None]:
     if verbose:
         yield
         return
-    logger.disable("pipecat_nemotron.engine")
+    logger.disable("pipecat_nemotron.asr")
     try:
         yield
     finally:
-        logger.enable("pipecat_nemotron.engine")
+        logger.enable("pipecat_nemotron.asr")
 
 
 # ---- models -----------------------------------------------------------------------------------------------
@@ -276,7 +276,7 @@ def resolve_model(spec: str, models_dir: Path) -> ModelSpec:
         size = "600m" if spec == "600m" else "tiny"
         path = models_dir / f"{size}_random_blank{TIMING_BLANK_BIAS:g}.nemo"
         if not path.exists():
-            from pipecat_nemotron.engine.architectures import build_random_model
+            from pipecat_nemotron.asr.architectures import build_random_model
 
             what = "the 600M architecture (~2.5 GB, about a minute)" if size == "600m" else "a tiny model"
             print(f"[bench] building {what} with random weights -> {path}", flush=True)
@@ -303,8 +303,8 @@ def load_bench_model(spec: ModelSpec, device: str) -> tuple[Any, Any, Any]:
         ``(model, torch device, torch dtype)``.
 
     """
-    from pipecat_nemotron.engine import EngineConfig
-    from pipecat_nemotron.engine.loading import load_asr_model, resolve_dtype, resolve_torch_device
+    from pipecat_nemotron.asr import EngineConfig
+    from pipecat_nemotron.asr.loading import load_asr_model, resolve_dtype, resolve_torch_device
 
     torch_device = resolve_torch_device(device)
     dtype = resolve_dtype("auto", torch_device)
@@ -331,7 +331,7 @@ def bench_engine(
         encoder_step: ``fast`` (ours) or ``nemo`` (NeMo's ``cache_aware_stream_step``).
 
     """
-    from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+    from pipecat_nemotron.asr import EngineConfig, NemotronEngine
 
     return NemotronEngine(
         EngineConfig(

@@ -9,7 +9,7 @@ of turn predicts the end there and must withdraw it.
 Every configuration hears the same sessions. ``off`` is the same pipeline with no prediction ever made (the
 STT still owns turn detection: Pipecat's external turn strategies, committed by the VAD stop), so the
 difference is the speculation alone. Per configuration: voice-to-voice p50/p90 (speech end to the bot
-speaking, :class:`~pipecat_nemotron.metrics.VoiceLatencyObserver`), the gain over ``off``, the predictions
+speaking, :class:`~pipecat_nemotron.observers.metrics.VoiceLatencyObserver`), the gain over ``off``, the predictions
 made and the share cancelled, and the LLM requests wasted per turn (requests the server received beyond one
 per answered turn). At the first TTFT the eager runs again with each other pause signal of ``--signals``
 (``asr``, ``both``: :mod:`pipecat_nemotron.stt.eager`), to compare what predicts better, and once without the check
@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.bench import common, output
 from pipecat_nemotron.bench.audio import load_clips
-from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
-from pipecat_nemotron.latency_stats import TurnLatency, percentile, summarize_eager
+from pipecat_nemotron.observers.latency_stats import TurnLatency, percentile, summarize_eager
 from pipecat_nemotron.stt.eager import DEFAULT_EAGER_SILENCE_MS, EagerSettings
 
 NAME = "eager"
@@ -165,13 +165,13 @@ async def run_session(
     asr: Any, magpie: Any, llm_url: str, wav: Path, config: Config, latency_ms: int
 ) -> list[TurnLatency]:
     """One session through the whole agent, fed in real time; returns its turn records."""
-    from pipecat_nemotron.agent import build_voice_agent
-    from pipecat_nemotron.llm import create_nemotron_llm
-    from pipecat_nemotron.magpie import MagpieSynthesisOptions
-    from pipecat_nemotron.metrics import VoiceLatencyObserver
+    from pipecat_nemotron.agent.assembly import build_voice_agent
+    from pipecat_nemotron.agent.wav_input import run_worker_on_wav
+    from pipecat_nemotron.llm.service import create_nemotron_llm
+    from pipecat_nemotron.observers.metrics import VoiceLatencyObserver
     from pipecat_nemotron.stt.local import NemotronSTTService
-    from pipecat_nemotron.tts import MagpieTTSService
-    from pipecat_nemotron.wav_input import run_worker_on_wav
+    from pipecat_nemotron.tts.magpie import MagpieSynthesisOptions
+    from pipecat_nemotron.tts.service import MagpieTTSService
 
     stt = NemotronSTTService(
         engine=asr,
@@ -296,15 +296,15 @@ def configs(args: argparse.Namespace) -> list[Config]:
 
 async def bench(args: argparse.Namespace, result: dict[str, Any]) -> list[dict[str, Any]]:
     """Run every configuration over the same sessions."""
-    from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-    from pipecat_nemotron.magpie import MagpieEngine
-    from pipecat_nemotron.magpie.tiny import build_tiny_magpie
+    from pipecat_nemotron.asr import EngineConfig, NemotronEngine
+    from pipecat_nemotron.tts.magpie import MagpieEngine
+    from pipecat_nemotron.tts.magpie.tiny import build_tiny_magpie
 
     spec = common.resolve_model(args.model, args.models_dir)
     result["model"] = spec.as_dict()
     sessions, result["audio"] = make_sessions(args)
     runs: list[dict[str, Any]] = []
-    from pipecat_nemotron.testing.openai_server import FakeOpenAIServer
+    from pipecat_nemotron.llm.fake_server import FakeOpenAIServer
 
     with tempfile.TemporaryDirectory() as tmp:
         wavs = [write_session(s, Path(tmp) / f"session{i}.wav") for i, s in enumerate(sessions)]

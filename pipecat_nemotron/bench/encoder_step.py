@@ -21,7 +21,7 @@ NAME = "encoder-step"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of this benchmark."""
-    from pipecat_nemotron.engine.config import LATENCY_MODES
+    from pipecat_nemotron.asr.config import LATENCY_MODES
 
     common.add_common_args(parser, model_default="600m", manifest=False)
     lists = {
@@ -39,8 +39,8 @@ def _demo_features(model: Any, frames: int) -> Any:
     """Log-mel of the bundled demo speech, looped to at least ``frames`` frames: ``[1, features, frames]``."""
     import torch
 
+    from pipecat_nemotron.agent.wav_input import read_float32
     from pipecat_nemotron.models import DEMO_AUDIO_DIR
-    from pipecat_nemotron.wav_input import read_float32
 
     signal = torch.from_numpy(read_float32(DEMO_AUDIO_DIR / "demo_weather.wav"))[None].to(model.device)
     features, _ = model.preprocessor(input_signal=signal, length=torch.tensor([signal.size(-1)]))
@@ -72,7 +72,7 @@ class _Cell:
         """One step (encoder + greedy decode); returns its wall time (ms) and the encoder output."""
         import torch
 
-        from pipecat_nemotron.engine.fast_step import nemo_encoder_step
+        from pipecat_nemotron.asr.fast_step import nemo_encoder_step
 
         device = self.signal.device
         start = time.perf_counter()
@@ -101,8 +101,8 @@ class _Cell:
 
 
 def _measure(model: Any, mode: int, batch: int, repeats: int, dtype: Any) -> dict[str, Any]:
-    from pipecat_nemotron.engine.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
-    from pipecat_nemotron.engine.fast_step import FastEncoderStep
+    from pipecat_nemotron.asr.config import LATENCY_MODES, LEFT_CONTEXT_FRAMES
+    from pipecat_nemotron.asr.fast_step import FastEncoderStep
 
     right = LATENCY_MODES[mode]
     model.encoder.set_default_att_context_size([LEFT_CONTEXT_FRAMES, right])

@@ -37,6 +37,9 @@ from typing import Any
 import numpy as np
 from loguru import logger
 
+from pipecat_nemotron.agent.wav_input import read_pcm16
+from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.asr.config import LATENCY_MODES
 from pipecat_nemotron.bench.load_client import ClientResult, run_client
 from pipecat_nemotron.bench.load_server import fetch_metrics, start_local_server, stop_process
 from pipecat_nemotron.bench.load_stats import (
@@ -49,10 +52,7 @@ from pipecat_nemotron.bench.load_stats import (
     plot,
     summarize,
 )
-from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
-from pipecat_nemotron.engine.config import LATENCY_MODES
 from pipecat_nemotron.models import DEMO_AUDIO_DIR
-from pipecat_nemotron.wav_input import read_pcm16
 
 # ---- arguments -------------------------------------------------------------------------------------------
 

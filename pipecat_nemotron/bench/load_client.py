@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipecat_nemotron.engine.audio import SAMPLES_PER_MS
+from pipecat_nemotron.asr.audio import SAMPLES_PER_MS
 from pipecat_nemotron.server.protocol import (
     ConfigMessage,
     ErrorMessage,

@@ -16,8 +16,8 @@ from typing import Any
 
 from loguru import logger
 
-from pipecat_nemotron.devices import resolve_device
 from pipecat_nemotron.models import TINY_MODEL_PATH
+from pipecat_nemotron.runtime.devices import resolve_device
 
 
 def free_port() -> int:
@@ -31,7 +31,7 @@ def default_model(tmp: Path) -> str:
     """The bundled tiny model, else a random-weight tiny model built in ``tmp``."""
     if TINY_MODEL_PATH.exists():
         return str(TINY_MODEL_PATH)
-    from pipecat_nemotron.engine.architectures import build_random_model
+    from pipecat_nemotron.asr.architectures import build_random_model
 
     logger.warning("no bundled tiny model; building a random-weight tiny model for the local server")
     return str(build_random_model(tmp / "tiny_random.nemo", size="tiny", seed=0))
@@ -79,7 +79,7 @@ async def start_local_server(args: argparse.Namespace, tmp: Path) -> tuple[str, 
     model = args.model or default_model(tmp)
     batch = args.max_batch_size or args.clients
     if args.local_server == "inprocess":
-        from pipecat_nemotron.engine import EngineConfig
+        from pipecat_nemotron.asr import EngineConfig
         from pipecat_nemotron.server.app import ASRServer, ServerConfig
 
         server = ASRServer(

@@ -7,7 +7,7 @@ On one loaded model of the multilingual prompt class (``EncDecRNNTBPEModelWithPr
   the engine applies to its output (``ModelRunner._apply_prompts`` itself, on a runner built around the model:
   one-hot joined to every frame, ``prompt_kernel``), then the greedy decode of the prompted output. The three are
   timed back to back inside every repetition; the table gives medians and prompt / encoder.
-* **Detection cost per utterance.** :func:`~pipecat_nemotron.engine.language_id.alignment_scores` over a
+* **Detection cost per utterance.** :func:`~pipecat_nemotron.asr.language_id.alignment_scores` over a
   ``--utterance-s`` utterance (real encoder output of the demo speech, looped, kept 2 frames per step as the
   engine keeps it; ~4 tokens per second at increasing frames) for each ``--detect-locales`` count of candidate
   locales, against the encoder time of the same audio (batch-1 encoder step time x steps of that audio).
@@ -84,7 +84,7 @@ def resolve_prompt_model(spec: str, locales: int, models_dir: Path) -> common.Mo
             raise ValueError(f"--locales must be 1..{len(LOCALES_40)}")
         path = models_dir / f"{spec}_prompt{len(languages)}_random_blank{common.TIMING_BLANK_BIAS:g}.nemo"
         if not path.exists():
-            from pipecat_nemotron.engine.architectures import build_random_model
+            from pipecat_nemotron.asr.architectures import build_random_model
 
             what = "the 600M prompt-class architecture (~2.5 GB)" if spec == "600m" else "a tiny prompt model"
             print(f"[bench] building {what} with {len(languages)} locales -> {path}", flush=True)
@@ -163,8 +163,8 @@ def _utterance_evidence(model: Any, seconds: float, vocab: int) -> Any:
     """An utterance as the engine keeps it: real encoder output (2 frames per step) and increasing token frames."""
     import torch
 
+    from pipecat_nemotron.asr.language_id import UtteranceEvidence
     from pipecat_nemotron.bench.encoder_step import _demo_features
-    from pipecat_nemotron.engine.language_id import UtteranceEvidence
 
     frames = round(seconds * FRAMES_PER_S)
     mel = frames * int(getattr(model.encoder, "subsampling_factor", 8)) + 8
@@ -213,8 +213,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure every cell; write JSON (+ PNG) under ``args.out``; return the result."""
     import torch
 
-    from pipecat_nemotron.engine.language_id import alignment_scores
-    from pipecat_nemotron.engine.runner import ModelRunner
+    from pipecat_nemotron.asr.language_id import alignment_scores
+    from pipecat_nemotron.asr.runner import ModelRunner
 
     spec = resolve_prompt_model(args.model, args.locales, args.models_dir)
     result = output.result_header(NAME, args)

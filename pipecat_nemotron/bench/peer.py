@@ -103,8 +103,8 @@ async def ours_round(engine: Any, latency_ms: int, clips: Sequence[Clip]) -> Rou
 
 def sherpa_round(recognizer: Any, padding: np.ndarray, clips: Sequence[Clip]) -> RoundResult:
     """All clips accepted at once, decoded while whole windows remain, then tail-padded and decoded to the end."""
+    from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
     from pipecat_nemotron.bench import sherpa_run
-    from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 
     streams = []
     for clip in clips:
@@ -130,7 +130,7 @@ def rounds_for(clips: Sequence[Clip], n: int, seconds: float) -> list[list[Clip]
 
 def warmup_round(rounds: Sequence[list[Clip]]) -> list[Clip]:
     """A short unmeasured round first (N streams, 1 s each): allocator, ONNX Runtime's first runs, batch shapes."""
-    from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
+    from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
 
     return [dataclasses.replace(c, audio=c.audio[:MODEL_SAMPLE_RATE]) for c in rounds[0]]
 
@@ -177,7 +177,7 @@ def export_mode(args: argparse.Namespace, spec: common.ModelSpec, latency_ms: in
 
 def ours_config(spec: common.ModelSpec, dtype: str, streams: int, threads: int) -> Any:
     """Our engine for a variant: fast step, hard finalize (each utterance decodes as a clip of its own)."""
-    from pipecat_nemotron.engine import EngineConfig
+    from pipecat_nemotron.asr import EngineConfig
 
     return EngineConfig(
         model=str(spec.path),
@@ -196,7 +196,7 @@ async def run_ours(
     args: argparse.Namespace, spec: common.ModelSpec, dtype: str, latency_ms: int, plan: dict[int, list]
 ) -> dict[int, tuple[list[RoundResult], stats.Meter]]:
     """Our engine over every N's rounds (one engine, loaded once: a round of N streams batches N)."""
-    from pipecat_nemotron.engine import NemotronEngine
+    from pipecat_nemotron.asr import NemotronEngine
 
     out: dict[int, tuple[list[RoundResult], stats.Meter]] = {}
     async with NemotronEngine(ours_config(spec, dtype, max(plan), args.threads)) as engine:
@@ -256,8 +256,8 @@ def run_mode(
 
 def run_agreement(args: argparse.Namespace, spec: common.ModelSpec, clips: Sequence[Clip]) -> dict[str, Any]:
     """Transcripts of sherpa-onnx fp32 vs ours fp32 on every clip, per mode, plain and with edge silence."""
+    from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
     from pipecat_nemotron.bench import sherpa_run
-    from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 
     silence = np.zeros(int(EDGE_SILENCE_S * MODEL_SAMPLE_RATE), dtype=np.float32)
     passes = {

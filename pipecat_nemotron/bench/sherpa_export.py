@@ -248,7 +248,7 @@ def _export_graphs(
     import onnx
     import torch
 
-    from pipecat_nemotron.nemo_logs import quiet_nemo
+    from pipecat_nemotron.runtime.nemo_logs import quiet_nemo
 
     large = sum(p.numel() * p.element_size() for p in model.parameters()) > EXTERNAL_DATA_BYTES
     model.set_export_config({"cache_support": True})
@@ -268,7 +268,7 @@ def _export_graphs(
 
 def _prompt_index(model: Any, language: str | None) -> int | None:
     """The one-hot index of ``language`` on a prompt-class model (None for a model without prompts)."""
-    from pipecat_nemotron.engine.languages import AUTO, LanguagePrompts
+    from pipecat_nemotron.asr.languages import AUTO, LanguagePrompts
 
     prompts = LanguagePrompts.from_model(model)
     if prompts is None:
@@ -324,14 +324,14 @@ def export_sherpa_onnx(
 
     Raises:
         SherpaExportError: The model is outside the family, or has no such mode.
-        pipecat_nemotron.engine.ModelLoadError: The model does not load as a cache-aware streaming RNNT.
+        pipecat_nemotron.asr.ModelLoadError: The model does not load as a cache-aware streaming RNNT.
 
     """
     import torch
 
-    from pipecat_nemotron.engine import EngineConfig
-    from pipecat_nemotron.engine.loading import load_asr_model
-    from pipecat_nemotron.engine.modes import model_latency_modes
+    from pipecat_nemotron.asr import EngineConfig
+    from pipecat_nemotron.asr.loading import load_asr_model
+    from pipecat_nemotron.asr.modes import model_latency_modes
 
     out = Path(out_dir).resolve()  # the exporter runs in a scratch working directory
     out.mkdir(parents=True, exist_ok=True)

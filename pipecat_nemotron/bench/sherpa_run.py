@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.bench.sherpa_export import SherpaModelFiles
-from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
 
 #: Printed (and used as the skip reason) where the peer is not installed.
 SHERPA_MISSING = (

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.bench import common, output, stats
 from pipecat_nemotron.bench.audio import PaceStats, feed_realtime, load_clips
-from pipecat_nemotron.devices import resolve_device
-from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.runtime.devices import resolve_device
 
 NAME = "soak"
 

@@ -1,6 +1,6 @@
 """``tts``: Magpie synthesis with our fast step (KV cache, continuous batching) against NeMo's ``generate_speech``.
 
-Two parts, each through :class:`~pipecat_nemotron.magpie.MagpieEngine` (codec decoding and streaming included):
+Two parts, each through :class:`~pipecat_nemotron.tts.magpie.MagpieEngine` (codec decoding and streaming included):
 
 1. **Large** (``--large``, default the released 357M shape with random weights, built once into ``--models-dir``):
    one request on NeMo's step and on ours (time to first audio, real-time factor), 8 requests submitted together
@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _build(shape_name: str, models_dir: Path) -> tuple[Path, Path]:
-    from pipecat_nemotron.magpie import tiny
+    from pipecat_nemotron.tts.magpie import tiny
 
     shape = {
         "357m": tiny.RELEASED_SHAPE,
@@ -65,7 +65,7 @@ def _build(shape_name: str, models_dir: Path) -> tuple[Path, Path]:
 
 
 def _engine(paths: tuple[Path, Path], device: str, step: str, max_batch: int, dtype: str = "float32") -> Any:
-    from pipecat_nemotron.magpie import MagpieEngine
+    from pipecat_nemotron.tts.magpie import MagpieEngine
 
     engine = MagpieEngine(
         str(paths[0]),
@@ -80,7 +80,7 @@ def _engine(paths: tuple[Path, Path], device: str, step: str, max_batch: int, dt
 
 
 def _options(engine: Any, frames: int, use_cfg: bool, seed: int = 0) -> Any:
-    from pipecat_nemotron.magpie import MagpieSynthesisOptions
+    from pipecat_nemotron.tts.magpie import MagpieSynthesisOptions
 
     seconds = (frames - 0.5) * engine.samples_per_frame / engine.sample_rate
     return MagpieSynthesisOptions(max_duration_s=seconds, use_cfg=use_cfg, seed=seed)
@@ -120,8 +120,8 @@ def _step_times(
     """
     import torch
 
-    from pipecat_nemotron.magpie.fast_step import FastMagpieStep, RowSampling
-    from pipecat_nemotron.magpie.graphs import GraphedMagpieStep
+    from pipecat_nemotron.tts.magpie.fast_step import FastMagpieStep, RowSampling
+    from pipecat_nemotron.tts.magpie.graphs import GraphedMagpieStep
 
     model = engine.model
     tokens = engine._text_chunks(engine_request(SENTENCE))[0]
@@ -150,8 +150,8 @@ def _step_times(
 
 def engine_request(text: str) -> Any:
     """A request object for :meth:`MagpieEngine._text_chunks` (English)."""
-    from pipecat_nemotron.magpie.options import MagpieSynthesisOptions
-    from pipecat_nemotron.magpie.stream import _Request
+    from pipecat_nemotron.tts.magpie.options import MagpieSynthesisOptions
+    from pipecat_nemotron.tts.magpie.stream import _Request
 
     return _Request(text, 2, "en", MagpieSynthesisOptions())
 
@@ -258,7 +258,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from loguru import logger
 
     result = output.result_header(NAME, args)
-    logger.disable("pipecat_nemotron.magpie")
+    logger.disable("pipecat_nemotron.tts.magpie")
     try:
         with common.bench_context(args):
             if args.large != "none":
@@ -266,7 +266,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if not args.no_tiny:
                 result["tiny"] = run_tiny(args)
     finally:
-        logger.enable("pipecat_nemotron.magpie")
+        logger.enable("pipecat_nemotron.tts.magpie")
     output.finish(args.out, NAME, result, None, summary(result))
     return result
 

@@ -8,9 +8,9 @@ strategy must hold. Each utterance is followed by 4 s of silence (more than Smar
 Smart Turn holds is still answered, late.
 
 Every configuration hears the same sessions: ``turn_end`` ``smart`` (Pipecat's default Smart Turn v3), ``vad``
-(every VAD stop) and ``text`` (:mod:`pipecat_nemotron.turn_end`), each with the eager end of turn off and on
-(with it on, the STT commits the turn: :class:`~pipecat_nemotron.turn_end.TextTurnCommit`). Per configuration:
-voice-to-voice p50/p90 (speech end to the bot speaking, :class:`~pipecat_nemotron.metrics.VoiceLatencyObserver`)
+(every VAD stop) and ``text`` (:mod:`pipecat_nemotron.agent.turn_end`), each with the eager end of turn off and on
+(with it on, the STT commits the turn: :class:`~pipecat_nemotron.agent.turn_end.TextTurnCommit`). Per configuration:
+voice-to-voice p50/p90 (speech end to the bot speaking, :class:`~pipecat_nemotron.observers.metrics.VoiceLatencyObserver`)
 and its turn-detection share (Pipecat's v2v breakdown: the final transcript to the committed turn, the part the
 strategy decides; the rest is ASR, LLM and TTS time, which a loaded machine stretches),
 the share of utterances cut before the user finished (a committed user turn inside an utterance's speech:
@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.bench import common, output
 from pipecat_nemotron.bench.audio import load_clips
 from pipecat_nemotron.bench.eager import insert_pause
-from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
-from pipecat_nemotron.latency_stats import TurnLatency, percentile, summarize_eager
+from pipecat_nemotron.observers.latency_stats import TurnLatency, percentile, summarize_eager
 
 NAME = "turns"
 #: Silence before each utterance and after it, s (after: more than Smart Turn's 3 s fallback and the reply).
@@ -182,14 +182,14 @@ async def run_session(
     asr: Any, magpie: Any, llm_url: str, wav: Path, config: Config, latency_ms: int
 ) -> tuple[list[TurnLatency], list[float], list[str]]:
     """One session through the whole agent, fed in real time: turn records, commit times (s), committers."""
-    from pipecat_nemotron.agent import build_voice_agent
-    from pipecat_nemotron.llm import create_nemotron_llm
-    from pipecat_nemotron.magpie import MagpieSynthesisOptions
-    from pipecat_nemotron.metrics import VoiceLatencyObserver
+    from pipecat_nemotron.agent.assembly import build_voice_agent
+    from pipecat_nemotron.agent.turn_end import turn_commit_for
+    from pipecat_nemotron.agent.wav_input import run_worker_on_wav
+    from pipecat_nemotron.llm.service import create_nemotron_llm
+    from pipecat_nemotron.observers.metrics import VoiceLatencyObserver
     from pipecat_nemotron.stt import EagerSettings, NemotronSTTService
-    from pipecat_nemotron.tts import MagpieTTSService
-    from pipecat_nemotron.turn_end import turn_commit_for
-    from pipecat_nemotron.wav_input import run_worker_on_wav
+    from pipecat_nemotron.tts.magpie import MagpieSynthesisOptions
+    from pipecat_nemotron.tts.service import MagpieTTSService
 
     eager = EagerSettings(turn_commit=turn_commit_for(config.turn_end)) if config.eager else None  # type: ignore[arg-type]
     stt = NemotronSTTService(engine=asr, latency_ms=latency_ms, eager=eager)
@@ -218,7 +218,7 @@ async def run_config(
     config: Config, sessions: Sequence[tuple[Path, list[Utterance]]], asr: Any, magpie: Any, args: argparse.Namespace
 ) -> dict[str, Any]:
     """Every session in one configuration; returns its turn records and statistics."""
-    from pipecat_nemotron.testing.openai_server import FakeOpenAIServer
+    from pipecat_nemotron.llm.fake_server import FakeOpenAIServer
 
     records: list[TurnLatency] = []
     cuts: list[bool] = []
@@ -319,9 +319,9 @@ def figure(runs: Sequence[dict[str, Any]]) -> Any:
 
 async def bench(args: argparse.Namespace, result: dict[str, Any]) -> list[dict[str, Any]]:
     """Run every configuration over the same sessions."""
-    from pipecat_nemotron.engine import EngineConfig, NemotronEngine
-    from pipecat_nemotron.magpie import MagpieEngine
-    from pipecat_nemotron.magpie.tiny import build_tiny_magpie
+    from pipecat_nemotron.asr import EngineConfig, NemotronEngine
+    from pipecat_nemotron.tts.magpie import MagpieEngine
+    from pipecat_nemotron.tts.magpie.tiny import build_tiny_magpie
 
     spec = common.resolve_model(args.model, args.models_dir)
     result["model"] = spec.as_dict()

@@ -16,7 +16,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.http_websocket import WebSocketError
 from loguru import logger
 
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine
 from pipecat_nemotron.server.config import ServerConfig
 from pipecat_nemotron.server.metrics import METRICS_CONTENT_TYPE, ServerMetrics
 from pipecat_nemotron.server.protocol import (

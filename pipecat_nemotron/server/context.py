@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pipecat_nemotron.engine import NemotronEngine
+    from pipecat_nemotron.asr import NemotronEngine
     from pipecat_nemotron.server.config import ServerConfig
+    from pipecat_nemotron.server.engine_load import EngineLoad
     from pipecat_nemotron.server.metrics import ServerMetrics
-    from pipecat_nemotron.server.pacing import EngineLoad
     from pipecat_nemotron.server.security import Secret
 
 __all__ = ["SessionContext"]

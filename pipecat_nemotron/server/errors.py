@@ -1,4 +1,4 @@
-"""Exceptions that end an ASR session (the server's counterpart of :mod:`pipecat_nemotron.engine.errors`)."""
+"""Exceptions that end an ASR session (the server's counterpart of :mod:`pipecat_nemotron.asr.errors`)."""
 
 from __future__ import annotations
 

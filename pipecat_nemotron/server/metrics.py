@@ -11,7 +11,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from pipecat_nemotron.engine import StepStats
+from pipecat_nemotron.asr import StepStats
 
 #: ``Content-Type`` of the text exposition format.
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -16,16 +15,11 @@ from pipecat_nemotron.server.errors import ClientGone, SessionError
 from pipecat_nemotron.server.protocol import CloseCode
 
 if TYPE_CHECKING:
-    from pipecat_nemotron.engine import StepStats
     from pipecat_nemotron.server.context import SessionContext
     from pipecat_nemotron.server.transport import Transport
 
 #: How often a session whose reads are paused checks that its client is still connected, s.
 GONE_POLL_S = 0.05
-
-#: The engine has spare capacity while its model steps took less than this share of the last
-#: :data:`LOAD_WINDOW_S`: sessions that are behind may then read faster than real time (``max_speed``).
-SPARE_BUSY_FRACTION = 0.5
 
 #: Control messages a ``peek`` counts as in a session's control budget: a peek costs a model step (a flush of
 #: up to one chunk, batched with every session's chunks), a ``keepalive`` nothing. With the default budget
@@ -42,42 +36,6 @@ BOOST_CONTROL_COST = 10.0
 #: Shortfalls below which a bucket counts as refilled (a timer may fire a clock tick early), ms and messages.
 _CREDIT_SLACK_MS = 1.0
 _CREDIT_SLACK = 0.001
-
-#: Window over which the engine's busy share is measured, s.
-LOAD_WINDOW_S = 1.0
-
-
-class EngineLoad:
-    """The share of recent wall time the engine spent in model steps (a step listener feeds it)."""
-
-    def __init__(self, window_s: float = LOAD_WINDOW_S) -> None:
-        self.window_s = window_s
-        self._steps: deque[tuple[float, float]] = deque()  # (end time, duration), s
-        self._busy_s = 0.0
-
-    def observe_step(self, stats: StepStats) -> None:
-        """Engine step listener: record one step's duration."""
-        now = time.monotonic()
-        duration = stats.step_ms / 1000.0
-        self._steps.append((now, duration))
-        self._busy_s += duration
-        self._expire(now)
-
-    def busy_fraction(self) -> float:
-        """Share of the last ``window_s`` spent in model steps, 0 to 1."""
-        self._expire(time.monotonic())
-        return min(1.0, self._busy_s / self.window_s)
-
-    def spare(self) -> bool:
-        """True while the engine's steps took less than :data:`SPARE_BUSY_FRACTION` of the window."""
-        return self.busy_fraction() < SPARE_BUSY_FRACTION
-
-    def _expire(self, now: float) -> None:
-        while self._steps and self._steps[0][0] < now - self.window_s:
-            self._busy_s -= self._steps.popleft()[1]
-        if not self._steps:
-            self._busy_s = 0.0
-
 
 class Pacer:
     """The read allowance of one session (see :meth:`pace`).
@@ -106,7 +64,7 @@ class Pacer:
         """Pause reading (TCP backpressure throttles the client) while it is ahead of its allowance or backlogged.
 
         Two token buckets: audio may run ``burst_ms`` ahead of real time, refilled at real time, and at
-        ``max_speed`` x real time while the engine has spare capacity (:class:`EngineLoad`), so a client that
+        ``max_speed`` x real time while the engine has spare capacity (:class:`~pipecat_nemotron.server.engine_load.EngineLoad`), so a client that
         sent audio far ahead catches up instead of staying behind for the rest of its session. JSON control
         messages may come ``control_burst`` at once, refilled at ``max_control_rate`` per second (each ``finalize`` and ``set_latency`` costs engine and event-loop time, so a flood of them would delay
         every other session's results). Separately, reading pauses while the engine holds more than

@@ -1,7 +1,7 @@
 """A session's ``peek`` answers (the optional v1 feature ``"peek"``), sent without holding up its reader.
 
 A ``peek`` asks the session's stream for the current utterance's text as its final would be now
-(:meth:`~pipecat_nemotron.engine.ASRStream.peek`, one batched model step on copies of the stream's state). The
+(:meth:`~pipecat_nemotron.asr.ASRStream.peek`, one batched model step on copies of the stream's state). The
 reader only requests it; the answer, a ``peek_result``, is sent when the engine has it, in the order of the
 requests, exactly one per ``peek``.
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
-from pipecat_nemotron.engine import ASRStream, PeekTranscript, StreamClosedError, StreamFailedError
+from pipecat_nemotron.asr import ASRStream, PeekTranscript, StreamClosedError, StreamFailedError
 from pipecat_nemotron.server.errors import SessionError
 from pipecat_nemotron.server.protocol import CloseCode, PeekResultMessage, ServerMessage
 

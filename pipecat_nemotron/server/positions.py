@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from pipecat_nemotron.engine import ASRStream, TranscriptUpdate
+from pipecat_nemotron.asr import ASRStream, TranscriptUpdate
 from pipecat_nemotron.server.protocol import FinalMessage
 from pipecat_nemotron.server.protocol_server import words_to_wire
 

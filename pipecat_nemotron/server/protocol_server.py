@@ -19,7 +19,7 @@ from pipecat_nemotron.server.protocol_common import (
 )
 
 if TYPE_CHECKING:
-    from pipecat_nemotron.engine.types import WordTiming
+    from pipecat_nemotron.asr.types import WordTiming
 
 @dataclass(frozen=True)
 class ReadyMessage:
@@ -312,7 +312,7 @@ def words_from_wire(msg: FinalMessage) -> tuple[WordTiming, ...]:
 
     Their times within the utterance too: the utterance starts at ``audio_ms - utterance_audio_ms`` of the session.
     """
-    from pipecat_nemotron.engine.types import WordTiming
+    from pipecat_nemotron.asr.types import WordTiming
 
     start = max(0.0, msg.audio_ms - msg.utterance_audio_ms)
     return tuple(

@@ -1,6 +1,6 @@
 """Ray Serve deployment of the ASR server: one replica per GPU, WebSocket ingress, sessions pinned to a replica.
 
-Each replica loads one :class:`~pipecat_nemotron.engine.NemotronEngine` on its GPU and serves the same
+Each replica loads one :class:`~pipecat_nemotron.asr.NemotronEngine` on its GPU and serves the same
 ``nemotron-asr.v1`` protocol as ``pipecat-nemotron serve`` (same session code, same limits, same close codes),
 through Ray Serve's HTTP proxy and a Starlette WebSocket route. A WebSocket connection is one Serve request
 for its whole lifetime, so the proxy routes it to one replica and every message of the session stays
@@ -11,7 +11,7 @@ Example (a node with 4 GPUs)::
 
     import ray
     from ray import serve
-    from pipecat_nemotron.engine import EngineConfig
+    from pipecat_nemotron.asr import EngineConfig
     from pipecat_nemotron.server.config import ServerConfig
     from pipecat_nemotron.server.ray_serve import build_app
 
@@ -33,7 +33,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pipecat_nemotron.engine import EngineConfig
+from pipecat_nemotron.asr import EngineConfig
 from pipecat_nemotron.server.config import ServerConfig, tokens_from
 from pipecat_nemotron.server.metrics import METRICS_CONTENT_TYPE
 from pipecat_nemotron.server.protocol import PROTOCOL_VERSION

@@ -9,7 +9,7 @@ import asyncio
 
 from loguru import logger
 
-from pipecat_nemotron.engine import EngineConfig
+from pipecat_nemotron.asr import EngineConfig
 from pipecat_nemotron.server.aiohttp_server import ASRServer
 from pipecat_nemotron.server.config import ServerConfig
 

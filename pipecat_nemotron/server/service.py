@@ -20,11 +20,11 @@ from typing import Any
 
 from loguru import logger
 
-from pipecat_nemotron.engine import EngineConfig, NemotronEngine
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine
 from pipecat_nemotron.server.config import ServerConfig
 from pipecat_nemotron.server.context import SessionContext
+from pipecat_nemotron.server.engine_load import EngineLoad
 from pipecat_nemotron.server.metrics import ServerMetrics
-from pipecat_nemotron.server.pacing import EngineLoad
 from pipecat_nemotron.server.protocol import (
     AUTH_BACKOFF_REASON,
     PROTOCOL_VERSION,

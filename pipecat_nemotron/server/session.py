@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from loguru import logger
 
-from pipecat_nemotron.engine import (
+from pipecat_nemotron.asr import (
     ASRStream,
     CapacityError,
     EngineNotRunningError,
@@ -31,7 +31,7 @@ from pipecat_nemotron.engine import (
     StreamClosedError,
     StreamFailedError,
 )
-from pipecat_nemotron.engine.errors import BoostingUnavailableError, BoostPhraseError
+from pipecat_nemotron.asr.errors import BoostingUnavailableError, BoostPhraseError
 from pipecat_nemotron.server.errors import ClientGone, SessionError
 from pipecat_nemotron.server.pacing import BOOST_CONTROL_COST, PEEK_CONTROL_COST, Pacer
 from pipecat_nemotron.server.peeks import PeekReplies

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
-from pipecat_nemotron.engine import ASRStream, NemotronEngine, TranscriptUpdate
-from pipecat_nemotron.engine.boosting import validate_boost_phrases
-from pipecat_nemotron.engine.errors import BoostingUnavailableError
+from pipecat_nemotron.asr import ASRStream, NemotronEngine, TranscriptUpdate
+from pipecat_nemotron.asr.boosting import validate_boost_phrases
+from pipecat_nemotron.asr.errors import BoostingUnavailableError
 from pipecat_nemotron.server.config import ServerConfig
 from pipecat_nemotron.server.errors import SessionError
 from pipecat_nemotron.server.protocol import (
@@ -121,7 +121,7 @@ async def latency_reply(stream: ASRStream, latency_ms: int) -> ServerMessage:
     """Ask ``stream`` for another latency mode; the ``latency`` acknowledgement, or a non-fatal ``error``.
 
     ``applied`` is ``"now"`` when the current utterance has no word yet (the change applies to it, see
-    :mod:`~pipecat_nemotron.engine.changes`); the reply waits for the stream's chunk in the running model step,
+    :mod:`~pipecat_nemotron.asr.changes`); the reply waits for the stream's chunk in the running model step,
     if any, since that chunk may bring the first word.
     """
     try:

@@ -38,9 +38,8 @@ from pipecat.turns.eager_end_of_turn_mixin import EagerEndOfTurnSTTServiceMixin
 from pipecat.utils.time import time_now_iso8601
 from pipecat.utils.tracing.service_decorators import traced_stt
 
-from pipecat_nemotron.engine.config import validate_latency_ms
-from pipecat_nemotron.engine.languages import language_code
-from pipecat_nemotron.metrics import asr_finalize_metrics_frame
+from pipecat_nemotron.asr.config import validate_latency_ms
+from pipecat_nemotron.asr.languages import language_code
 from pipecat_nemotron.stt.eager import (
     HOLD_WORDS,
     EagerSettings,
@@ -50,6 +49,7 @@ from pipecat_nemotron.stt.eager import (
     eager_from_kwargs,
     pause_held_by,
 )
+from pipecat_nemotron.stt.metrics import asr_finalize_metrics_frame
 from pipecat_nemotron.stt.ready import NemotronSTTUnavailableError, Readiness
 from pipecat_nemotron.stt.result import TranscriptResult
 from pipecat_nemotron.stt.settings import NemotronSTTSettings, check_boost_delta, frame_language

@@ -89,7 +89,7 @@ class EagerSettings:
         hold_words: A pause after one of these words is mid-sentence: no prediction (default:
             :data:`HOLD_WORDS`, English function words; empty: predict at every pause).
         turn_commit: What decides the commit at each VAD stop and which pauses predict nothing (e.g.
-            :func:`pipecat_nemotron.turn_end.turn_commit_for`, which also reads the final's words); replaces
+            :func:`pipecat_nemotron.agent.turn_end.turn_commit_for`, which also reads the final's words); replaces
             ``turn_analyzer``. None: ``TurnCommit(turn_analyzer)``. One per service: it keeps per-session state.
 
     A bad ``silence_ms`` or ``signal`` is refused when a service is built with it (:class:`PauseDetector`).

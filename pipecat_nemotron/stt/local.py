@@ -2,7 +2,7 @@
 
 Not to be confused with Pipecat's ``NvidiaSTTService``, which calls a *remote* Riva/NIM server over gRPC.
 This service runs the cache-aware model itself (on the local GPU, or CPU), batched with every other session
-of the process through one shared :class:`~pipecat_nemotron.engine.NemotronEngine`.
+of the process through one shared :class:`~pipecat_nemotron.asr.NemotronEngine`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pipecat.frames.frames import (
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.transcriptions.language import Language
 
-from pipecat_nemotron.engine import (
+from pipecat_nemotron.asr import (
     DEFAULT_MODEL,
     ASRStream,
     EngineConfig,
@@ -31,11 +31,11 @@ from pipecat_nemotron.engine import (
     NemotronEngineError,
     TranscriptUpdate,
 )
-from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
-from pipecat_nemotron.engine.boosting import validate_boost_phrases
-from pipecat_nemotron.engine.errors import BoostingUnavailableError, BoostPhraseError
-from pipecat_nemotron.engine.shared import SharedEngines, shared_engines
-from pipecat_nemotron.nemo_loading import prefetch_nemo_imports
+from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.asr.boosting import validate_boost_phrases
+from pipecat_nemotron.asr.errors import BoostingUnavailableError, BoostPhraseError
+from pipecat_nemotron.asr.shared import SharedEngines, shared_engines
+from pipecat_nemotron.runtime.nemo_loading import prefetch_nemo_imports
 from pipecat_nemotron.stt.base import NEMOTRON_TTFS_P99, NemotronSTTBase, NemotronSTTSettings
 from pipecat_nemotron.stt.eager import EagerSettings
 from pipecat_nemotron.stt.finals import OwedFinals
@@ -75,7 +75,7 @@ class NemotronSTTService(NemotronSTTBase):
         stt = NemotronSTTService(model="nvidia/nemotron-speech-streaming-en-0.6b", latency_ms=160)
 
     With ``eager=EagerSettings()`` a pause of ``EagerSettings.silence_ms`` pushes the utterance's text, peeked
-    without ending it (:meth:`ASRStream.peek <pipecat_nemotron.engine.ASRStream.peek>`, one batched model step),
+    without ending it (:meth:`ASRStream.peek <pipecat_nemotron.asr.ASRStream.peek>`, one batched model step),
     as an ``EagerTranscriptionFrame``, so the LLM starts before the VAD commits the turn (see
     :class:`~pipecat_nemotron.stt.base.NemotronSTTBase`).
 
@@ -99,7 +99,7 @@ class NemotronSTTService(NemotronSTTBase):
             for the load, then transcribe the audio kept meanwhile and deliver its finals; past it (or if the
             load fails) the session reports, as an ``ErrorFrame``, how many seconds of audio it dropped.
             Seconds. Load the model at process start (:meth:`SharedEngines.preload
-            <pipecat_nemotron.engine.shared.SharedEngines.preload>`) so no session waits at all.
+            <pipecat_nemotron.asr.shared.SharedEngines.preload>`) so no session waits at all.
         final_timeout_s: When the session ends, wait up to this long for the finals still owed (the last
             utterance's, and any the engine is still decoding), seconds. A final not delivered by then is
             reported in an ``ErrorFrame`` with the seconds of audio it covered.

@@ -12,7 +12,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipecat_nemotron.engine.types import TranscriptUpdate, WordTiming
+from pipecat_nemotron.asr.types import TranscriptUpdate, WordTiming
 from pipecat_nemotron.server.protocol_server import words_from_wire, words_to_wire
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ class TranscriptResult:
     Attributes:
         text: The transcript (the frame's ``text``).
         words: Each word with its start and end (ms from the stream's start and from the utterance's start)
-            and its confidence in [0, 1]; see :class:`~pipecat_nemotron.engine.types.WordTiming`. Empty when the
+            and its confidence in [0, 1]; see :class:`~pipecat_nemotron.asr.types.WordTiming`. Empty when the
             engine runs with ``word_timings=False`` or the server did not send them.
         confidence: Confidence of the whole transcript, in [0, 1] (mean of its words'); None without words.
         utterance: 0-based index of the utterance within the stream (the server session).

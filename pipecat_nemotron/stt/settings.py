@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pipecat.services.settings import NOT_GIVEN, NotGiven, STTSettings, is_given
 from pipecat.transcriptions.language import Language
 
-from pipecat_nemotron.engine.boosting import (
+from pipecat_nemotron.asr.boosting import (
     MAX_BOOST_PHRASE_CHARS_LIMIT,
     MAX_BOOST_PHRASES_LIMIT,
     validate_boost_alpha,
     validate_boost_phrases,
 )
-from pipecat_nemotron.engine.languages import AUTO
+from pipecat_nemotron.asr.languages import AUTO
 
 __all__ = ["NemotronSTTSettings", "check_boost_delta", "frame_language"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from typing import NamedTuple
 
-from pipecat_nemotron.engine.boosting import validate_boost_phrases
+from pipecat_nemotron.asr.boosting import validate_boost_phrases
 from pipecat_nemotron.server.protocol import (
     BOOST_FEATURE,
     BoostMessage,

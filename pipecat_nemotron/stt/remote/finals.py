@@ -14,7 +14,7 @@ from collections import deque
 
 from loguru import logger
 
-from pipecat_nemotron.latency_stats import percentile
+from pipecat_nemotron.runtime.stats import percentile
 from pipecat_nemotron.server.protocol import FinalMessage
 from pipecat_nemotron.stt.remote.replay import ReplayBuffer
 

@@ -15,7 +15,7 @@ from typing import Any
 from loguru import logger
 from websockets.exceptions import ConnectionClosed
 
-from pipecat_nemotron.engine.languages import LanguagePrompts, resolve_prompt
+from pipecat_nemotron.asr.languages import LanguagePrompts, resolve_prompt
 from pipecat_nemotron.server.protocol import (
     DEFAULT_PATH,
     LANGUAGE_FEATURE,
@@ -151,7 +151,7 @@ def audio_message_bytes(ready: ReadyMessage, cap: int) -> int:
 def language_problem(ready: ReadyMessage | None, language: Any) -> str | None:
     """Why the session's server cannot decode ``language`` (None: it can, or no session is open yet).
 
-    The engine's own check (:func:`~pipecat_nemotron.engine.languages.resolve_prompt`) over the model the ``ready``
+    The engine's own check (:func:`~pipecat_nemotron.asr.languages.resolve_prompt`) over the model the ``ready``
     announces: its ``languages``, or English only when it lists none.
 
     Raises:

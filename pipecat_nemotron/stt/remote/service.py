@@ -28,7 +28,7 @@ from pipecat.services.stt_service import WebsocketSTTService
 from pipecat.transcriptions.language import Language
 from websockets.protocol import State
 
-from pipecat_nemotron.engine.audio import MODEL_SAMPLE_RATE
+from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.server.protocol import (
     BOOST_FEATURE,
     LANGUAGE_FEATURE,

@@ -1,0 +1,339 @@
+"""The end-of-turn modes on Pipecat's turn machinery: a user turn stop strategy, and the STT's eager-mode commit.
+
+Two places decide when a VAD stop ends the user's turn, and both apply :func:`~pipecat_nemotron.agent.turn_end.decide`:
+
+- :class:`TranscriptTurnStopStrategy`, a Pipecat ``TurnAnalyzerUserTurnStopStrategy`` in the user aggregator
+  (the eager end of turn off). It reads the turn's words when the finalized transcript arrives; a complete
+  sentence commits then, without waiting for the analyzer's inference (Smart Turn v3: ~100 ms on a CPU core),
+  and otherwise it waits, as Pipecat's does, for the analyzer's verdict.
+- :class:`TextTurnCommit`, the STT's :class:`~pipecat_nemotron.stt.eager.TurnCommit` when the STT owns turn detection
+  (the eager end of turn on). It also gates the eager predictions: in ``"text"`` mode a pause predicts the end of
+  the turn only when the words so far are a complete sentence, the same evidence that commits it at the VAD stop.
+
+A turn held open by the words ends when the user speaks again (the turn goes on) or after the analyzer's fallback
+silence (Smart Turn's ``stop_secs``, 3 s, counted from the speech end): every hold has an end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from loguru import logger
+from pipecat.audio.turn.base_turn_analyzer import BaseTurnAnalyzer
+from pipecat.frames.frames import InputAudioRawFrame, TranscriptionFrame, VADUserStoppedSpeakingFrame
+from pipecat.turns.user_turn_strategies import UserTurnStrategies
+
+from pipecat_nemotron.agent.turn_end.decision import (
+    TurnEndDecision,
+    TurnEndLog,
+    TurnEndMode,
+    VADStopAnalyzer,
+    decide,
+    validate_turn_end,
+)
+from pipecat_nemotron.agent.turn_end.rules import TextVerdict, rules_for
+from pipecat_nemotron.stt.eager import TurnCommit
+
+from pipecat.turns.user_stop import TurnAnalyzerUserTurnStopStrategy  # isort: skip
+
+__all__ = [
+    "DEFAULT_HOLD_SECS",
+    "TextTurnCommit",
+    "TranscriptTurnStopStrategy",
+    "smart_turn_analyzer",
+    "turn_commit_for",
+    "user_turn_strategies_for",
+]
+
+#: Silence that ends a turn held open, from the speech end, s, when the analyzer names none (Smart Turn's own).
+DEFAULT_HOLD_SECS = 3.0
+
+
+def smart_turn_analyzer() -> BaseTurnAnalyzer:
+    """Pipecat's default turn analyzer (Smart Turn v3, local ONNX, bundled with Pipecat)."""
+    from pipecat.audio.turn.smart_turn.local_smart_turn_v3 import LocalSmartTurnAnalyzerV3
+
+    return LocalSmartTurnAnalyzerV3()
+
+
+def _hold_secs(analyzer: BaseTurnAnalyzer) -> float:
+    return float(getattr(analyzer.params, "stop_secs", DEFAULT_HOLD_SECS) or DEFAULT_HOLD_SECS)
+
+
+def _log_decision(owner: object, decision: TurnEndDecision, log: TurnEndLog | None) -> None:
+    logger.debug(f"{owner}: turn end {'committed' if decision.commit else 'held'} by {decision.by}: {decision}")
+    if log is not None:
+        log.add(decision)
+
+
+class TranscriptTurnStopStrategy(TurnAnalyzerUserTurnStopStrategy):
+    """Pipecat's turn-analyzer stop strategy, reading the turn's final words too (``read_text``).
+
+    Args:
+        turn_analyzer: Smart Turn (``"smart"``/``"text"``) or :class:`VADStopAnalyzer` (``"vad"``).
+        read_text: Apply the transcript rules (``"text"`` mode); False keeps the analyzer's decision.
+        language: Rules used when a transcript names no language (``"en"``, ``"es"``).
+        log: Where each decision is recorded.
+        **kwargs: Passed to ``TurnAnalyzerUserTurnStopStrategy``.
+
+    """
+
+    def __init__(
+        self,
+        *,
+        turn_analyzer: BaseTurnAnalyzer,
+        read_text: bool = True,
+        language: str = "en",
+        log: TurnEndLog | None = None,
+        **kwargs,
+    ) -> None:
+        super().__init__(turn_analyzer=turn_analyzer, **kwargs)
+        self._read_text = read_text
+        self._default_language = language
+        self._log = log
+        self._has_analyzer = not isinstance(turn_analyzer, VADStopAnalyzer)
+        self._finals: list[str] = []
+        self._language: object | None = None
+        self._decision: TurnEndDecision | None = None
+        self._hold_ms: float | None = None  # silence since the VAD stop while the words hold the turn
+        self._analysis: asyncio.Task[None] | None = None  # the analyzer's verdict at the VAD stop, in flight
+        self._analyzer_failed = False  # at this VAD stop: the VAD stop decides in its place
+
+    async def _reset(self) -> None:
+        self._finals = []
+        await super()._reset()
+
+    async def _discard_pending_end_of_turn(self) -> None:
+        self._decision = None
+        self._hold_ms = None
+        self._analyzer_failed = False
+        analysis, self._analysis = self._analysis, None
+        if analysis is not None and analysis is not asyncio.current_task() and not analysis.done():
+            await self.task_manager.cancel_task(analysis)  # a stale verdict must not land on the next turn
+        await super()._discard_pending_end_of_turn()
+
+    async def cleanup(self) -> None:
+        """Stop an analysis in flight, then Pipecat's cleanup (the analyzer's)."""
+        analysis, self._analysis = self._analysis, None
+        if analysis is not None and not analysis.done():
+            await self.task_manager.cancel_task(analysis)
+        await super().cleanup()
+
+    async def _handle_vad_user_stopped_speaking(self, frame: VADUserStoppedSpeakingFrame) -> None:
+        if not (self._read_text and self._has_analyzer):
+            await super()._handle_vad_user_stopped_speaking(frame)
+            return
+        # The analyzer runs beside the frames that follow, so that the final transcript, which arrives during
+        # its inference, can commit a complete sentence at once; any other verdict of the words waits for it.
+        self._vad_user_speaking = False  # the audio after the stop is silence to the analyzer meanwhile
+        self._vad_stopped = True
+        self._analysis = self.task_manager.create_task(self._analyze(frame), f"{self}::_analyze")
+
+    async def _analyze(self, frame: VADUserStoppedSpeakingFrame) -> None:
+        try:
+            await super()._handle_vad_user_stopped_speaking(frame)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the turn must still end: without a verdict the VAD stop decides
+            logger.error(f"{self}: turn analyzer failed at a VAD stop, the VAD stop decides: {e!r}")
+            self._analyzer_failed = True
+            self._turn_complete = True
+            if self._timeout_task is None:  # Pipecat's wait for a transcript that never comes, as after a verdict
+                self._timeout_task = self.task_manager.create_task(
+                    self._timeout_handler(self._stt_timeout), f"{self}::_timeout_handler"
+                )
+            await self._maybe_trigger_user_turn_stopped()
+
+    def _analysis_pending(self) -> bool:
+        task = self._analysis
+        return task is not None and not task.done() and task is not asyncio.current_task()
+
+    async def _handle_transcription(self, frame: TranscriptionFrame) -> None:
+        if frame.text:
+            self._finals.append(frame.text)
+            self._language = frame.language
+        await super()._handle_transcription(frame)
+
+    async def _handle_input_audio(self, frame: InputAudioRawFrame) -> None:
+        await super()._handle_input_audio(frame)
+        if self._hold_ms is None or self._vad_user_speaking:
+            return
+        self._hold_ms += 1000.0 * len(frame.audio) / (2 * frame.num_channels * frame.sample_rate)
+        if self._hold_ms >= 1000.0 * max(_hold_secs(self._turn_analyzer) - self._stop_secs, 0.0):
+            self._turn_complete = True  # the analyzer's fallback: the words held, the silence goes on
+            await self._maybe_trigger_user_turn_stopped()
+
+    async def _maybe_trigger_user_turn_stopped(self) -> None:
+        if self._decision is None and self._vad_stopped and self._transcript_finalized and self._text:
+            verdict = None
+            if self._read_text:
+                verdict = rules_for(self._language, self._default_language).verdict(" ".join(self._finals))
+            if self._analysis_pending():
+                if verdict is not TextVerdict.COMPLETE:
+                    return  # the analyzer decides, or the words hold once its verdict is in
+                self._decision = decide(verdict, None)
+            else:
+                analyzed = self._has_analyzer and not self._analyzer_failed
+                self._decision = decide(verdict, self._turn_complete if analyzed else None)
+            self._turn_complete = self._decision.commit
+            if self._decision.by == "text" and not self._decision.commit:
+                self._hold_ms = 0.0
+            _log_decision(self, self._decision, self._log)
+        elif self._decision is not None and not self._decision.commit and self._turn_complete:
+            self._decision = TurnEndDecision(True, "timeout", self._decision.verdict, self._decision.smart_complete)
+            self._hold_ms = None
+            _log_decision(self, self._decision, self._log)
+        await super()._maybe_trigger_user_turn_stopped()
+
+
+class TextTurnCommit(TurnCommit):
+    """The STT's commit at each VAD stop (eager end of turn on), by :func:`decide`, and its prediction gate.
+
+    Args:
+        analyzer: Smart Turn, or None (every VAD stop commits unless the words hold it).
+        read_text: Apply the transcript rules (``"text"`` mode).
+        language: Rules used when the STT names no language.
+        log: Where each decision is recorded (``build_voice_agent`` sets one).
+        vad_stop_secs: The VAD's ``stop_secs`` (silence already gone at a VAD stop), s.
+
+    Attributes:
+        mode: ``"text"``, ``"smart"`` (an analyzer, words not read) or ``"vad"``.
+        log: Where each decision is recorded.
+
+    """
+
+    def __init__(
+        self,
+        analyzer: BaseTurnAnalyzer | None = None,
+        *,
+        read_text: bool = True,
+        language: str = "en",
+        log: TurnEndLog | None = None,
+        vad_stop_secs: float = 0.2,
+    ) -> None:
+        super().__init__(analyzer)
+        self._read_text = read_text
+        self._default_language = language
+        self.mode: TurnEndMode = "text" if read_text else ("smart" if analyzer is not None else "vad")
+        self.log = log
+        self._hold_limit_ms = 1000.0 * max(
+            (_hold_secs(analyzer) if analyzer is not None else DEFAULT_HOLD_SECS) - vad_stop_secs, 0.0
+        )
+        self._texts: list[str] = []  # finals of the turn held open so far
+        self._hold_ms: float | None = None
+        self._last: TurnEndDecision | None = None
+        self._sample_rate = 16000
+
+    def start(self, sample_rate: int) -> None:
+        """Set the analyzer's sample rate and this one's, Hz."""
+        super().start(sample_rate)
+        self._sample_rate = sample_rate
+
+    def _verdict_of(self, text: str, language: object | None) -> TextVerdict | None:
+        if not self._read_text:
+            return None
+        return rules_for(language, self._default_language).verdict(" ".join([*self._texts, text]))
+
+    def holds_prediction(self, text: str, language: object | None = None) -> bool:
+        """In ``"text"`` mode, a pause predicts the end of the turn only after a complete sentence."""
+        return self._read_text and self._verdict_of(text, language) is not TextVerdict.COMPLETE
+
+    def on_speech_start(self, start_secs: float) -> None:
+        """The user speaks (again): a hold ends, the turn goes on."""
+        super().on_speech_start(start_secs)
+        self._hold_ms = None
+
+    def on_audio(self, audio: bytes, speaking: bool) -> bool:
+        """Feed the analyzer; True when a turn held open ends (the analyzer's or the hold's own fallback)."""
+        ended = super().on_audio(audio, speaking)
+        if not ended and self._hold_ms is not None and not speaking:
+            self._hold_ms += 1000.0 * len(audio) / (2 * self._sample_rate)
+            ended = self._hold_ms >= self._hold_limit_ms
+        if ended:
+            self._held = False
+            self._hold_ms = None
+            self._texts = []
+            last = self._last or TurnEndDecision(False, "timeout")
+            self._last = TurnEndDecision(True, "timeout", last.verdict, last.smart_complete)
+            _log_decision(self, self._last, self.log)
+        return ended
+
+    async def complete(self, text: str = "", language: object | None = None) -> bool:
+        """Whether the final now delivered commits the turn, by the words and the analyzer's verdict."""
+        if not text and not self._texts:  # no speech (noise, the session's end): nothing to read or record
+            return await super().complete(text, language)
+        verdict = self._verdict_of(text, language)
+        task, self._verdict = self._verdict, None
+        smart: bool | None = None
+        if task is not None:
+            if verdict is TextVerdict.COMPLETE:
+                task.add_done_callback(_ignore_result)  # the words decide; the analysis ends on its own
+            else:
+                smart = await task
+        decision = decide(verdict, smart)
+        self._last = decision
+        self._held = not decision.commit
+        self._hold_ms = 0.0 if self._held else None
+        self._texts = [*self._texts, text] if self._held and text else []
+        _log_decision(self, decision, self.log)
+        return decision.commit
+
+
+def _ignore_result(task: asyncio.Task[bool]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def user_turn_strategies_for(
+    mode: TurnEndMode,
+    *,
+    analyzer: BaseTurnAnalyzer | None = None,
+    language: str = "en",
+    log: TurnEndLog | None = None,
+) -> UserTurnStrategies:
+    """The user aggregator's turn strategies for ``mode`` (the eager end of turn off).
+
+    Args:
+        mode: ``"smart"``, ``"vad"`` or ``"text"``.
+        analyzer: The turn analyzer for ``"smart"``/``"text"`` (default: a new Smart Turn v3).
+        language: Rules used when a transcript names no language.
+        log: Where each decision is recorded.
+
+    """
+    validate_turn_end(mode)
+    if mode == "vad":
+        analyzer = VADStopAnalyzer()
+    elif analyzer is None:
+        analyzer = smart_turn_analyzer()
+    stop = TranscriptTurnStopStrategy(turn_analyzer=analyzer, read_text=mode == "text", language=language, log=log)
+    return UserTurnStrategies(stop=[stop])
+
+
+def turn_commit_for(
+    mode: TurnEndMode,
+    *,
+    analyzer: BaseTurnAnalyzer | None = None,
+    language: str = "en",
+    log: TurnEndLog | None = None,
+    vad_stop_secs: float = 0.2,
+) -> TextTurnCommit:
+    """The STT's commit for ``mode`` (the eager end of turn on: ``NemotronSTTService(eager=EagerSettings(turn_commit=...))``).
+
+    Args:
+        mode: ``"smart"``, ``"vad"`` or ``"text"``.
+        analyzer: The turn analyzer for ``"smart"``/``"text"`` (default: a new Smart Turn v3).
+        language: Rules used when the STT names no language.
+        log: Where each decision is recorded.
+        vad_stop_secs: The pipeline VAD's ``stop_secs``, s.
+
+    """
+    validate_turn_end(mode)
+    if mode != "vad" and analyzer is None:
+        analyzer = smart_turn_analyzer()
+    return TextTurnCommit(
+        analyzer if mode != "vad" else None,
+        read_text=mode == "text",
+        language=language,
+        log=log,
+        vad_stop_secs=vad_stop_secs,
+    )

@@ -1,0 +1,119 @@
+"""From token ids to text, words and records: what the scheduler hands its streams.
+
+The policy (:mod:`~pipecat_nemotron.asr.policy`) decides when a partial, a final or a peek answer is due;
+this module says what it contains. :func:`extend_utterance` runs on the worker thread (detokenising and word
+alignment are the costly part), the builders on the event loop. No torch here: the tokenizer is reached through
+:class:`TextModel`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pipecat_nemotron.asr.audio import SAMPLES_PER_MS
+from pipecat_nemotron.asr.state import PendingFinal, PendingPeek, StreamState
+from pipecat_nemotron.asr.step_plan import ItemOutput
+from pipecat_nemotron.asr.types import PeekTranscript, TranscriptUpdate, WordTiming
+from pipecat_nemotron.asr.words import TokenTrace, utterance_confidence
+
+
+class WordSource(Protocol):
+    """Groups tokens into timed words (:class:`~pipecat_nemotron.asr.words.WordAligner`)."""
+
+    def words(
+        self, tokens: list[int], trace: TokenTrace, start_ms: float, utterance_ms: float | None = None
+    ) -> tuple[WordTiming, ...]:
+        """The timed words of an utterance's tokens."""
+        ...
+
+    def starts_word(self, token: int) -> bool:
+        """Whether ``token`` starts a word."""
+        ...
+
+
+class TextModel(Protocol):
+    """The part of the model runner that turns tokens into text and words."""
+
+    @property
+    def aligner(self) -> WordSource:
+        """The word aligner."""
+        ...
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """Text of a token sequence."""
+        ...
+
+
+def extend_utterance(state: StreamState, out: ItemOutput, text: TextModel) -> None:
+    """Add one step's new tokens to the stream's utterance: tokens, text, trace and words. Worker thread."""
+    state.tokens.extend(out.tokens)
+    state.text = text.detokenize(state.tokens)
+    state.trace.extend(out.frames, out.confidence)
+    state.words = text.aligner.words(state.tokens, state.trace, state.utterance_origin / SAMPLES_PER_MS)
+
+
+def partial_update(state: StreamState, queue_ms: float, step_ms: float, lag_ms: float) -> TranscriptUpdate:
+    """The partial that shows the stream's utterance so far (times in ms)."""
+    return TranscriptUpdate(
+        text=state.text,
+        is_final=False,
+        utterance=state.utterance_index,
+        latency_ms=state.latency_ms,
+        language=state.language,
+        queue_ms=queue_ms,
+        step_ms=step_ms,
+        lag_ms=lag_ms,
+        words=state.words,
+        confidence=utterance_confidence(state.words),
+        start_ms=state.utterance_origin / SAMPLES_PER_MS,
+    )
+
+
+def final_update(state: StreamState, pending: PendingFinal, ttf_ms: float, step_ms: float, text: TextModel) -> TranscriptUpdate:
+    """The final of the stream's utterance, which ends at ``pending.boundary``.
+
+    One record: the stream's ``updates()`` deliver it and ``finalize()`` resolves with it.
+    """
+    audio_ms = (pending.boundary - state.utterance_origin) / SAMPLES_PER_MS
+    start_ms = state.utterance_origin / SAMPLES_PER_MS
+    words = text.aligner.words(state.tokens, state.trace, start_ms, audio_ms)
+    return TranscriptUpdate(
+        text=state.text,
+        is_final=True,
+        utterance=state.utterance_index,
+        latency_ms=state.latency_ms,
+        language=state.language,
+        detected_language=state.detected_language,
+        step_ms=step_ms,
+        ttf_ms=ttf_ms,
+        words=words,
+        confidence=utterance_confidence(words),
+        start_ms=start_ms,
+        utterance_audio_ms=audio_ms,
+        tokens=tuple(state.tokens),
+    )
+
+
+def peek_record(
+    state: StreamState, pending: PendingPeek, new_tokens: list[int], now: float, text: TextModel
+) -> PeekTranscript:
+    """The answer to ``pending``: the utterance's tokens so far plus the peek flush's ``new_tokens``.
+
+    Args:
+        state: The stream.
+        pending: The peek request.
+        new_tokens: Tokens of the flush on copies of the stream's caches (empty: nothing was left to flush).
+        now: Monotonic time of the answer, seconds.
+        text: Detokenises the tokens.
+
+    """
+    tokens = state.tokens + new_tokens
+    return PeekTranscript(
+        text=text.detokenize(tokens) if new_tokens else state.text,
+        utterance=pending.utterance,
+        utterance_audio_ms=(pending.boundary - state.utterance_origin) / SAMPLES_PER_MS,
+        latency_ms=state.latency_ms,
+        language=state.language,
+        peek_ms=(now - pending.requested_at) * 1000.0,
+        tokens=tuple(tokens),
+    )

@@ -1,5 +1,0 @@
-"""Deprecated import path: this module moved to :mod:`pipecat_nemotron.stt.remote.reconnect`."""
-
-from pipecat_nemotron._moved import alias
-
-alias(__name__)

@@ -1,1 +1,0 @@
-"""Real protocol peers on loopback for tests and benchmarks (no pytest needed)."""
