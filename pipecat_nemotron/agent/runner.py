@@ -89,6 +89,10 @@ def serve_nemotron_page(route: str = PAGE_ROUTE) -> None:
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
 
+#: The ``get_host_addresses`` wrapper installed in aioice (installing twice would wrap the wrapper).
+_loopback_wrappers: dict[str, Callable[[bool, bool], list[str]]] = {}
+
+
 def offer_loopback_ice_candidates() -> None:
     """Make aioice (the bot's WebRTC ICE) also offer 127.0.0.1 as a host candidate. Idempotent.
 
@@ -103,7 +107,7 @@ def offer_loopback_ice_candidates() -> None:
     original = getattr(ice, "get_host_addresses", None)
     if original is None:
         raise RuntimeError("aioice.ice.get_host_addresses is gone; loopback ICE candidates cannot be added")
-    if getattr(original, "_offers_loopback", False):
+    if original is _loopback_wrappers.get("installed"):
         return
 
     def get_host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
@@ -112,6 +116,6 @@ def offer_loopback_ice_candidates() -> None:
             addresses.append("127.0.0.1")
         return addresses
 
-    get_host_addresses._offers_loopback = True  # type: ignore[attr-defined]
+    _loopback_wrappers["installed"] = get_host_addresses
     ice.get_host_addresses = get_host_addresses
     logger.info("WebRTC: offering 127.0.0.1 as an ICE host candidate (same-machine browsers)")

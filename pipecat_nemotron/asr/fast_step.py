@@ -29,6 +29,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from pipecat_nemotron.asr._nemo_private import conv_left_padding, conv_right_padding
+
 #: Score given to masked attention positions before the softmax (NeMo's ``INF_VAL``).
 _MASKED_SCORE = -10000.0
 
@@ -130,7 +132,7 @@ def _layer_weights(layer: Any) -> _LayerWeights:
         conv_norm=conv_norm,
         w_pw2=conv.pointwise_conv2.weight.squeeze(-1),
         b_pw2=conv.pointwise_conv2.bias,
-        conv_right_padding=conv.depthwise_conv._right_padding,
+        conv_right_padding=conv_right_padding(conv.depthwise_conv),
         norm_ff2=layer.norm_feed_forward2,
         ff2=layer.feed_forward2,
         norm_out=layer.norm_out,
@@ -197,7 +199,7 @@ class FastEncoderStep:
             [int(c[0]) for c in getattr(encoder, "att_context_size_all", None) or []]
             + [int(encoder.streaming_cfg.last_channel_cache_size)]
         )
-        self.time_cache: int = int(encoder.layers[0].conv.depthwise_conv._left_padding)
+        self.time_cache: int = conv_left_padding(encoder.layers[0].conv.depthwise_conv)
         self.conv_channels: int = int(encoder.layers[0].conv.depthwise_conv.in_channels)
         with torch.no_grad():
             self.layers = [_layer_weights(layer) for layer in encoder.layers]

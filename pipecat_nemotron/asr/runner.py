@@ -207,7 +207,7 @@ class ModelRunner:
         )
         unprompted = encoded
         if self.prompts is not None:
-            encoded = self._apply_prompts(encoded, [it.state.prompt_index for it in items])
+            encoded = self.apply_prompts(encoded, [it.state.prompt_index for it in items])
         if self.encoder_output_hook is not None:
             self.encoder_output_hook(stream_ids, encoded, encoded_len)
         hyps = self._decode(encoded, encoded_len, previous)
@@ -360,7 +360,7 @@ class ModelRunner:
             drop_extra_pre_encoded=drop,
         )
 
-    def _apply_prompts(self, encoded: torch.Tensor, indices: list[int | None]) -> torch.Tensor:
+    def apply_prompts(self, encoded: torch.Tensor, indices: list[int | None]) -> torch.Tensor:
         """Join each stream's language one-hot to its encoder frames and project back (``prompt_kernel``).
 
         As the prompt class's ``forward`` does offline, with a language per row.

@@ -4,7 +4,7 @@ On one loaded model of the multilingual prompt class (``EncDecRNNTBPEModelWithPr
 
 * **Prompt cost per step.** For a batch of B streams, one steady-state step (full 70-frame context, real log-mel
   chunks of the bundled demo speech, as ``encoder-step`` feeds it) of our fast encoder, then the language prompt
-  the engine applies to its output (``ModelRunner._apply_prompts`` itself, on a runner built around the model:
+  the engine applies to its output (``ModelRunner.apply_prompts`` itself, on a runner built around the model:
   one-hot joined to every frame, ``prompt_kernel``), then the greedy decode of the prompted output. The three are
   timed back to back inside every repetition; the table gives medians and prompt / encoder.
 * **Detection cost per utterance.** :func:`~pipecat_nemotron.asr.language_id.alignment_scores` over a
@@ -139,7 +139,7 @@ class _StepCell:
         )
         sync()
         encoded = time.perf_counter()
-        prompted = self.runner._apply_prompts(out[0], self.indices)
+        prompted = self.runner.apply_prompts(out[0], self.indices)
         sync()
         prompt = time.perf_counter()
         self.model.decoding.rnnt_decoder_predictions_tensor(

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipecat_nemotron.asr._nemo_private import encoder_feat_in
+
 #: Files of one export, per precision.
 GRAPHS = ("encoder", "decoder", "joiner")
 #: Larger graphs keep their weights in one ``<name>.data`` file beside them (protobuf's 2 GB limit).
@@ -150,7 +152,7 @@ def encoder_metadata(model: Any, latency_ms: int) -> dict[str, str]:
         "pred_rnn_layers": model.decoder.pred_rnn_layers,
         "pred_hidden": model.decoder.pred_hidden,
         "subsampling_factor": encoder.subsampling_factor,
-        "feat_dim": encoder._feat_in,
+        "feat_dim": encoder_feat_in(encoder),
         "model_type": "EncDecRNNTBPEModel",
         "model_author": "NeMo",
         "comment": f"exported by pipecat-nemotron, {latency_ms} ms mode",

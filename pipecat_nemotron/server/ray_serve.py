@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pipecat_nemotron.asr import EngineConfig
+from pipecat_nemotron.server._ray_private import serve_shutdown_probe
 from pipecat_nemotron.server.config import ServerConfig, tokens_from
 from pipecat_nemotron.server.metrics import METRICS_CONTENT_TYPE
 from pipecat_nemotron.server.protocol import PROTOCOL_VERSION
@@ -144,34 +145,6 @@ def _replica_id() -> str:
         return str(getattr(replica, "unique_id", None) or replica or ctx.replica_tag)
     except Exception:  # noqa: BLE001 - outside a replica (tests)
         return f"pid-{os.getpid()}"
-
-
-# ---- Serve's "graceful shutdown started" flag: the one reach into Ray's internals ----------------------------
-
-
-def serve_shutdown_probe() -> Callable[[], bool] | None:
-    """A probe that turns True once Serve starts this replica's graceful shutdown (redeploy, downscale).
-
-    Serve tells a replica nothing until every request has ended: it stops routing to it, waits for ongoing
-    requests (our sessions, which last a call) up to ``graceful_shutdown_timeout_s``, then calls ``__del__``
-    and kills it. So a replica reads Serve's own flag, ``ReplicaBase._shutting_down`` ("flipped to True once
-    graceful shutdown is initiated; may be used by replica subclass implementations", Ray 2.60), through the
-    worker's actor instance. Checked when the replica starts (:func:`drain_watcher` logs when it is missing).
-
-    Returns:
-        The probe, or None outside a Serve replica or where this Ray version lacks the flag.
-
-    """
-    try:
-        from ray._private import worker as ray_worker
-
-        actor = ray_worker.global_worker.actors.get(ray_worker.global_worker.actor_id)
-        impl = getattr(actor, "_replica_impl", None)
-    except Exception:  # noqa: BLE001 - another Ray layout: no probe
-        return None
-    if impl is None or not isinstance(getattr(impl, "_shutting_down", None), bool):
-        return None
-    return lambda: bool(impl._shutting_down)
 
 
 async def drain_watcher(service: ASRService, probe: Callable[[], bool], period_s: float = 0.25) -> None:
