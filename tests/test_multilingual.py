@@ -208,7 +208,7 @@ def test_language_detection_scores_the_greedy_alignment(tiny_multilingual_random
         feats, feat_len = model.preprocessor(input_signal=audio, length=length)
         unprompted, _ = model.encoder(audio_signal=feats, length=feat_len)
         evidence = UtteranceEvidence()
-        evidence.add(unprompted[0], tokens, frames)
+        evidence = evidence.plus(unprompted[0], tokens, frames)
         languages = ["en-US", "es-ES", "de-DE"]
         scores = alignment_scores(model, evidence, [prompts[k] for k in languages], model.num_prompts)
         y = torch.tensor([tokens])

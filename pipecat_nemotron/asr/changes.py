@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from pipecat_nemotron.asr.boosting import BoostList
 from pipecat_nemotron.asr.state import StreamState
+from pipecat_nemotron.asr.words import TokenTrace
 
 
 def request_change(
@@ -94,5 +95,5 @@ def apply_pending(state: StreamState, hop: int, hard_reset: bool) -> bool:
     state.segment_origin += decoded
     state.encoder_started = False
     state.dec_state = None
-    state.trace.reset()
+    state.trace = TokenTrace()
     return True

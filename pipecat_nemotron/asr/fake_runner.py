@@ -153,8 +153,9 @@ class FakeRunner:
         """Text of a token sequence."""
         return FakeTokenizer().ids_to_text(tokens)
 
-    def detect_final_language(self, state: StreamState) -> None:
+    def final_language(self, stream_id: int, evidence: object) -> str | None:
         """No language detection on the fake."""
+        return None
 
     def describe_gpu_path(self) -> dict[str, object]:
         """Nothing runs on a GPU."""
@@ -203,7 +204,6 @@ class FakeRunner:
             self.slots.held[sid] = self.slots.free_slots.get()
         decoded = self.decoded.get(sid, 0)
         if not peek:
-            state.encoder_started = True
             self.decoded[sid] = decoded + num_frames
         if num_frames <= 0:
             return ItemOutput()

@@ -41,18 +41,30 @@ class UtteranceEvidence:
     tokens: list[int] = field(default_factory=list)
     num_frames: int = 0
 
-    def add(self, encoded: torch.Tensor, tokens: list[int], frames: list[int]) -> None:
-        """Keep one step's output ``[D, t]`` and its new tokens (``frames``: their frame within ``encoded``)."""
-        room = MAX_DETECTION_FRAMES - self.num_frames
+    def plus(self, encoded: torch.Tensor, tokens: list[int], frames: list[int]) -> UtteranceEvidence:
+        """A new record: this one plus one step's output ``[D, t]`` and its new tokens.
+
+        Args:
+            encoded: The step's encoder output before the prompt ``[D, t]``.
+            tokens: Its new tokens.
+            frames: Each new token's frame within ``encoded``.
+
+        Returns:
+            The extended record; this one is left as it is (the kept chunks are shared, not copied).
+
+        """
+        out = UtteranceEvidence(list(self.frames), list(self.token_frames), list(self.tokens), self.num_frames)
+        room = MAX_DETECTION_FRAMES - out.num_frames
         if room <= 0:
-            return
+            return out
         kept = encoded[:, :room].detach().clone()
         for token, frame in zip(tokens, frames, strict=True):
             if frame < kept.size(1):
-                self.tokens.append(token)
-                self.token_frames.append(self.num_frames + max(0, frame))
-        self.frames.append(kept)
-        self.num_frames += kept.size(1)
+                out.tokens.append(token)
+                out.token_frames.append(out.num_frames + max(0, frame))
+        out.frames.append(kept)
+        out.num_frames += kept.size(1)
+        return out
 
 
 def alignment_scores(

@@ -47,6 +47,7 @@ from pipecat_nemotron.asr.step_plan import (
 )
 from pipecat_nemotron.asr.transcripts import TextModel, final_update, partial_update, peek_record
 from pipecat_nemotron.asr.types import TranscriptUpdate
+from pipecat_nemotron.asr.words import TokenTrace
 
 
 class Frontend(Protocol):
@@ -98,6 +99,32 @@ def fail_requests(state: StreamState, error: BaseException) -> None:
             pending.future.set_exception(error)
     state.finals.clear()
     state.peeks.clear()
+
+
+def apply_output(state: StreamState, out: ItemOutput, *, peek: bool) -> None:
+    """Write one step's output into its stream: the one place the results of a model step change stream state.
+
+    The worker thread only reads stream state; this runs on the loop, between steps (vLLM's
+    ``update_from_output``).
+
+    Args:
+        state: The stream.
+        out: Its item's output (without an error).
+        peek: The item was a peek: only the decoder's boosting-tree binding carries over.
+
+    """
+    state.dec_state = out.dec_state
+    if peek:
+        return
+    state.encoder_started = True
+    state.decoded_frames = out.decoded_frames
+    if out.utterance is not None:
+        state.tokens, state.text = out.utterance.tokens, out.utterance.text
+        state.trace, state.words = out.utterance.trace, out.utterance.words
+    if out.evidence is not None:
+        state.evidence = out.evidence
+    if out.detected_language is not None:
+        state.detected_language = out.detected_language
 
 
 def settle(state: StreamState) -> None:
@@ -328,6 +355,8 @@ class SchedulerPolicy:
         for state in plan.immediate:
             entry = self.streams.get(state.stream_id)
             if entry is not None and not state.closed:
+                if state.stream_id in output.detected_languages:
+                    state.detected_language = output.detected_languages[state.stream_id]
                 self._finish_utterance(entry, now, 0.0, done)
                 finals += 1
         if plan.items:
@@ -356,6 +385,7 @@ class SchedulerPolicy:
             self.release(state, StreamFailedError(f"model step failed: {out.error!r}"))
             return None
         queue_ms = max(0.0, (now - it.ready_at) * 1000.0 - step_ms)
+        apply_output(state, out, peek=it.peek)
         if it.peek:
             self._finish_peek(state, out.tokens, now)
             return queue_ms
@@ -379,7 +409,7 @@ class SchedulerPolicy:
         state.segment_origin = state.utterance_origin = pending.boundary
         state.tokens = []
         state.text = ""
-        state.trace.reset()
+        state.trace = TokenTrace()
         state.words = ()
         state.utterance_frames = 0
         state.utterance_index += 1

@@ -5,7 +5,8 @@ latency mode and chunk shape) it computes exact mel features, gathers the stream
 slot pool (:class:`~nemo.collections.asr.inference.utils.context_manager.CacheAwareContextManager`), runs one
 batched encoder step (ours, :class:`~pipecat_nemotron.asr.fast_step.FastEncoderStep`, or NeMo's
 ``cache_aware_stream_step``), one batched greedy RNNT decode, and writes the caches back. It returns the new tokens as a
-:class:`~pipecat_nemotron.asr.step_plan.StepOutput`; the stream's decoder state stays on its state.
+:class:`~pipecat_nemotron.asr.step_plan.StepOutput` with each stream's next decoder state: the runner reads stream state and
+never writes it (the policy applies the output between steps).
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ class ModelRunner:
             signal = torch.cat((cache, feats), dim=-1)
             lengths = torch.tensor([cache.size(-1) + n for n in num_frames], device=self.device)
             drop = mode.drop_extra_pre_encoded
-        previous = self._previous_hypotheses(items)
+        previous, dec_states = self._previous_hypotheses(items)
         self._set_mode(latency_ms)
         # The encoder half of NeMo's ``conformer_stream_step`` and the decoder half are called separately so
         # the encoder output can be observed (``encoder_output_hook``, used by the equivalence tests).
@@ -218,89 +219,90 @@ class ModelRunner:
         grid = (0 if first else -mode.pre_encode_cache_frames) + self.subsampling * drop
         lengths = encoded_len.tolist()
         outputs: dict[int, ItemOutput] = {}
-        for row, (it, hyp, tokens, frames, length) in enumerate(
-            zip(items, hyps, _token_lists(hyps), _frame_lists(hyps), lengths, strict=True)
+        for row, (it, hyp, dec_state, tokens, frames, length) in enumerate(
+            zip(items, hyps, dec_states, _token_lists(hyps), _frame_lists(hyps), lengths, strict=True)
         ):
             # NeMo counts a token's frame from the first frame decoded with this decoder state.
-            base = it.state.decoded_frames if it.state.dec_state is not None else 0
-            outputs[it.state.stream_id] = ItemOutput(
+            base = it.state.decoded_frames if dec_state is not None else 0
+            out = ItemOutput(
                 tokens,
                 [it.start_frame + grid + self.subsampling * (t - base) for t in frames],
                 _confidence_list(hyp, len(tokens)),
+                dec_state=dec_state,  # a peek leaves its stream's decoder where it was (bar a new boost tree)
+                decoded_frames=it.state.decoded_frames,
             )
-            if it.peek:
-                continue  # a peek leaves its stream's decoder state as it was
-            it.state.decoded_frames = base + int(length)
-            it.state.dec_state = hyp.dec_state
-            it.state.encoder_started = True
-            if it.state.language == AUTO and self.detect_language:
-                self._detect_language(
-                    it, unprompted[row, :, : int(length)], tokens, [t - base for t in frames]
-                )
+            if not it.peek:
+                out.dec_state, out.decoded_frames = hyp.dec_state, base + int(length)
+                if it.state.language == AUTO and self.detect_language:
+                    self._detect_language(
+                        it, out, unprompted[row, :, : int(length)], tokens, [t - base for t in frames]
+                    )
+            outputs[it.state.stream_id] = out
         return outputs
 
-    def _previous_hypotheses(self, items: list[StepItem]) -> list[Any]:
-        """Each stream's hypothesis to continue: its decoder state and, if it is boosted, its tree's id.
+    def _previous_hypotheses(self, items: list[StepItem]) -> tuple[list[Any], list[Any]]:
+        """Each stream's hypothesis to continue (its decoder state and, if it is boosted, its tree's id).
 
-        None for a stream at the start of its sequence without a boost (NeMo starts it after ``<SOS>``).
+        Returns:
+            The hypotheses (None for a stream at the start of its sequence without a boost: NeMo starts it after
+            ``<SOS>``), and each stream's decoder state they continue from: its own, or, where its boost list
+            changed, that state at the new tree's start. The tree binding is the runner's, so a peek keeps that
+            change too (the stream's next forward would make the same one).
+
         """
         from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
         previous: list[Any] = []
+        dec_states: list[Any] = []
         for it in items:
-            state, biasing = it.state, None
+            state, biasing, dec_state = it.state, None, it.state.dec_state
             if self.boost is not None:
-                # A changed list puts the stream at its new tree's start; kept for a peek too (only the boosting
-                # position changes, and the stream's next forward would make the same change).
-                biasing, state.dec_state = self.boost.prepare(state.stream_id, state.boost, state.dec_state)
-            if state.dec_state is None and biasing is None:
+                biasing, dec_state = self.boost.prepare(state.stream_id, state.boost, dec_state)
+            dec_states.append(dec_state)
+            if dec_state is None and biasing is None:
                 previous.append(None)
                 continue
             previous.append(
-                Hypothesis(
-                    score=0.0, y_sequence=None, dec_state=state.dec_state, timestamp=None, biasing_cfg=biasing
-                )
+                Hypothesis(score=0.0, y_sequence=None, dec_state=dec_state, timestamp=None, biasing_cfg=biasing)
             )
-        return previous
+        return previous, dec_states
 
     def _detect_language(
-        self, it: StepItem, encoded: torch.Tensor, tokens: list[int], frames: list[int]
+        self, it: StepItem, out: ItemOutput, encoded: torch.Tensor, tokens: list[int], frames: list[int]
     ) -> None:
-        """Keep an ``auto`` stream's step output; at its utterance's final, say which language it was.
+        """Keep an ``auto`` stream's step output in ``out``; at its utterance's final, say which language it was.
 
         Args:
             it: The stream's item (not a peek).
+            out: Its output, which gets the extended evidence (and, at a final, the detected language).
             encoded: Its encoder output before the prompt ``[D, t]``.
             tokens: Its new tokens.
             frames: Each new token's frame within ``encoded``.
 
         """
         assert self.prompts is not None
-        state = it.state
-        if state.evidence is None:
-            state.evidence = UtteranceEvidence()
-        state.evidence.add(encoded, tokens, frames)
+        out.evidence = (it.state.evidence or UtteranceEvidence()).plus(encoded, tokens, frames)
         if it.final:
-            self.detect_final_language(state)
+            out.detected_language = self.final_language(it.state.stream_id, out.evidence)
 
-    def detect_final_language(self, state: StreamState) -> None:
-        """Set ``state.detected_language`` from the utterance's evidence (at its final; worker thread only)."""
-        if self.prompts is None or state.evidence is None:
-            return
+    def final_language(self, stream_id: int, evidence: UtteranceEvidence | None) -> str | None:
+        """The locale an ``auto`` utterance was in, from its evidence (at its final; worker thread only).
+
+        Returns:
+            The locale, or None (no evidence, a model without prompts, or a detection that failed: logged).
+
+        """
+        if self.prompts is None or evidence is None:
+            return None
         languages = self.prompts.languages
         try:
             scores = alignment_scores(
-                self.model,
-                state.evidence,
-                [self.prompts.index(k) for k in languages],
-                self.prompts.num_prompts,
+                self.model, evidence, [self.prompts.index(k) for k in languages], self.prompts.num_prompts
             )
         except Exception as e:  # the transcript stands without a detected language; say why
-            logger.warning(
-                f"ASR stream {state.stream_id}: language detection failed ({e!r}); no detected_language"
-            )
-            return
-        state.detected_language = None if scores is None else languages[int(scores.argmax())]
+            logger.warning(f"ASR stream {stream_id}: language detection failed ({e!r}); no detected_language")
+            return None
+        return None if scores is None else languages[int(scores.argmax())]
 
     def _keep_caches(
         self,

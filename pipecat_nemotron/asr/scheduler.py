@@ -15,7 +15,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from loguru import logger
 
@@ -31,8 +31,11 @@ from pipecat_nemotron.asr.step_plan import (
     StepStats,
     StreamEntry,
 )
-from pipecat_nemotron.asr.transcripts import extend_utterance
+from pipecat_nemotron.asr.transcripts import extended_utterance
 from pipecat_nemotron.asr.types import TranscriptUpdate
+
+if TYPE_CHECKING:  # torch-backed
+    from pipecat_nemotron.asr.language_id import UtteranceEvidence
 
 
 class StepRunner(StepModel, Protocol):
@@ -42,8 +45,8 @@ class StepRunner(StepModel, Protocol):
         """Free the ``releases`` slots, then run one batched forward per group (worker thread)."""
         ...
 
-    def detect_final_language(self, state: StreamState) -> None:
-        """Set an ``auto`` stream's detected language at its final (worker thread)."""
+    def final_language(self, stream_id: int, evidence: UtteranceEvidence | None) -> str | None:
+        """The locale of an ``auto`` utterance at its final, from its evidence (worker thread)."""
         ...
 
 
@@ -53,16 +56,16 @@ __all__ = ["Scheduler", "StepRunner", "StepStats", "run_plan"]
 def run_plan(runner: StepRunner, plan: StepPlan) -> StepOutput:
     """Run a planned step (worker thread): the forwards, the final language detections, the streams' new text.
 
-    The text is extended here, off the event loop, because detokenising and word alignment cost as much as a
-    small forward; the stream's fields it writes are not touched by the loop while its chunk is in flight.
+    The text is built here, off the event loop, because detokenising and word alignment cost as much as a small
+    forward. Nothing here writes stream state: it all goes into the output, which the policy applies.
     """
     output = runner.run_step(plan.groups, plan.releases)
     for state in plan.detections:
-        runner.detect_final_language(state)
+        output.detected_languages[state.stream_id] = runner.final_language(state.stream_id, state.evidence)
     for it in plan.items:
         out = output.items.get(it.state.stream_id)
         if out is not None and out.error is None and out.tokens and not it.peek:
-            extend_utterance(it.state, out, runner)
+            out.utterance = extended_utterance(it.state, out, runner)
     return output
 
 

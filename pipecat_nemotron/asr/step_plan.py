@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipecat_nemotron.asr.state import StreamState
-from pipecat_nemotron.asr.types import TranscriptUpdate
+from pipecat_nemotron.asr.types import TranscriptUpdate, WordTiming
+from pipecat_nemotron.asr.words import TokenTrace
+
+if TYPE_CHECKING:  # torch-backed
+    from pipecat_nemotron.asr.language_id import UtteranceEvidence
 
 
 @dataclass(frozen=True)
@@ -51,9 +56,30 @@ class StepGroup:
     items: list[StepItem]
 
 
+@dataclass(frozen=True)
+class UtteranceText:
+    """The current utterance's text once a step's tokens are added (built on the worker thread).
+
+    Attributes:
+        tokens: Token ids of the utterance.
+        text: Detokenised ``tokens``.
+        trace: Encoder frame and confidence of each of ``tokens``.
+        words: ``tokens`` as timed words.
+
+    """
+
+    tokens: list[int]
+    text: str
+    trace: TokenTrace
+    words: tuple[WordTiming, ...]
+
+
 @dataclass
 class ItemOutput:
-    """What the model step produced for one item.
+    """What the model step produced for one item: everything the step changes of its stream.
+
+    The worker thread never writes stream state: the policy applies this between steps
+    (:meth:`~pipecat_nemotron.asr.policy.SchedulerPolicy.resolve`), the one place step results are written.
 
     Attributes:
         tokens: The new token ids.
@@ -61,6 +87,12 @@ class ItemOutput:
             frame covers.
         confidence: Confidence of each new token, in [0, 1].
         error: The exception the item's forward raised (then the other fields are empty).
+        dec_state: RNNT decoder state to continue from (a peek's: the state before its flush, moved to the start
+            of a new boosting tree if the stream's list changed); None: start of sequence.
+        decoded_frames: Encoder frames decoded since ``dec_state`` was None (not a peek's).
+        utterance: The utterance's text with the new tokens (None: no new tokens, or a peek).
+        evidence: An ``auto`` stream's utterance as kept for language detection, with this chunk (None: unchanged).
+        detected_language: At an ``auto`` stream's final: the locale detected (None: none).
 
     """
 
@@ -68,6 +100,11 @@ class ItemOutput:
     frames: list[int] = field(default_factory=list)
     confidence: list[float] = field(default_factory=list)
     error: BaseException | None = None
+    dec_state: Any = None
+    decoded_frames: int = 0
+    utterance: UtteranceText | None = None
+    evidence: UtteranceEvidence | None = None
+    detected_language: str | None = None
 
 
 @dataclass
@@ -77,11 +114,14 @@ class StepOutput:
     Attributes:
         step_ms: Wall time of the step (all groups), ms.
         items: Output of each item of the plan, by stream id (a stream has at most one item per step).
+        detected_languages: The language detected for each of the plan's ``detections`` (finals with nothing left
+            to decode), by stream id.
 
     """
 
     step_ms: float = 0.0
     items: dict[int, ItemOutput] = field(default_factory=dict)
+    detected_languages: dict[int, str | None] = field(default_factory=dict)
 
     def of(self, item: StepItem) -> ItemOutput:
         """The output of ``item``; an error output if the step returned none for it (a runner bug)."""

@@ -1,7 +1,7 @@
 """From token ids to text, words and records: what the scheduler hands its streams.
 
 The policy (:mod:`~pipecat_nemotron.asr.policy`) decides when a partial, a final or a peek answer is due;
-this module says what it contains. :func:`extend_utterance` runs on the worker thread (detokenising and word
+this module says what it contains. :func:`extended_utterance` runs on the worker thread (detokenising and word
 alignment are the costly part), the builders on the event loop. No torch here: the tokenizer is reached through
 :class:`TextModel`.
 """
@@ -12,7 +12,7 @@ from typing import Protocol
 
 from pipecat_nemotron.asr.audio import SAMPLES_PER_MS
 from pipecat_nemotron.asr.state import PendingFinal, PendingPeek, StreamState
-from pipecat_nemotron.asr.step_plan import ItemOutput
+from pipecat_nemotron.asr.step_plan import ItemOutput, UtteranceText
 from pipecat_nemotron.asr.types import PeekTranscript, TranscriptUpdate, WordTiming
 from pipecat_nemotron.asr.words import TokenTrace, utterance_confidence
 
@@ -44,12 +44,15 @@ class TextModel(Protocol):
         ...
 
 
-def extend_utterance(state: StreamState, out: ItemOutput, text: TextModel) -> None:
-    """Add one step's new tokens to the stream's utterance: tokens, text, trace and words. Worker thread."""
-    state.tokens.extend(out.tokens)
-    state.text = text.detokenize(state.tokens)
-    state.trace.extend(out.frames, out.confidence)
-    state.words = text.aligner.words(state.tokens, state.trace, state.utterance_origin / SAMPLES_PER_MS)
+def extended_utterance(state: StreamState, out: ItemOutput, text: TextModel) -> UtteranceText:
+    """The stream's utterance with one step's new tokens: tokens, text, trace and words (worker thread).
+
+    Reads the stream's state and writes none of it: the policy applies the result between steps.
+    """
+    tokens = state.tokens + out.tokens
+    trace = state.trace.extended(out.frames, out.confidence)
+    words = text.aligner.words(tokens, trace, state.utterance_origin / SAMPLES_PER_MS)
+    return UtteranceText(tokens, text.detokenize(tokens), trace, words)
 
 
 def partial_update(state: StreamState, queue_ms: float, step_ms: float, lag_ms: float) -> TranscriptUpdate:

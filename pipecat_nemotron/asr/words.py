@@ -43,15 +43,9 @@ class TokenTrace:
     frames: list[int] = field(default_factory=list)
     confidence: list[float] = field(default_factory=list)
 
-    def extend(self, frames: list[int], confidence: list[float]) -> None:
-        """Add one step's tokens."""
-        self.frames.extend(frames)
-        self.confidence.extend(confidence)
-
-    def reset(self) -> None:
-        """Start a new utterance."""
-        self.frames = []
-        self.confidence = []
+    def extended(self, frames: list[int], confidence: list[float]) -> TokenTrace:
+        """A new trace: this one followed by one step's tokens (this one is left as it is)."""
+        return TokenTrace(self.frames + frames, self.confidence + confidence)
 
 
 @dataclass(frozen=True)

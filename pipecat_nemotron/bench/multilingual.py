@@ -180,7 +180,7 @@ def _utterance_evidence(model: Any, seconds: float, vocab: int) -> Any:
     for start in range(0, frames, 2):
         chunk = encoded[:, start : start + 2]
         new = [(t, f - start) for t, f in zip(ids, at, strict=True) if start <= f < start + chunk.size(1)]
-        evidence.add(chunk, [t for t, _ in new], [f for _, f in new])
+        evidence = evidence.plus(chunk, [t for t, _ in new], [f for _, f in new])
     return evidence
 
 
