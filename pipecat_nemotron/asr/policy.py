@@ -95,7 +95,7 @@ class StepModel(TextModel, Protocol):
 def fail_requests(state: StreamState, error: BaseException) -> None:
     """Fail the stream's pending finalize and peek requests with ``error`` and forget them."""
     for pending in (*state.finals, *state.peeks):
-        if not pending.future.done():
+        if pending.future is not None and not pending.future.done():
             pending.future.set_exception(error)
     state.finals.clear()
     state.peeks.clear()
@@ -420,7 +420,7 @@ class SchedulerPolicy:
             state.dec_state = None
             self.resets.add(state.stream_id)
         self._apply_pending(state)
-        if not pending.future.done():
+        if pending.future is not None and not pending.future.done():
             pending.future.set_result(final)
 
     def _split_if_long(self, state: StreamState, done: Resolution) -> int:

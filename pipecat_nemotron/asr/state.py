@@ -27,11 +27,19 @@ if TYPE_CHECKING:  # torch-backed; the runner fills it on the worker thread
 
 @dataclass
 class PendingFinal:
-    """A finalize request: the utterance ends at ``boundary`` (absolute stream sample, 16 kHz)."""
+    """A finalize request: the utterance ends at ``boundary`` (absolute stream sample, 16 kHz).
+
+    Attributes:
+        boundary: Absolute stream sample (16 kHz) where the utterance ends.
+        requested_at: Monotonic time of the request.
+        future: Resolved with the final for a caller that awaits it (:meth:`ASRStream.finalize`); None for
+            one that reads finals from the stream's updates only (:meth:`ASRStream.request_final`).
+
+    """
 
     boundary: int
     requested_at: float
-    future: asyncio.Future[Any]
+    future: asyncio.Future[Any] | None = None
 
 
 @dataclass

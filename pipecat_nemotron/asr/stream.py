@@ -238,18 +238,35 @@ class ASRStream:
     def finalize_nowait(self) -> asyncio.Future[TranscriptUpdate]:
         """Like :meth:`finalize`, but mark the utterance boundary now and return a future of the final.
 
-        Useful when the caller must not wait (e.g. a frame processor), and to make sure audio pushed right after
-        this call goes to the next utterance. The final also arrives through :meth:`updates`.
+        For a caller that must not wait and reads no :meth:`updates` (a reader of :meth:`updates` gets the same
+        final there: use :meth:`request_final`). Audio pushed right after this call goes to the next utterance.
         """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[TranscriptUpdate] = loop.create_future()
+        self._mark_boundary(future)
+        return future
+
+    def request_final(self) -> None:
+        """End the current utterance now; its final arrives through :meth:`updates` (and nowhere else).
+
+        What a reader of :meth:`updates` calls (the STT services, the model server's sessions): the final is
+        delivered once, in order with the partials, and a stream that fails before it ends :meth:`updates` with
+        the error. Audio pushed right after this call goes to the next utterance.
+
+        Raises:
+            StreamClosedError / StreamFailedError: The stream was closed or failed.
+
+        """
+        self._mark_boundary(None)
+
+    def _mark_boundary(self, future: asyncio.Future[TranscriptUpdate] | None) -> None:
+        """Queue a finalize at the audio received so far (the input resampler's tail included)."""
         self._check_open()
         tail = self._state.input.flush()
         if tail.size:
             self._state.append_audio(tail)
-        loop = asyncio.get_running_loop()
-        pending = PendingFinal(self._state.received, time.monotonic(), loop.create_future())
-        self._state.finals.append(pending)
+        self._state.finals.append(PendingFinal(self._state.received, time.monotonic(), future))
         self._owner.wake()
-        return pending.future
 
     async def peek(self) -> PeekTranscript:
         """The text the current utterance would end with if it ended now, without ending it.

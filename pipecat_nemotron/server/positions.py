@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
-
 from pipecat_nemotron.asr import ASRStream, TranscriptUpdate
 from pipecat_nemotron.server.protocol import FinalMessage
 from pipecat_nemotron.server.protocol_server import words_to_wire
@@ -19,13 +16,8 @@ class AudioPositions:
     """
 
     def __init__(self) -> None:
-        self._final_futures: deque[asyncio.Future[TranscriptUpdate]] = deque()
         self._base_ms = 0.0
         self._decoded_at_final_ms = 0.0
-
-    def final_requested(self, future: asyncio.Future[TranscriptUpdate]) -> None:
-        """Note a requested final (its result, once done, gives the utterance's exact length)."""
-        self._final_futures.append(future)
 
     def position_ms(self, stream: ASRStream) -> float:
         """Session audio decoded so far, ms: exact up to the last final, then 10 ms resolution."""
@@ -40,11 +32,7 @@ class AudioPositions:
         """
         decoded_ms = stream.audio_seconds * 1000.0
         utterance_ms = max(0.0, decoded_ms - self._decoded_at_final_ms)
-        # A forced final (``max_utterance_s``) answers no finalize: it takes no requested final's future.
-        future = self._final_futures.popleft() if self._final_futures and not update.forced else None
-        if future is not None and future.done() and not future.cancelled() and future.exception() is None:
-            utterance_ms = future.result().utterance_audio_ms
-        if update.utterance_audio_ms is not None:
+        if update.utterance_audio_ms is not None:  # the utterance's exact length (every engine final has it)
             utterance_ms = update.utterance_audio_ms
         self._base_ms += utterance_ms
         # A forced final ends before the audio decoded so far (the speech goes on past its cut).

@@ -361,15 +361,12 @@ class Session:
         assert self.stream is not None
         self._peeks.before_finalize()  # peeks waiting to be issued are about the utterance ending here
         try:
-            future = self.stream.finalize_nowait()
+            self.stream.request_final()  # the final arrives through the updates, in order with the partials
         except StreamFailedError as e:
             raise SessionError(CloseCode.INTERNAL, f"ASR stream failed: {e}") from None
         except StreamClosedError:
             raise SessionError(CloseCode.INTERNAL, "the ASR stream was closed by the server") from None
         self.finals_requested += 1
-        self._positions.final_requested(future)
-        # The final is delivered through the updates iterator; only observe the future's error here.
-        future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _close_gracefully(self) -> None:
         """After a client ``close``: send the finals and peek answers still owed (bounded wait), then close with 1000."""

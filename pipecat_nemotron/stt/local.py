@@ -426,13 +426,11 @@ class NemotronSTTService(NemotronSTTBase):
         if stream is None or stream.closed:
             return
         try:
-            future = stream.finalize_nowait()
+            stream.request_final()  # the final arrives through the updates, like every other result
         except NemotronEngineError as e:
             await self._stream_failed(e)
             return
-        # The final is delivered through the updates iterator; the future only needs its error observed.
-        future.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self._owed.finalized(future)
+        self._owed.finalized()
 
     async def _read_updates(self, stream: ASRStream) -> None:
         try:
@@ -443,8 +441,11 @@ class NemotronSTTService(NemotronSTTBase):
                     await self._push_interim(update.text, TranscriptResult.from_update(update))
                     await self._eager_progress(stream.audio_seconds * 1000.0, text_changed=True)
         except NemotronEngineError as e:
+            self._owed.ended(e)
             if self._stream is stream:
                 await self._stream_failed(e)
+            return
+        self._owed.ended()
 
     async def _peek_text(self) -> str:
         """The open utterance's text as its final would be now (:meth:`ASRStream.peek`); "" while loading."""
@@ -457,6 +458,7 @@ class NemotronSTTService(NemotronSTTBase):
         if update.forced:  # split at the engine's max_utterance_s: the turn goes on
             await self._push_forced_final(TranscriptResult.from_update(update))
             return
+        self._owed.answered()
         ttf_ms = update.ttf_ms or 0.0
         if await self._push_final(TranscriptResult.from_update(update), ttf_ms, self._engine_config.model):
             logger.info(
