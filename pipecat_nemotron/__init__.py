@@ -21,7 +21,7 @@ _EXPORTS = {
     "create_nemotron_llm": "pipecat_nemotron.llm",
     "NemotronLLMSettings": "pipecat_nemotron.llm",
     "VoiceLatencyObserver": "pipecat_nemotron.observers",
-    "TranscriptResult": "pipecat_nemotron.stt.result",
+    "Transcript": "pipecat_nemotron.asr.types",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -292,7 +292,7 @@ def free_slots_restored(server: ASRServer, engine: NemotronEngine):
 async def drop_first_session_after(server: ASRServer, audio_ms: float, timeout: float = 20.0) -> None:
     """Fail the first session with 4500 once it has received ``audio_ms`` of audio (a server-side failure)."""
     await wait_for(
-        lambda: any(s.audio_ms > audio_ms for s in server.service.sessions.values()), timeout=timeout
+        lambda: any(s.audio_received_ms > audio_ms for s in server.service.sessions.values()), timeout=timeout
     )
     session = next(iter(server.service.sessions.values()))
     await session.fail(CloseCode.INTERNAL, "simulated server failure")

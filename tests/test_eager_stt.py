@@ -54,7 +54,7 @@ def assert_committed_after(down: list[Frame], eager: Frame) -> TranscriptionFram
 @SYNC
 def test_peek_messages_round_trip() -> None:
     assert parse_client_message('{"type": "peek"}') == PeekMessage()
-    result = PeekResultMessage(utterance=3, text="what is", audio_ms=1234.567, peek_ms=8.0)
+    result = PeekResultMessage(utterance=3, text="what is", utterance_audio_ms=1234.567, peek_ms=8.0)
     assert parse_server_message(dump_server_message(result)) == PeekResultMessage(3, "what is", 1234.57, 8.0)
     # A ready from a server without the feature (an older one) parses with no features; ours lists "peek".
     assert parse_server_message('{"type": "ready", "session_id": "s"}').features == ()  # type: ignore[union-attr]
@@ -79,7 +79,7 @@ async def test_server_answers_peek_with_the_final_to_be(server: ASRServer, engin
                 elif isinstance(msg, FinalMessage):
                     final = msg
         assert peek is not None and peek.text == final.text and peek.utterance == final.utterance == 0
-        assert peek.audio_ms == pytest.approx(final.utterance_audio_ms, abs=1.0)
+        assert peek.utterance_audio_ms == pytest.approx(final.utterance_audio_ms, abs=1.0)
     finally:
         await ws.close()
 

@@ -28,7 +28,7 @@ from pipecat_nemotron.asr import (
     EngineConfig,
     StreamClosedError,
     StreamFailedError,
-    TranscriptUpdate,
+    Transcript,
 )
 from pipecat_nemotron.asr.fake_runner import FAKE_MODES, FakeEngine, ManualOwner
 from pipecat_nemotron.asr.step_plan import StepOutput, StepPlan
@@ -70,7 +70,7 @@ def check_outcomes(ledger: Ledger, seed: int) -> None:
     for sid, fut in ledger.finals:
         if not fut.cancelled() and fut.exception() is None:
             final = fut.result()
-            assert isinstance(final, TranscriptUpdate)
+            assert isinstance(final, Transcript)
             utterances.setdefault(sid, []).append(final.utterance)
     for sid, seen in utterances.items():
         assert seen == sorted(set(seen)), f"seed {seed}: stream {sid} finals out of order: {seen}"

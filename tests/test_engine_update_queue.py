@@ -12,11 +12,11 @@ import pytest
 
 from pipecat_nemotron.asr.errors import StreamFailedError
 from pipecat_nemotron.asr.stream import UpdateQueue
-from pipecat_nemotron.asr.types import TranscriptUpdate
+from pipecat_nemotron.asr.types import Transcript
 
 
-def _update(text: str, utterance: int = 0, final: bool = False, forced: bool = False) -> TranscriptUpdate:
-    return TranscriptUpdate(text=text, is_final=final, utterance=utterance, latency_ms=160, forced=forced)
+def _update(text: str, utterance: int = 0, final: bool = False, forced: bool = False) -> Transcript:
+    return Transcript(text=text, kind="final" if final else "partial", utterance=utterance, latency_ms=160, forced=forced)
 
 
 async def _drain(queue: UpdateQueue) -> list[str]:

@@ -14,7 +14,7 @@ HEAVY = ("torch", "nemo", "pipecat")
 LIGHT_MODULES = (
     "pipecat_nemotron",
     "pipecat_nemotron.stt",
-    "pipecat_nemotron.stt.result",
+    "pipecat_nemotron.asr.types",
     "pipecat_nemotron.server.protocol",
     "pipecat_nemotron.asr",
     "pipecat_nemotron.asr.config",
@@ -57,7 +57,7 @@ def test_package_names_resolve_lazily() -> None:
     import pipecat_nemotron.asr as engine
     import pipecat_nemotron.stt as stt
 
-    assert stt.TranscriptResult.__module__ == "pipecat_nemotron.stt.result"
+    assert stt.Transcript.__module__ == "pipecat_nemotron.asr.types"
     assert engine.EngineConfig.__module__ == "pipecat_nemotron.asr.config"
     assert "NemotronServerSTTService" in dir(stt)
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):

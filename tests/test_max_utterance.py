@@ -21,7 +21,7 @@ from pipecat.tests.utils import SleepFrame, run_test
 from ws_client import open_session, stream
 
 from pipecat_nemotron.agent.wav_input import read_float32
-from pipecat_nemotron.asr import EngineConfig, NemotronEngine, TranscriptUpdate
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine, Transcript
 from pipecat_nemotron.asr.splits import SPLIT_WINDOW_S, choose_split
 from pipecat_nemotron.bench.wer import normalize_text
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
@@ -66,10 +66,10 @@ async def _engine(max_utterance_s: float | None, **config) -> NemotronEngine:
     return eng
 
 
-async def _stream_finals(engine: NemotronEngine, pcm: bytes, latency_ms: int) -> list[TranscriptUpdate]:
+async def _stream_finals(engine: NemotronEngine, pcm: bytes, latency_ms: int) -> list[Transcript]:
     """Push ``pcm`` at once, finalize, close; every final the stream delivered, in order."""
     s = engine.open_stream(latency_ms=latency_ms)
-    finals: list[TranscriptUpdate] = []
+    finals: list[Transcript] = []
 
     async def read() -> None:
         async for update in s.updates():
@@ -85,13 +85,13 @@ async def _stream_finals(engine: NemotronEngine, pcm: bytes, latency_ms: int) ->
     return finals
 
 
-def _final_bytes(update: TranscriptUpdate) -> int:
+def _final_bytes(update: Transcript) -> int:
     """Size of the server's ``final`` message for ``update``, with word timings (the largest form)."""
     msg = FinalMessage(
         utterance=update.utterance,
         text=update.text,
         latency_ms=update.latency_ms,
-        audio_ms=update.start_ms + (update.utterance_audio_ms or 0.0),
+        session_audio_ms=update.start_ms + (update.utterance_audio_ms or 0.0),
         utterance_audio_ms=update.utterance_audio_ms or 0.0,
         words=words_to_wire(update.words),
         confidence=update.confidence,
@@ -278,7 +278,7 @@ async def test_server_delivers_forced_finals_within_max_message_bytes() -> None:
     assert " ".join(f.text for f in finals if f.text) == expected.text
     assert all(len(r.encode()) <= 16 * 1024 for r in raw)
     assert all(f.utterance_audio_ms <= 10_000 for f in finals)
-    assert finals[-1].audio_ms == pytest.approx(len(pcm) / 32, abs=1)
+    assert finals[-1].session_audio_ms == pytest.approx(len(pcm) / 32, abs=1)
     assert ready.limits["max_utterance_s"] == 10.0
     frames = [f for f in down if isinstance(f, TranscriptionFrame)]
     assert " ".join(f.text for f in frames) == expected.text

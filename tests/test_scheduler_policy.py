@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from pipecat_nemotron.asr import PeekTranscript, StreamClosedError, StreamFailedError, TranscriptUpdate
+from pipecat_nemotron.asr import StreamClosedError, StreamFailedError, Transcript
 from pipecat_nemotron.asr.fake_runner import ManualOwner, fake_token
 from pipecat_nemotron.asr.stream import ASRStream
 
@@ -88,7 +88,7 @@ async def test_finalize_flushes_the_utterance_and_the_next_one_starts_at_its_bou
     await s.push(audio(0.3))  # after the boundary: the next utterance
     owner.run_until_idle()
     final = final_future.result()
-    assert isinstance(final, TranscriptUpdate)
+    assert isinstance(final, Transcript)
     assert final.utterance_audio_ms == pytest.approx(1030.0) and final.utterance == 0 and final.start_ms == 0.0
     # chunks: 17 frames, then 16 each, then the flush of what is left of 103 frames.
     chunks = [(0, 17), (17, 16), (33, 16), (49, 16), (65, 16), (81, 16), (97, 6)]
@@ -112,7 +112,7 @@ async def test_a_final_with_nothing_left_to_decode_needs_no_model_step() -> None
 
 
 async def test_peek_answers_the_final_text_and_leaves_the_stream_as_it_was() -> None:
-    async def run(peek_at: float | None) -> tuple[PeekTranscript | None, TranscriptUpdate]:
+    async def run(peek_at: float | None) -> tuple[Transcript | None, Transcript]:
         owner = ManualOwner()
         s = owner.open()
         await s.push(audio(1.03))

@@ -196,12 +196,12 @@ async def test_round_trip_partials_and_final_equal_in_process(
     assert [f.text for f in finals] == [expected_final]
     assert finals[0].utterance == 0 and finals[0].ttf_ms > 0
     assert finals[0].utterance_audio_ms == pytest.approx(len(pcm) / 32, abs=1)
-    assert finals[0].audio_ms == pytest.approx(len(pcm) / 32, abs=1)
+    assert finals[0].session_audio_ms == pytest.approx(len(pcm) / 32, abs=1)
     if expected_partials:
         assert partials, "the server sent no partials"
     assert is_subsequence([p.text for p in partials], expected_partials)
     assert all(p.lag_ms >= 0 and p.step_ms > 0 and p.utterance == 0 for p in partials)
-    assert all(0 < p.audio_ms <= len(pcm) / 32 + 1 for p in partials)
+    assert all(0 < p.session_audio_ms <= len(pcm) / 32 + 1 for p in partials)
     latency = [m for m in messages if isinstance(m, LatencyMessage)]
     # Sent while the finalize was pending: the mode switches at that utterance boundary.
     assert latency == [LatencyMessage(latency_ms=560, applied="next_utterance")]

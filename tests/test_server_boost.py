@@ -214,10 +214,10 @@ async def test_a_client_that_does_not_boost_sees_what_it_saw_before(
     final = next(m for m in messages if m["type"] == "final")
     assert final["text"] == texts["plain"]
     assert set(final) == {
-        "type", "utterance", "text", "latency_ms", "audio_ms", "utterance_audio_ms", "ttf_ms", "step_ms", "words",
+        "type", "utterance", "text", "latency_ms", "session_audio_ms", "utterance_audio_ms", "ttf_ms", "step_ms", "words",
         "confidence",
     }
-    assert all(set(m) == {"type", "utterance", "text", "latency_ms", "audio_ms", "queue_ms", "step_ms", "lag_ms"}
+    assert all(set(m) == {"type", "utterance", "text", "latency_ms", "session_audio_ms", "queue_ms", "step_ms", "lag_ms"}
                for m in messages if m["type"] == "partial")
 
 

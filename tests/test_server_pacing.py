@@ -46,7 +46,7 @@ async def test_peek_then_close_still_gets_its_peek_result(engine: NemotronEngine
             messages = await raw_messages(ws)
             assert ws.close_code == 1000
             peeks = [m for m in messages if m["type"] == "peek_result"]
-            assert len(peeks) == 1 and peeks[0]["utterance"] == 0 and peeks[0]["audio_ms"] == 1000.0, messages
+            assert len(peeks) == 1 and peeks[0]["utterance"] == 0 and peeks[0]["utterance_audio_ms"] == 1000.0, messages
         await wait_for(free_slots_restored(srv, engine), what="the slots to be freed")
 
 
@@ -89,8 +89,8 @@ async def test_peeks_pending_together_cost_one_engine_peek_and_each_gets_its_ans
         await ws.send(CLOSE)
         finals = [m for m in await raw_messages(ws) if m["type"] == "final"]
     assert sum(s.batch_size for s in steps) == 1, steps
-    assert len({(a["utterance"], a["text"], a["audio_ms"]) for a in answers}) == 1, answers
-    assert answers[0]["audio_ms"] == 1010.0 and answers[0]["text"] == finals[0]["text"]
+    assert len({(a["utterance"], a["text"], a["utterance_audio_ms"]) for a in answers}) == 1, answers
+    assert answers[0]["utterance_audio_ms"] == 1010.0 and answers[0]["text"] == finals[0]["text"]
 
 
 async def test_a_peek_costs_five_control_messages_of_the_pacing_budget(engine: NemotronEngine) -> None:

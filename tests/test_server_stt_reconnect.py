@@ -26,7 +26,7 @@ from pipecat.tests.utils import SleepFrame, run_test
 from processes import free_port
 
 from pipecat_nemotron.agent.wav_input import read_pcm16
-from pipecat_nemotron.asr import EngineConfig, NemotronEngine, TranscriptUpdate
+from pipecat_nemotron.asr import EngineConfig, NemotronEngine, Transcript
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MODEL_PATH
 from pipecat_nemotron.server.app import ASRServer, ServerConfig
 from pipecat_nemotron.stt.remote.reconnect import ASRReconnectMetricsData, ReconnectPolicy
@@ -233,7 +233,7 @@ async def test_a_reconnect_after_a_forced_final_does_not_replay_its_words() -> N
     assert stt.keeper.reconnects[0].replayed_s == pytest.approx(len(pcm) / 32000 - first.utterance_audio_ms / 1000, abs=1e-3)
 
 
-async def split_once(engine: NemotronEngine, pcm: bytes, latency_ms: int) -> tuple[TranscriptUpdate, str]:
+async def split_once(engine: NemotronEngine, pcm: bytes, latency_ms: int) -> tuple[Transcript, str]:
     """The first forced final of ``pcm`` decoded in process, and the text of the audio after its cut alone."""
     stream = engine.open_stream(latency_ms=latency_ms)
     try:

@@ -22,7 +22,7 @@ from word_clips import HELDOUT_MANIFEST, TimingErrors, WordClip, WordSpan, corre
 
 from pipecat_nemotron.agent.wav_input import read_float32
 from pipecat_nemotron.asr import EngineConfig, NemotronEngine
-from pipecat_nemotron.asr.types import WordTiming
+from pipecat_nemotron.asr.types import Transcript, WordTiming
 from pipecat_nemotron.asr.words import TimingCalibration, TokenTrace, WordAligner, calibration_for
 from pipecat_nemotron.models import TINY_MODEL_PATH as TRAINED_MODEL
 from pipecat_nemotron.observers.transcripts import TranscriptCollector
@@ -37,9 +37,9 @@ from pipecat_nemotron.server.protocol import (
     ReadyMessage,
     parse_server_message,
 )
+from pipecat_nemotron.server.protocol_server import transcript_from_final
 from pipecat_nemotron.stt import NemotronSTTService
 from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
-from pipecat_nemotron.stt.result import TranscriptResult
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -254,7 +254,7 @@ def _turn_frames(clip: WordClip) -> list:
 
 def _check_result(frame: TranscriptionFrame, expected: tuple[WordTiming, ...]) -> None:
     result = frame.result
-    assert isinstance(result, TranscriptResult) and result.is_final and result.text == frame.text
+    assert isinstance(result, Transcript) and result.is_final and result.text == frame.text
     assert " ".join(w.text for w in result.words) == frame.text
     assert [(w.text, round(w.start_ms), round(w.end_ms)) for w in result.words] == [
         (w.text, round(w.start_ms), round(w.end_ms)) for w in expected
@@ -277,7 +277,7 @@ async def test_stt_frames_carry_words_and_the_collector_prints_them(
     _check_result(finals[0], expected.words)
     interims = [f for f in down if isinstance(f, InterimTranscriptionFrame)]
     assert interims and all(
-        isinstance(f.result, TranscriptResult) and not f.result.is_final for f in interims
+        isinstance(f.result, Transcript) and not f.result.is_final for f in interims
     )
     assert collector.utterances[0].result == finals[0].result
     printed = out.getvalue()
@@ -316,7 +316,7 @@ async def test_server_final_carries_words_only_when_asked(
                         "forced",
                     }
                     continue
-                result = TranscriptResult.from_message(msg)
+                result = transcript_from_final(msg)
                 assert [(w.text, round(w.start_ms), round(w.utterance_start_ms)) for w in result.words] == [
                     (w.text, round(w.start_ms), round(w.utterance_start_ms)) for w in expected.words
                 ]

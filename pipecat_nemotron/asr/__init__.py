@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     )
     from pipecat_nemotron.asr.scheduler import StepStats
     from pipecat_nemotron.asr.stream import ASRStream
-    from pipecat_nemotron.asr.types import FinalTranscript, PeekTranscript, TranscriptUpdate, WordTiming
+    from pipecat_nemotron.asr.types import Transcript, WordTiming
 
 _EXPORTS = {
     "DEFAULT_MODEL": "pipecat_nemotron.asr.config",
@@ -44,9 +44,7 @@ _EXPORTS = {
     "StreamFailedError": "pipecat_nemotron.asr.errors",
     "StepStats": "pipecat_nemotron.asr.scheduler",
     "ASRStream": "pipecat_nemotron.asr.stream",
-    "FinalTranscript": "pipecat_nemotron.asr.types",
-    "PeekTranscript": "pipecat_nemotron.asr.types",
-    "TranscriptUpdate": "pipecat_nemotron.asr.types",
+    "Transcript": "pipecat_nemotron.asr.types",
     "WordTiming": "pipecat_nemotron.asr.types",
 }
 
@@ -59,17 +57,15 @@ __all__ = [
     "EngineConfig",
     "EngineInfo",
     "EngineNotRunningError",
-    "FinalTranscript",
     "InvalidAudioError",
     "LATENCY_MODES",
     "ModelLoadError",
     "NemotronEngine",
     "NemotronEngineError",
-    "PeekTranscript",
     "StepStats",
     "StreamClosedError",
     "StreamFailedError",
-    "TranscriptUpdate",
+    "Transcript",
     "WordTiming",
 ]
 

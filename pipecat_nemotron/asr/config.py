@@ -146,7 +146,7 @@ class EngineConfig:
         max_utterance_s: Longest utterance, seconds (from :data:`MIN_UTTERANCE_LIMIT_S` to
             :data:`MAX_UTTERANCE_LIMIT_S`). Every partial, peek and final carries its whole utterance, so an
             utterance that reaches this much decoded audio without a ``finalize()`` is split: the words before a
-            pause near the limit are delivered as a final of their own (``TranscriptUpdate.forced``), and the
+            pause near the limit are delivered as a final of their own (``Transcript.forced``), and the
             speech goes on as the next utterance, decoded without interruption (no word lost or changed; see
             :mod:`~pipecat_nemotron.asr.splits`). At 60 s a final with word timings stays under 20 KB. None:
             no limit.

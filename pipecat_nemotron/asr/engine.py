@@ -25,7 +25,7 @@ from pipecat_nemotron.asr.scheduler import Scheduler, StepStats
 from pipecat_nemotron.asr.splits import join_forced_finals
 from pipecat_nemotron.asr.state import StreamState
 from pipecat_nemotron.asr.stream import ASRStream
-from pipecat_nemotron.asr.types import EngineInfo, TranscriptUpdate
+from pipecat_nemotron.asr.types import EngineInfo, Transcript
 from pipecat_nemotron.runtime.gil import shorten_switch_interval
 from pipecat_nemotron.runtime.stats import percentile
 
@@ -391,7 +391,7 @@ class NemotronEngine:
         latency_ms: int | None = None,
         sample_rate: int = MODEL_SAMPLE_RATE,
         language: Any = None,
-    ) -> TranscriptUpdate:
+    ) -> Transcript:
         """Transcribe a whole clip by streaming it through the engine (batched with live streams).
 
         A clip longer than ``max_utterance_s`` is split like a live stream, and its parts are joined into one

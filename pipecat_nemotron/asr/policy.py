@@ -46,7 +46,7 @@ from pipecat_nemotron.asr.step_plan import (
     StreamEntry,
 )
 from pipecat_nemotron.asr.transcripts import TextModel, final_update, partial_update, peek_record
-from pipecat_nemotron.asr.types import TranscriptUpdate
+from pipecat_nemotron.asr.types import Transcript
 from pipecat_nemotron.asr.words import TokenTrace
 
 
@@ -185,7 +185,7 @@ class SchedulerPolicy:
     def add(
         self,
         state: StreamState,
-        push: Callable[[TranscriptUpdate], None],
+        push: Callable[[Transcript], None],
         end: Callable[[BaseException | None], None],
     ) -> None:
         """Register a stream (its slot is taken on its first step)."""

@@ -32,7 +32,7 @@ from pipecat_nemotron.asr.step_plan import (
     StreamEntry,
 )
 from pipecat_nemotron.asr.transcripts import extended_utterance
-from pipecat_nemotron.asr.types import TranscriptUpdate
+from pipecat_nemotron.asr.types import Transcript
 
 if TYPE_CHECKING:  # torch-backed
     from pipecat_nemotron.asr.language_id import UtteranceEvidence
@@ -152,7 +152,7 @@ class Scheduler:
     def add(
         self,
         state: StreamState,
-        push: Callable[[TranscriptUpdate], None],
+        push: Callable[[Transcript], None],
         end: Callable[[BaseException | None], None],
     ) -> None:
         """Register a stream (its slot is taken on its first step)."""

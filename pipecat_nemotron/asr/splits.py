@@ -3,8 +3,8 @@
 Every partial, peek and final carries its whole utterance (text and words), so a user who talks for minutes
 without a pause would get ever larger replies (about 86 bytes per word with word timings: a 5-minute final was
 76 KB). When the audio decoded in the current utterance reaches the limit, the scheduler splits it between two
-steps: the words emitted before a cut point become a final of their own (a :class:`TranscriptUpdate` with
-``is_final=True`` and ``forced=True``, delivered in order like any final), and the speech goes on as the next
+steps: the words emitted before a cut point become a final of their own (a :class:`Transcript` with
+``kind="final"`` and ``forced=True``, delivered in order like any final), and the speech goes on as the next
 utterance.
 
 The split is bookkeeping only: the decode itself goes on untouched (same encoder caches, decoder state and
@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pipecat_nemotron.asr.audio import SAMPLES_PER_MS
 from pipecat_nemotron.asr.state import StreamState
 from pipecat_nemotron.asr.transcripts import TextModel
-from pipecat_nemotron.asr.types import TranscriptUpdate
+from pipecat_nemotron.asr.types import Transcript
 from pipecat_nemotron.asr.words import TokenTrace, utterance_confidence
 
 #: Length of the stretch before the limit where a split looks for a pause, seconds (at most a quarter of the
@@ -91,7 +91,7 @@ def choose_split(
     return Split(sum(1 for f in frames if f < hi), hi)
 
 
-def join_forced_finals(forced: list[TranscriptUpdate], last: TranscriptUpdate) -> TranscriptUpdate:
+def join_forced_finals(forced: list[Transcript], last: Transcript) -> Transcript:
     """One result for an utterance split by the limit: its forced finals (in order) then its last final.
 
     Text joins with spaces (each split falls between words), tokens and words concatenate, ``utterance_audio_ms`` sums
@@ -112,7 +112,7 @@ def join_forced_finals(forced: list[TranscriptUpdate], last: TranscriptUpdate) -
     )
 
 
-def split_utterance(state: StreamState, split: Split, text: TextModel, hop: int) -> TranscriptUpdate:
+def split_utterance(state: StreamState, split: Split, text: TextModel, hop: int) -> Transcript:
     """Split the stream's utterance at ``split``: return the forced final; the rest go on as the next utterance.
 
     Runs between steps. Requests about the speech that goes on (pending peeks and changes of this utterance
@@ -130,9 +130,9 @@ def split_utterance(state: StreamState, split: Split, text: TextModel, hop: int)
     start_ms = state.utterance_origin / SAMPLES_PER_MS
     audio_ms = split.cut_frame * hop / SAMPLES_PER_MS
     words = aligner.words(head, TokenTrace(trace.frames[:k], trace.confidence[:k]), start_ms, audio_ms)
-    final = TranscriptUpdate(
+    final = Transcript(
         text=text.detokenize(head),
-        is_final=True,
+        kind="final",
         utterance=utterance,
         latency_ms=state.latency_ms,
         language=state.language,

@@ -49,7 +49,7 @@ class PendingPeek:
     Attributes:
         boundary: Absolute stream sample (16 kHz) the peek covers the audio up to.
         requested_at: Monotonic time of the request.
-        future: Resolved with a :class:`~pipecat_nemotron.asr.types.PeekTranscript`.
+        future: Resolved with a :class:`~pipecat_nemotron.asr.types.Transcript`.
         utterance: Index of the utterance peeked at (finalizes requested before the peek come first).
 
     """

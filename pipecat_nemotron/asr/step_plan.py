@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipecat_nemotron.asr.state import StreamState
-from pipecat_nemotron.asr.types import TranscriptUpdate, WordTiming
+from pipecat_nemotron.asr.types import Transcript, WordTiming
 from pipecat_nemotron.asr.words import TokenTrace
 
 if TYPE_CHECKING:  # torch-backed
@@ -167,7 +167,7 @@ class StreamEntry:
     """
 
     state: StreamState
-    push: Callable[[TranscriptUpdate], None]
+    push: Callable[[Transcript], None]
     end: Callable[[BaseException | None], None]
 
 
@@ -224,6 +224,6 @@ class Resolution:
 
     """
 
-    updates: list[tuple[StreamEntry, TranscriptUpdate]] = field(default_factory=list)
+    updates: list[tuple[StreamEntry, Transcript]] = field(default_factory=list)
     released: list[int] = field(default_factory=list)
     stats: StepStats | None = None

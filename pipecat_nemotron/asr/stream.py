@@ -14,7 +14,7 @@ from loguru import logger
 from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
 from pipecat_nemotron.asr.errors import InvalidAudioError, StreamClosedError, StreamFailedError
 from pipecat_nemotron.asr.state import PendingFinal, PendingPeek, StreamState
-from pipecat_nemotron.asr.types import PeekTranscript, TranscriptUpdate
+from pipecat_nemotron.asr.types import Transcript
 
 
 class StreamOwner(Protocol):
@@ -75,12 +75,12 @@ class UpdateQueue:
     """Transcript updates of one stream, in order. Unread partials coalesce; finals are never dropped."""
 
     def __init__(self) -> None:
-        self._items: deque[TranscriptUpdate] = deque()
+        self._items: deque[Transcript] = deque()
         self._event = asyncio.Event()
         self._closed = False
         self._error: BaseException | None = None
 
-    def put(self, update: TranscriptUpdate) -> None:
+    def put(self, update: Transcript) -> None:
         """Queue an update (replacing an unread partial of the same utterance)."""
         if self._items and not self._items[-1].is_final and not update.is_final:
             if self._items[-1].utterance == update.utterance:
@@ -89,7 +89,7 @@ class UpdateQueue:
         self._items.append(update)
         self._event.set()
 
-    def take_forced_finals(self) -> list[TranscriptUpdate]:
+    def take_forced_finals(self) -> list[Transcript]:
         """Empty the queue; return the forced finals it held, in order."""
         items, self._items = list(self._items), deque()
         return [u for u in items if u.is_final and u.forced]
@@ -100,7 +100,7 @@ class UpdateQueue:
         self._error = error
         self._event.set()
 
-    async def get(self) -> TranscriptUpdate | None:
+    async def get(self) -> Transcript | None:
         """Next update, or None once closed and drained.
 
         Raises:
@@ -221,7 +221,7 @@ class ASRStream:
             self._state.append_audio(samples)
             self._owner.wake()
 
-    async def finalize(self) -> TranscriptUpdate:
+    async def finalize(self) -> Transcript:
         """End the current utterance: flush all audio pushed so far and return its final text.
 
         Audio pushed after this call belongs to the next utterance. Time-to-final (``ttf_ms``) is measured from
@@ -235,14 +235,14 @@ class ASRStream:
         """
         return await self.finalize_nowait()
 
-    def finalize_nowait(self) -> asyncio.Future[TranscriptUpdate]:
+    def finalize_nowait(self) -> asyncio.Future[Transcript]:
         """Like :meth:`finalize`, but mark the utterance boundary now and return a future of the final.
 
         For a caller that must not wait and reads no :meth:`updates` (a reader of :meth:`updates` gets the same
         final there: use :meth:`request_final`). Audio pushed right after this call goes to the next utterance.
         """
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[TranscriptUpdate] = loop.create_future()
+        future: asyncio.Future[Transcript] = loop.create_future()
         self._mark_boundary(future)
         return future
 
@@ -259,7 +259,7 @@ class ASRStream:
         """
         self._mark_boundary(None)
 
-    def _mark_boundary(self, future: asyncio.Future[TranscriptUpdate] | None) -> None:
+    def _mark_boundary(self, future: asyncio.Future[Transcript] | None) -> None:
         """Queue a finalize at the audio received so far (the input resampler's tail included)."""
         self._check_open()
         tail = self._state.input.flush()
@@ -268,7 +268,7 @@ class ASRStream:
         self._state.finals.append(PendingFinal(self._state.received, time.monotonic(), future))
         self._owner.wake()
 
-    async def peek(self) -> PeekTranscript:
+    async def peek(self) -> Transcript:
         """The text the current utterance would end with if it ended now, without ending it.
 
         The same flush as :meth:`finalize` (the audio received so far, right context included), computed on
@@ -284,7 +284,7 @@ class ASRStream:
         """
         return await self.peek_nowait()
 
-    def peek_nowait(self) -> asyncio.Future[PeekTranscript]:
+    def peek_nowait(self) -> asyncio.Future[Transcript]:
         """Like :meth:`peek`, but return a future of the answer (it covers the audio pushed before this call).
 
         A peek requested after a ``finalize()`` whose final has not arrived yet is about the next utterance.
@@ -387,7 +387,7 @@ class ASRStream:
         state.step_waiters.append(waiter)
         await waiter
 
-    def take_forced_finals(self) -> list[TranscriptUpdate]:
+    def take_forced_finals(self) -> list[Transcript]:
         """Remove and return the forced finals (``max_utterance_s`` splits) queued and not read yet.
 
         For callers that read results from :meth:`finalize` rather than :meth:`updates` (as
@@ -399,7 +399,7 @@ class ASRStream:
         """Close the stream and free its cache slot (idempotent). Pending finalizes fail."""
         await self._owner.close_stream(self._state)
 
-    async def updates(self) -> AsyncIterator[TranscriptUpdate]:
+    async def updates(self) -> AsyncIterator[Transcript]:
         """Iterate over transcript updates (partials as the text grows, then the final of each utterance).
 
         Ends when the stream is closed; raises :class:`StreamFailedError` if it failed.
@@ -410,5 +410,5 @@ class ASRStream:
                 return
             yield update
 
-    def __aiter__(self) -> AsyncIterator[TranscriptUpdate]:
+    def __aiter__(self) -> AsyncIterator[Transcript]:
         return self.updates()

@@ -13,7 +13,7 @@ from typing import Protocol
 from pipecat_nemotron.asr.audio import SAMPLES_PER_MS
 from pipecat_nemotron.asr.state import PendingFinal, PendingPeek, StreamState
 from pipecat_nemotron.asr.step_plan import ItemOutput, UtteranceText
-from pipecat_nemotron.asr.types import PeekTranscript, TranscriptUpdate, WordTiming
+from pipecat_nemotron.asr.types import Transcript, WordTiming
 from pipecat_nemotron.asr.words import TokenTrace, utterance_confidence
 
 
@@ -55,11 +55,11 @@ def extended_utterance(state: StreamState, out: ItemOutput, text: TextModel) -> 
     return UtteranceText(tokens, text.detokenize(tokens), trace, words)
 
 
-def partial_update(state: StreamState, queue_ms: float, step_ms: float, lag_ms: float) -> TranscriptUpdate:
+def partial_update(state: StreamState, queue_ms: float, step_ms: float, lag_ms: float) -> Transcript:
     """The partial that shows the stream's utterance so far (times in ms)."""
-    return TranscriptUpdate(
+    return Transcript(
         text=state.text,
-        is_final=False,
+        kind="partial",
         utterance=state.utterance_index,
         latency_ms=state.latency_ms,
         language=state.language,
@@ -72,7 +72,7 @@ def partial_update(state: StreamState, queue_ms: float, step_ms: float, lag_ms: 
     )
 
 
-def final_update(state: StreamState, pending: PendingFinal, ttf_ms: float, step_ms: float, text: TextModel) -> TranscriptUpdate:
+def final_update(state: StreamState, pending: PendingFinal, ttf_ms: float, step_ms: float, text: TextModel) -> Transcript:
     """The final of the stream's utterance, which ends at ``pending.boundary``.
 
     One record: the stream's ``updates()`` deliver it and ``finalize()`` resolves with it.
@@ -80,9 +80,9 @@ def final_update(state: StreamState, pending: PendingFinal, ttf_ms: float, step_
     audio_ms = (pending.boundary - state.utterance_origin) / SAMPLES_PER_MS
     start_ms = state.utterance_origin / SAMPLES_PER_MS
     words = text.aligner.words(state.tokens, state.trace, start_ms, audio_ms)
-    return TranscriptUpdate(
+    return Transcript(
         text=state.text,
-        is_final=True,
+        kind="final",
         utterance=state.utterance_index,
         latency_ms=state.latency_ms,
         language=state.language,
@@ -99,7 +99,7 @@ def final_update(state: StreamState, pending: PendingFinal, ttf_ms: float, step_
 
 def peek_record(
     state: StreamState, pending: PendingPeek, new_tokens: list[int], now: float, text: TextModel
-) -> PeekTranscript:
+) -> Transcript:
     """The answer to ``pending``: the utterance's tokens so far plus the peek flush's ``new_tokens``.
 
     Args:
@@ -111,9 +111,11 @@ def peek_record(
 
     """
     tokens = state.tokens + new_tokens
-    return PeekTranscript(
+    return Transcript(
         text=text.detokenize(tokens) if new_tokens else state.text,
+        kind="peek",
         utterance=pending.utterance,
+        start_ms=state.utterance_origin / SAMPLES_PER_MS,
         utterance_audio_ms=(pending.boundary - state.utterance_origin) / SAMPLES_PER_MS,
         latency_ms=state.latency_ms,
         language=state.language,

@@ -1,10 +1,9 @@
-"""Results the engine hands to callers."""
+"""What the engine hands to callers: the one transcript record, its words, and facts about a started engine."""
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -35,95 +34,101 @@ class WordTiming:
     utterance_end_ms: float
     confidence: float
 
+    def to_dict(self) -> dict[str, Any]:
+        """The word as a ``final`` message sends it: text, start and end (ms from the stream's start), confidence."""
+        return {
+            "text": self.text,
+            "start_ms": round(self.start_ms, 1),
+            "end_ms": round(self.end_ms, 1),
+            "confidence": round(self.confidence, 4),
+        }
+
+
+TranscriptKind = Literal["partial", "final", "peek"]
+"""What a :class:`Transcript` is: the text so far, an utterance's final text, or a peek's answer."""
+
 
 @dataclass(frozen=True)
-class TranscriptUpdate:
-    """A change of a stream's transcript.
+class Transcript:
+    """One transcript record, the same from the engine to the Pipecat frame: a partial, a final or a peek answer.
+
+    The engine's stream yields it (:meth:`~pipecat_nemotron.asr.stream.ASRStream.updates`, ``finalize()``,
+    ``peek()``), the STT services put it in ``TranscriptionFrame.result`` (the server client builds it from the
+    ``final`` message, :func:`~pipecat_nemotron.server.protocol_server.transcript_from_final`). Fields a kind does
+    not have keep their defaults (a partial has no ``ttf_ms``).
 
     Attributes:
-        text: The current utterance's text so far (partial) or in full (final).
-        is_final: True for the final text of an utterance (after ``finalize()``).
-        utterance: 0-based index of the utterance within the stream.
+        text: The utterance's text so far (partial), in full (final), or as it would end now (peek).
+        kind: ``"partial"``, ``"final"`` or ``"peek"``.
+        utterance: 0-based index of the utterance within the stream (a server client's: the session).
         latency_ms: Latency mode that produced it.
         language: Language prompt the model decoded with (a locale such as ``"es-ES"``, or ``"auto"``); None
             on a model without language prompts (the English model).
         detected_language: On the final of an utterance decoded with ``"auto"``: the model's locale whose prompt
             explains the words best (see :mod:`~pipecat_nemotron.asr.language_id`); None otherwise.
-        queue_ms: Time the chunk's audio waited for a model step, ms.
-        step_ms: Duration of the batched model step that produced it, ms.
-        lag_ms: Time from the chunk's last audio sample arriving to this update, ms.
-        ttf_ms: For finals: time from the ``finalize()`` call to the final text, ms.
-        words: The words of ``text`` with their timings and confidence (on partials, the last word may
-            still grow).
-        confidence: Confidence of the whole text so far, in [0, 1] (mean of the words'); None when empty.
-        start_ms: Where the utterance starts, ms from the stream's first sample.
-        utterance_audio_ms: On finals: audio in the utterance, ms (``start_ms + utterance_audio_ms`` is where the
-            next one starts). The server's ``final`` message carries it under the same name.
-        tokens: On finals: token ids of the utterance.
+        words: The words of ``text`` with their timings and confidence (on partials, the last word may still
+            grow); empty when the engine runs with ``word_timings=False`` or the server did not send them.
+        confidence: Confidence of the whole text, in [0, 1] (mean of the words'); None without words.
+        start_ms: Where the utterance starts, ms from the stream's first sample (a word's ``utterance_start_ms``
+            counts from here). For the server client the stream is the server session.
+        utterance_audio_ms: On finals and peeks: audio of the utterance they cover, ms (``start_ms +
+            utterance_audio_ms`` is where the next utterance starts, after a final).
+        tokens: On finals and peeks: token ids of the utterance.
         forced: On finals: the utterance reached ``EngineConfig.max_utterance_s`` and was split without a
             ``finalize()`` (see :mod:`~pipecat_nemotron.asr.splits`): the speech goes on in the next
             utterance, no finalize request is answered by it, and ``ttf_ms`` is None.
+        queue_ms: On partials: time the chunk's audio waited for a model step, ms.
+        step_ms: Duration of the batched model step that produced it, ms.
+        lag_ms: On partials: time from the chunk's last audio sample arriving to this record, ms.
+        ttf_ms: On finals: time from the ``finalize()`` call to the final text, ms.
+        peek_ms: On peeks: time from the ``peek()`` call to the text, ms.
+
+    Example (in a processor after an STT service)::
+
+        if isinstance(frame, TranscriptionFrame) and isinstance(frame.result, Transcript):
+            for word in frame.result.words:
+                print(f"{word.start_ms:8.0f} {word.end_ms:8.0f} {word.confidence:.2f} {word.text}")
 
     """
 
     text: str
-    is_final: bool
-    utterance: int
-    latency_ms: int
+    kind: TranscriptKind
+    utterance: int = 0
+    latency_ms: int = 0
     language: str | None = None
     detected_language: str | None = None
-    queue_ms: float = 0.0
-    step_ms: float = 0.0
-    lag_ms: float = 0.0
-    ttf_ms: float | None = None
     words: tuple[WordTiming, ...] = ()
     confidence: float | None = None
     start_ms: float = 0.0
     utterance_audio_ms: float | None = None
     tokens: tuple[int, ...] = ()
     forced: bool = False
+    queue_ms: float = 0.0
+    step_ms: float = 0.0
+    lag_ms: float = 0.0
+    ttf_ms: float | None = None
+    peek_ms: float | None = None
 
     @property
-    def audio_ms(self) -> float | None:
-        """Deprecated name of :attr:`utterance_audio_ms` (on the wire, ``audio_ms`` is the session's position)."""
-        warnings.warn("TranscriptUpdate.audio_ms is now utterance_audio_ms", DeprecationWarning, stacklevel=2)
-        return self.utterance_audio_ms
+    def is_final(self) -> bool:
+        """True for the final text of an utterance (a forced split's too)."""
+        return self.kind == "final"
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (times rounded to 0.1 ms, confidences to 4 digits; words as the wire sends them)."""
+        data = asdict(self)
+        data["words"] = [w.to_dict() for w in self.words]
+        data["tokens"] = list(self.tokens)
+        if self.confidence is not None:
+            data["confidence"] = round(self.confidence, 4)
+        return data
 
-#: The name of 0.1's final record. ``finalize()`` resolves with the final :class:`TranscriptUpdate` itself, the same
-#: object the stream's ``updates()`` deliver, so a final has one record from the engine to the frame.
-FinalTranscript = TranscriptUpdate
-
-
-@dataclass(frozen=True)
-class PeekTranscript:
-    """The text an utterance would end with if it ended now: :meth:`ASRStream.peek`'s result.
-
-    Attributes:
-        text: What ``finalize()`` would return for the audio received up to the peek (empty if nothing).
-        utterance: 0-based index of the utterance within the stream (it goes on after the peek).
-        utterance_audio_ms: Audio of the utterance the peek covers, ms (as on finals).
-        latency_ms: Latency mode that produced it.
-        peek_ms: From the ``peek()`` call to the text being available, ms.
-        tokens: Token ids of ``text``.
-        language: Language prompt the model decoded with (a locale such as ``"es-ES"``, or ``"auto"``); None
-            on a model without language prompts (the English model).
-
-    """
-
-    text: str
-    utterance: int
-    utterance_audio_ms: float
-    latency_ms: int
-    peek_ms: float
-    tokens: tuple[int, ...] = ()
-    language: str | None = None
-
-    @property
-    def audio_ms(self) -> float:
-        """Deprecated name of :attr:`utterance_audio_ms`."""
-        warnings.warn("PeekTranscript.audio_ms is now utterance_audio_ms", DeprecationWarning, stacklevel=2)
-        return self.utterance_audio_ms
+    def format_words(self) -> str:
+        """One line per word: start and end (s from the stream's start), confidence, text."""
+        return "\n".join(
+            f"{w.start_ms / 1000:8.2f} s {w.end_ms / 1000:8.2f} s  {w.confidence:4.2f}  {w.text}"
+            for w in self.words
+        )
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ Two parts:
 2. **Real-time streams**: N = 1, 2, 4, 8, ... streams, each pushing 20 ms frames paced against a monotonic
    deadline (start times staggered over one chunk, like independent users), for ``--seconds``. Per step:
    batch size, step time, queue wait, and chunk lag (``queue + step``: from the chunk's last sample arriving to
-   its result; the worst stream of the step). ``TranscriptUpdate.lag_ms`` of every update is recorded too.
+   its result; the worst stream of the step). ``Transcript.lag_ms`` of every update is recorded too.
    N is real time when the p99 chunk lag stays under the chunk length and no stream is left behind (backlog at
    the end under two chunks); doubling stops at the first N that is not.
 

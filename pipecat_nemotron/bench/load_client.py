@@ -186,7 +186,7 @@ class LoadClient:
                 now = time.monotonic()
                 msg = parse_server_message(raw)
                 if isinstance(msg, PartialMessage):
-                    frames = math.ceil(msg.audio_ms / 1000.0 / self.frame_s)
+                    frames = math.ceil(msg.session_audio_ms / 1000.0 / self.frame_s)
                     idx = min(len(self.send_times) - 1, max(0, frames - 1))
                     if idx >= 0:
                         res.partials.append(

@@ -3,7 +3,7 @@
 Each utterance (1, 5, 20, 60 s by default, each plus a random fraction of a chunk so that utterances end at
 random points of a chunk) is streamed in faster than real time; the benchmark waits until the
 engine has decoded every complete chunk (as in a live session, where the engine keeps up), then calls
-``finalize()``. Time-to-final is the engine's final ``TranscriptUpdate.ttf_ms``: from the ``finalize()`` call to the final
+``finalize()``. Time-to-final is the engine's final ``Transcript.ttf_ms``: from the ``finalize()`` call to the final
 text (the last partial chunk, the flush of the right context and detokenisation). A cache-aware model re-encodes
 nothing, so TTF should not depend on how long the utterance was (target: ``TTF(60 s) / TTF(1 s) <= 1.2``).
 

@@ -20,8 +20,8 @@ from pipecat.metrics.metrics import TTFBMetricsData
 from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.processors.frame_processor import FrameDirection
 
+from pipecat_nemotron.asr.types import Transcript
 from pipecat_nemotron.stt.metrics import is_asr_finalize_metric
-from pipecat_nemotron.stt.result import TranscriptResult
 
 
 def _is_terminal(out: TextIO) -> bool:
@@ -47,7 +47,7 @@ class UtteranceRecord:
     text: str
     ttfs_ms: float | None = None
     finalize_ms: float | None = None
-    result: TranscriptResult | None = None
+    result: Transcript | None = None
 
 
 class TranscriptCollector(BaseObserver):
@@ -115,7 +115,7 @@ class TranscriptCollector(BaseObserver):
             self._on_metrics(frame)
         elif isinstance(frame, TranscriptionFrame):
             self._flush()
-            result = frame.result if isinstance(frame.result, TranscriptResult) else None
+            result = frame.result if isinstance(frame.result, Transcript) else None
             record = UtteranceRecord(frame.text, ttfs_ms=self._ttfs_ms, result=result)
             self._ttfs_ms = None
             self.utterances.append(record)

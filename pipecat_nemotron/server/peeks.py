@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
-from pipecat_nemotron.asr import ASRStream, PeekTranscript, StreamClosedError, StreamFailedError
+from pipecat_nemotron.asr import ASRStream, StreamClosedError, StreamFailedError, Transcript
 from pipecat_nemotron.server.errors import SessionError
 from pipecat_nemotron.server.protocol import CloseCode, PeekResultMessage, ServerMessage
 
@@ -36,7 +36,7 @@ class _Batch:
     """One engine peek and the client peeks it answers (their request times, monotonic s, in order)."""
 
     key: PeekKey
-    future: asyncio.Future[PeekTranscript]
+    future: asyncio.Future[Transcript]
     requested_at: list[float] = field(default_factory=list)
 
 
@@ -54,7 +54,7 @@ class PeekReplies:
         self._send = send
         self._batches: deque[_Batch] = deque()
         self._waiting: list[float] = []
-        self._last: tuple[PeekKey, PeekTranscript] | None = None
+        self._last: tuple[PeekKey, Transcript] | None = None
         self._stream: ASRStream | None = None
         self._key: PeekKey = (0, 0)
         self._task: asyncio.Task[None] | None = None
@@ -115,7 +115,7 @@ class PeekReplies:
         waiting, self._waiting = self._waiting, []
         loop = asyncio.get_running_loop()
         if self._last is not None and self._last[0] == key:
-            future: asyncio.Future[PeekTranscript] = loop.create_future()
+            future: asyncio.Future[Transcript] = loop.create_future()
             future.set_result(self._last[1])
         else:
             try:
@@ -141,7 +141,7 @@ class PeekReplies:
                         PeekResultMessage(
                             utterance=peek.utterance,
                             text=peek.text,
-                            audio_ms=peek.utterance_audio_ms,
+                            utterance_audio_ms=peek.utterance_audio_ms,
                             peek_ms=(time.monotonic() - requested_at) * 1000.0,
                         )
                     )

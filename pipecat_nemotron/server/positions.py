@@ -1,8 +1,8 @@
-"""Exact audio positions of one session's results (``audio_ms`` of partials and finals)."""
+"""Exact audio positions of one session's results (``session_audio_ms`` of partials and finals)."""
 
 from __future__ import annotations
 
-from pipecat_nemotron.asr import ASRStream, TranscriptUpdate
+from pipecat_nemotron.asr import ASRStream, Transcript
 from pipecat_nemotron.server.protocol import FinalMessage
 from pipecat_nemotron.server.protocol_server import words_to_wire
 
@@ -24,7 +24,7 @@ class AudioPositions:
         return self._base_ms + max(0.0, stream.audio_seconds * 1000.0 - self._decoded_at_final_ms)
 
     def final_message(
-        self, update: TranscriptUpdate, stream: ASRStream, word_timings: bool = False
+        self, update: Transcript, stream: ASRStream, word_timings: bool = False
     ) -> FinalMessage:
         """The ``final`` message for ``update``, with its words if ``word_timings``.
 
@@ -41,7 +41,7 @@ class AudioPositions:
             utterance=update.utterance,
             text=update.text,
             latency_ms=update.latency_ms,
-            audio_ms=self._base_ms,
+            session_audio_ms=self._base_ms,
             utterance_audio_ms=utterance_ms,
             ttf_ms=update.ttf_ms or 0.0,
             step_ms=update.step_ms,

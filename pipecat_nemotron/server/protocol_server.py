@@ -19,7 +19,7 @@ from pipecat_nemotron.server.protocol_common import (
 )
 
 if TYPE_CHECKING:
-    from pipecat_nemotron.asr.types import WordTiming
+    from pipecat_nemotron.asr.types import Transcript, WordTiming
 
 @dataclass(frozen=True)
 class ReadyMessage:
@@ -65,7 +65,7 @@ class PartialMessage:
         utterance: 0-based utterance index within the session (increments after each ``final``).
         text: The utterance's text so far.
         latency_ms: Latency mode that produced it.
-        audio_ms: Audio of the session decoded so far when the message was sent, ms from the session start.
+        session_audio_ms: Audio of the session decoded so far when the message was sent, ms from the session start.
         queue_ms: Time the chunk waited for a model step, ms (server side).
         step_ms: Duration of the batched model step, ms.
         lag_ms: From the chunk's last needed sample arriving at the server to this result, ms.
@@ -78,7 +78,7 @@ class PartialMessage:
     utterance: int = 0
     text: str = ""
     latency_ms: int = 160
-    audio_ms: float = 0.0
+    session_audio_ms: float = 0.0
     queue_ms: float = 0.0
     step_ms: float = 0.0
     lag_ms: float = 0.0
@@ -93,7 +93,7 @@ class FinalMessage:
         utterance: 0-based utterance index within the session.
         text: Final text (empty if nothing was said).
         latency_ms: Latency mode that produced it.
-        audio_ms: Audio of the session decoded so far, ms from the session start.
+        session_audio_ms: Audio of the session decoded so far, ms from the session start.
         utterance_audio_ms: Audio in this utterance, ms.
         ttf_ms: Time-to-final on the server: from the ``finalize`` message to the final text, ms.
         step_ms: Duration of the model step that produced it, ms.
@@ -114,7 +114,7 @@ class FinalMessage:
     utterance: int = 0
     text: str = ""
     latency_ms: int = 160
-    audio_ms: float = 0.0
+    session_audio_ms: float = 0.0
     utterance_audio_ms: float = 0.0
     ttf_ms: float = 0.0
     step_ms: float = 0.0
@@ -200,7 +200,7 @@ class PeekResultMessage:
     Attributes:
         utterance: 0-based utterance index within the session (the utterance goes on).
         text: What a ``finalize`` now would return.
-        audio_ms: Audio of the utterance the peek covers, ms.
+        utterance_audio_ms: Audio of the utterance the peek covers, ms.
         peek_ms: From the ``peek`` message to the text, on the server, ms.
 
     """
@@ -208,7 +208,7 @@ class PeekResultMessage:
     type: ClassVar[str] = "peek_result"
     utterance: int = 0
     text: str = ""
-    audio_ms: float = 0.0
+    utterance_audio_ms: float = 0.0
     peek_ms: float = 0.0
 
 
@@ -253,7 +253,7 @@ def dump_server_message(msg: ServerMessage) -> str:
         data["features"] = list(msg.features)
         data["languages"] = list(msg.languages)
     for key in (
-        "audio_ms",
+        "session_audio_ms",
         "utterance_audio_ms",
         "queue_ms",
         "step_ms",
@@ -296,25 +296,18 @@ def parse_server_message(text: str | bytes) -> ServerMessage:
 
 def words_to_wire(words: tuple[WordTiming, ...]) -> list[dict[str, Any]]:
     """Words as a ``final`` message sends them: text, start and end (ms from the session's start), confidence."""
-    return [
-        {
-            "text": w.text,
-            "start_ms": round(w.start_ms, 1),
-            "end_ms": round(w.end_ms, 1),
-            "confidence": round(w.confidence, 4),
-        }
-        for w in words
-    ]
+    return [w.to_dict() for w in words]
 
 
 def words_from_wire(msg: FinalMessage) -> tuple[WordTiming, ...]:
     """The words of a ``final`` message (none if the session did not ask for them).
 
-    Their times within the utterance too: the utterance starts at ``audio_ms - utterance_audio_ms`` of the session.
+    Their times within the utterance too: the utterance starts at ``session_audio_ms - utterance_audio_ms`` of the
+    session.
     """
     from pipecat_nemotron.asr.types import WordTiming
 
-    start = max(0.0, msg.audio_ms - msg.utterance_audio_ms)
+    start = max(0.0, msg.session_audio_ms - msg.utterance_audio_ms)
     return tuple(
         WordTiming(
             text=str(w.get("text", "")),
@@ -326,4 +319,29 @@ def words_from_wire(msg: FinalMessage) -> tuple[WordTiming, ...]:
         )
         for w in msg.words or ()
         if isinstance(w, dict)
+    )
+
+
+def transcript_from_final(msg: FinalMessage) -> Transcript:
+    """The transcript record of a ``final`` message (words only if the session asked for them).
+
+    The server client's side of the one record: what :class:`~pipecat_nemotron.stt.remote.service.
+    NemotronServerSTTService` puts in ``TranscriptionFrame.result``. Times count from the server session's start.
+    """
+    from pipecat_nemotron.asr.types import Transcript
+
+    return Transcript(
+        text=msg.text,
+        kind="final",
+        utterance=msg.utterance,
+        latency_ms=msg.latency_ms,
+        language=msg.language,
+        detected_language=msg.detected_language,
+        words=words_from_wire(msg),
+        confidence=msg.confidence,
+        start_ms=max(0.0, msg.session_audio_ms - msg.utterance_audio_ms),
+        utterance_audio_ms=msg.utterance_audio_ms,
+        forced=bool(msg.forced),
+        step_ms=msg.step_ms,
+        ttf_ms=msg.ttf_ms,
     )

@@ -102,7 +102,7 @@ class Session:
         self.config: ConfigMessage | None = None
         self.stream: ASRStream | None = None
         self.opened_at = time.monotonic()
-        self.audio_ms = 0.0
+        self.audio_received_ms = 0.0
         self._audio_bytes = 0
         self.finals_requested = 0
         self.finals_sent = 0
@@ -342,7 +342,7 @@ class Session:
         if not data:
             return
         ms = len(data) / self.config.bytes_per_ms
-        self.audio_ms += ms
+        self.audio_received_ms += ms
         self._audio_bytes += len(data)
         self._pacer.credit_ms -= ms
         self.context.metrics.audio_seconds.inc(ms / 1000.0)
@@ -491,6 +491,6 @@ class Session:
             f"ASR session {self.session_id} ended ({self.end_how}, "
             + ("client's " if self.end_how == "disconnect" else "")
             + f"code {self.close_code}) after {duration:.1f} s, "
-            f"{self.audio_ms / 1000.0:.1f} s of audio, {self.finals_sent} final(s)"
+            f"{self.audio_received_ms / 1000.0:.1f} s of audio, {self.finals_sent} final(s)"
             + (f", dropped {dropped_ms / 1000.0:.1f} s of undecoded audio" if dropped_ms >= 50.0 else "")
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
-from pipecat_nemotron.asr import ASRStream, NemotronEngine, TranscriptUpdate
+from pipecat_nemotron.asr import ASRStream, NemotronEngine, Transcript
 from pipecat_nemotron.asr.boosting import validate_boost_phrases
 from pipecat_nemotron.asr.errors import BoostingUnavailableError
 from pipecat_nemotron.server.config import ServerConfig
@@ -164,13 +164,19 @@ async def boost_reply(stream: ASRStream, msg: SetBoostPhrasesMessage, limits: Bo
     return BoostMessage(count=len(phrases), applied=applied)
 
 
-def partial_message(update: TranscriptUpdate, audio_ms: float) -> PartialMessage:
-    """The ``partial`` message of an engine update (``language`` only on a multilingual model)."""
+def partial_message(update: Transcript, session_audio_ms: float) -> PartialMessage:
+    """The ``partial`` message of an engine update (``language`` only on a multilingual model).
+
+    Args:
+        update: The partial.
+        session_audio_ms: Audio of the session decoded so far, ms from the session start.
+
+    """
     return PartialMessage(
         utterance=update.utterance,
         text=update.text,
         latency_ms=update.latency_ms,
-        audio_ms=audio_ms,
+        session_audio_ms=session_audio_ms,
         queue_ms=update.queue_ms,
         step_ms=update.step_ms,
         lag_ms=update.lag_ms,
@@ -178,7 +184,7 @@ def partial_message(update: TranscriptUpdate, audio_ms: float) -> PartialMessage
     )
 
 
-def with_language(final: FinalMessage, update: TranscriptUpdate) -> FinalMessage:
+def with_language(final: FinalMessage, update: Transcript) -> FinalMessage:
     """``final`` carrying the language its utterance was decoded with, and the one detected under ``auto``.
 
     Both stay None (absent from the JSON) on an English-only model.

@@ -9,13 +9,13 @@ package is ``NemotronServerSTTService``, a client of our own WebSocket server.
 * :mod:`~pipecat_nemotron.stt.local` - ``NemotronSTTService``, on an in-process engine.
 * :mod:`~pipecat_nemotron.stt.remote` - ``NemotronServerSTTService``: its handshake, replay buffer, owed finals,
   peeks and reconnect loop.
-* :mod:`~pipecat_nemotron.stt.result` - ``TranscriptResult``, a final's words and numbers (plain Python).
+* :mod:`~pipecat_nemotron.asr.types` - ``Transcript``, a final's words and numbers (plain Python).
 * :mod:`~pipecat_nemotron.stt.eager` - ``EagerSettings`` and when a pause predicts the end of a turn.
 * :mod:`~pipecat_nemotron.stt.settings`, :mod:`~pipecat_nemotron.stt.ready`, :mod:`~pipecat_nemotron.stt.ttfs`,
   :mod:`~pipecat_nemotron.stt.finals` - the runtime settings, readiness, the TTFS p99 announced, the local
   session's owed finals.
 
-Names load on first access, so importing :mod:`pipecat_nemotron.stt.result` does not import Pipecat or torch.
+Names load on first access, so importing :mod:`pipecat_nemotron.asr.types` does not import Pipecat or torch.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _EXPORTS = {
     "NemotronSTTSettings": "pipecat_nemotron.stt.settings",
     "NemotronSTTUnavailableError": "pipecat_nemotron.stt.ready",
     "EagerSettings": "pipecat_nemotron.stt.eager",
-    "TranscriptResult": "pipecat_nemotron.stt.result",
+    "Transcript": "pipecat_nemotron.asr.types",
     "NemotronServerSTTService": "pipecat_nemotron.stt.remote.service",
     "ReconnectPolicy": "pipecat_nemotron.stt.remote.reconnect",
     "ServerRefusedError": "pipecat_nemotron.stt.remote.handshake",

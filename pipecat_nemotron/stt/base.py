@@ -40,6 +40,7 @@ from pipecat.utils.tracing.service_decorators import traced_stt
 
 from pipecat_nemotron.asr.config import validate_latency_ms
 from pipecat_nemotron.asr.languages import language_code
+from pipecat_nemotron.asr.types import Transcript
 from pipecat_nemotron.stt.eager import (
     HOLD_WORDS,
     EagerSettings,
@@ -51,7 +52,6 @@ from pipecat_nemotron.stt.eager import (
 )
 from pipecat_nemotron.stt.metrics import asr_finalize_metrics_frame
 from pipecat_nemotron.stt.ready import NemotronSTTUnavailableError, Readiness
-from pipecat_nemotron.stt.result import TranscriptResult
 from pipecat_nemotron.stt.settings import NemotronSTTSettings, check_boost_delta, frame_language
 from pipecat_nemotron.stt.ttfs import NEMOTRON_TTFS_P99, TTFS_MARGIN, VAD_STOP_SECS, ttfs_p99_from_finalize_ms
 
@@ -271,7 +271,7 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
 
     # ---- results ------------------------------------------------------------------------------------------
 
-    async def _push_interim(self, text: str, result: TranscriptResult | None = None) -> None:
+    async def _push_interim(self, text: str, result: Transcript | None = None) -> None:
         """Push ``text`` as an ``InterimTranscriptionFrame`` (``result``: its words so far) if it is new."""
         if text and text != self._last_interim:
             self._last_interim = text
@@ -282,7 +282,7 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
             )
             await self.push_frame(frame)
 
-    async def _push_final(self, result: TranscriptResult, ttf_ms: float, model: str | None) -> bool:
+    async def _push_final(self, result: Transcript, ttf_ms: float, model: str | None) -> bool:
         """Deliver the final of one utterance (a turn with no speech pushes nothing).
 
         Args:
@@ -315,7 +315,7 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         await self.cancel_ttfb_metrics()
         logger.debug(f"{self}: utterance {utterance} had no speech (finalize {ttf_ms:.1f} ms)")
 
-    async def _deliver_final(self, result: TranscriptResult, ttf_ms: float, model: str | None) -> None:
+    async def _deliver_final(self, result: Transcript, ttf_ms: float, model: str | None) -> None:
         """Push the finalized ``TranscriptionFrame`` (Pipecat then reports TTFS) and the ASR finalize metric.
 
         Args:
@@ -341,7 +341,7 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
             await self.push_frame(asr_finalize_metrics_frame(self.name, model, ttf_ms))
         logger.debug(f"{self}: final transcript: {text!r}")
 
-    async def _push_forced_final(self, result: TranscriptResult) -> None:
+    async def _push_forced_final(self, result: Transcript) -> None:
         """Push the final of an utterance the engine split at ``max_utterance_s`` (the user is still talking).
 
         A ``TranscriptionFrame`` in order with the others, not ``finalized``: it answers no finalize request,

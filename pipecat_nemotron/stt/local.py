@@ -29,7 +29,7 @@ from pipecat_nemotron.asr import (
     EngineConfig,
     NemotronEngine,
     NemotronEngineError,
-    TranscriptUpdate,
+    Transcript,
 )
 from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.asr.boosting import validate_boost_phrases
@@ -39,7 +39,6 @@ from pipecat_nemotron.runtime.nemo_loading import prefetch_nemo_imports
 from pipecat_nemotron.stt.base import NEMOTRON_TTFS_P99, NemotronSTTBase, NemotronSTTSettings
 from pipecat_nemotron.stt.eager import EagerSettings
 from pipecat_nemotron.stt.finals import OwedFinals
-from pipecat_nemotron.stt.result import TranscriptResult
 
 __all__ = [
     "DEFAULT_FINAL_TIMEOUT_S",
@@ -438,7 +437,7 @@ class NemotronSTTService(NemotronSTTBase):
                 if update.is_final:
                     await self._on_final(update)
                 else:
-                    await self._push_interim(update.text, TranscriptResult.from_update(update))
+                    await self._push_interim(update.text, update)
                     await self._eager_progress(stream.audio_seconds * 1000.0, text_changed=True)
         except NemotronEngineError as e:
             self._owed.ended(e)
@@ -454,13 +453,13 @@ class NemotronSTTService(NemotronSTTBase):
             return ""
         return (await stream.peek()).text
 
-    async def _on_final(self, update: TranscriptUpdate) -> None:
+    async def _on_final(self, update: Transcript) -> None:
         if update.forced:  # split at the engine's max_utterance_s: the turn goes on
-            await self._push_forced_final(TranscriptResult.from_update(update))
+            await self._push_forced_final(update)
             return
         self._owed.answered()
         ttf_ms = update.ttf_ms or 0.0
-        if await self._push_final(TranscriptResult.from_update(update), ttf_ms, self._engine_config.model):
+        if await self._push_final(update, ttf_ms, self._engine_config.model):
             logger.info(
                 f"{self}: final for utterance {update.utterance} in {ttf_ms:.1f} ms ({update.latency_ms} ms mode)"
             )

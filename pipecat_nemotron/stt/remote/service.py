@@ -47,6 +47,7 @@ from pipecat_nemotron.server.protocol import (
     SetLatencyMessage,
     is_permanent,
 )
+from pipecat_nemotron.server.protocol_server import transcript_from_final
 from pipecat_nemotron.server.security import MaskedHeaders, Secret
 from pipecat_nemotron.stt.base import NemotronSTTBase, NemotronSTTSettings
 from pipecat_nemotron.stt.eager import EagerSettings
@@ -67,7 +68,6 @@ from pipecat_nemotron.stt.remote.handshake import (
 from pipecat_nemotron.stt.remote.peeks import PeekRequests
 from pipecat_nemotron.stt.remote.reconnect import ReconnectPolicy, ReconnectRecord, SessionKeeper, session_end
 from pipecat_nemotron.stt.remote.replay import pieces
-from pipecat_nemotron.stt.result import TranscriptResult
 
 __all__ = [
     "DEFAULT_URL",
@@ -434,7 +434,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
 
     async def _on_final(self, msg: FinalMessage) -> None:
         rtt_ms = self._owed.confirm(msg, self._bytes_per_ms)
-        result = TranscriptResult.from_message(msg)
+        result = transcript_from_final(msg)
         if msg.forced:  # split at the server's longest utterance: the turn goes on, no finalize is answered
             await self._push_forced_final(result)
         elif await self._push_final(result, msg.ttf_ms, self._settings.model):
