@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 
 import pytest
@@ -326,3 +327,47 @@ async def test_heartbeat_closes_a_client_that_answers_no_ping_while_the_server_w
     session_id = ended[0].split()[2]
     assert [line for line in lines if f"ASR session {session_id}: heartbeat: " in line and "not even a pong" in line], lines
 
+
+async def test_serve_path_answers_pings_while_the_session_holds_reads(engine: NemotronEngine) -> None:
+    """The Ray Serve path keeps its client's pings answered while a session's reads are held.
+
+    Under Serve the client's WebSocket ends at Serve's proxy, a uvicorn server that reads every message and hands
+    it to the replica whether or not the session reads (``MessageQueue``, unbounded), and the replica's transport
+    reads them into its inbox likewise. Here the replica's app (:func:`starlette_app`) runs under uvicorn in this
+    process with a short ping interval and timeout (Serve's proxy keeps uvicorn's 20 s and 20 s): the same flood
+    of peeks gets every answer, its final and a normal close. (A transport that read only when the session reads
+    stops uvicorn reading the socket after one message, and uvicorn's keepalive closes the connection, 1011.)
+    No Ray cluster is started.
+    """
+    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("starlette")
+    from pipecat_nemotron.server.config import ServerConfig
+    from pipecat_nemotron.server.ray_serve import starlette_app
+    from pipecat_nemotron.server.service import ASRService
+
+    service = ASRService(ServerConfig(insecure=True, control_burst=5, max_control_rate=10.0), engine)
+    await service.start()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            starlette_app(service),
+            ws_ping_interval=HEARTBEAT_S,
+            ws_ping_timeout=HEARTBEAT_S / 2,
+            lifespan="off",
+            log_config=None,
+        )
+    )
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        await wait_for(lambda: server.started, what="uvicorn to start")
+        url = f"ws://127.0.0.1:{sock.getsockname()[1]}{service.config.path}"
+        messages, held_s = await peek_faster_than_allowed(url)
+    finally:
+        server.should_exit = True
+        await serving
+        await service.stop(drain_timeout_s=0)
+        sock.close()
+    assert held_s >= 15 * HEARTBEAT_S
+    assert [m["type"] for m in messages] == ["peek_result"] * 8 + ["final"]
+    assert messages[-1]["text"] == EXPECTED["demo_weather.wav"]
