@@ -187,6 +187,8 @@ _LIMIT_FLAGS: dict[str, str | None] = {
     "handshake_timeout_s": "close a connection that has not completed its HTTP request (WebSocket upgrade) "
     "in this time, s",
     "keepalive_timeout_s": "close an idle HTTP keep-alive connection, s",
+    "heartbeat_s": "ping a client silent this long; one that answers nothing in half of it while the server "
+    "waits to read is dropped as lost, s",
     "burst_ms": "audio a client may send ahead of real time, ms",
     "max_speed": "x real time a client ahead of real time is read at while the engine has spare capacity "
     "(it catches up); 1: never faster than real time",

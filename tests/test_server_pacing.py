@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 
 import pytest
 import websockets
-from helpers import FRAME_BYTES, clip, free_slots_restored, own_server, wait_for
+from helpers import DEMO, FRAME_BYTES, clip, free_slots_restored, own_server, wait_for
 from loguru import logger
 from websockets.exceptions import ConnectionClosed
 from ws_client import open_session, raw_messages
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 PEEK = '{"type": "peek"}'
 FINALIZE = '{"type": "finalize"}'
 CLOSE = '{"type": "close"}'
+EXPECTED = json.loads((DEMO / "transcripts.json").read_text())
 
 
 async def send_all(ws, pcm: bytes) -> None:
@@ -218,3 +220,154 @@ async def test_ready_names_the_model_not_its_install_path(engine: NemotronEngine
         await ws.close()
     assert isinstance(ready, ReadyMessage)
     assert ready.model == engine.config.model.rsplit("/", 1)[-1] and "/" not in ready.model
+
+
+# ---- the server's heartbeat while it holds a session's reads ------------------------------------------------------
+
+#: The server's heartbeat in these tests, s: short, so that many periods pass while the server holds reads.
+HEARTBEAT_S = 0.2
+
+#: Peeks of this many characters (unknown fields are ignored): eight hold more than aiohttp buffers (2 x 256 KiB)
+#: before it stops reading the socket, so the client's pongs wait in TCP behind the unread ones.
+PADDED_PEEK_CHARS = 96 * 1024
+
+
+def padded_peek() -> str:
+    head = '{"type": "peek", "pad": "'
+    return head + "x" * (PADDED_PEEK_CHARS - len(head) - 2) + '"}'
+
+
+def sample(srv, name: str, **labels: str) -> float:
+    """A sample of the server's own metrics registry (0 if absent)."""
+    return srv.service.metrics.registry.get_sample_value(f"nemotron_asr_{name}", labels) or 0.0
+
+
+@pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")
+def test_heartbeat_is_a_validated_setting_and_a_serve_flag() -> None:
+    from pipecat_nemotron.cli import build_parser, serve_configs
+    from pipecat_nemotron.server.config import ServerConfig
+
+    assert ServerConfig(insecure=True).heartbeat_s == 20.0
+    assert ServerConfig(insecure=True, heartbeat_s=None).heartbeat_s is None
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="heartbeat_s must be > 0"):
+            ServerConfig(insecure=True, heartbeat_s=bad)
+    base = ["serve", "--insecure", "--host", "127.0.0.1"]
+    assert serve_configs(build_parser().parse_args(base))[1].heartbeat_s == 20.0
+    assert serve_configs(build_parser().parse_args([*base, "--heartbeat-s", "5"]))[1].heartbeat_s == 5.0
+    with pytest.raises(ValueError, match="heartbeat_s must be > 0"):
+        serve_configs(build_parser().parse_args([*base, "--heartbeat-s", "0"]))
+
+
+async def peek_faster_than_allowed(url: str, peeks: int = 8) -> tuple[list[dict], float]:
+    """A session that sends an utterance, ``peeks`` padded peeks at once, a finalize and a close.
+
+    Returns:
+        What the server sent until it closed, and the seconds from the first peek to the close.
+
+    """
+    ws, ready = await open_session(url, ConfigMessage(interim_results=False))
+    assert isinstance(ready, ReadyMessage)
+    reading = asyncio.create_task(raw_messages(ws, timeout=120))  # the server's sends never wait on this client
+    await send_all(ws, clip("demo_weather.wav"))
+    started = time.monotonic()
+    for _ in range(peeks):
+        await ws.send(padded_peek())
+    await ws.send(FINALIZE)
+    await ws.send(CLOSE)
+    messages = await reading
+    assert ws.close_code == 1000, (ws.close_code, ws.close_reason, [m["type"] for m in messages])
+    return messages, time.monotonic() - started
+
+
+async def test_heartbeat_never_drops_a_client_whose_reads_the_server_holds(engine: NemotronEngine) -> None:
+    """PROTOCOL.md: a client that sends control messages faster than its allowance only waits, however long.
+
+    Eight peeks against a budget of one peek per half second: the server reads them over at least 3.5 s (the
+    control allowance sets that floor; load only lengthens it), 17 of its heartbeat periods, while more than aiohttp
+    buffers waits unread. The heartbeat counts none of that time: the client gets every peek_result, its final
+    and a normal close; no session is dropped. (aiohttp's own heartbeat, counting that time, closed it with 1006.)
+    """
+    lines: list[str] = []
+    sink = logger.add(lines.append, level="INFO", format="{message}")
+    try:
+        async with own_server(
+            engine, insecure=True, heartbeat_s=HEARTBEAT_S, control_burst=5, max_control_rate=10.0
+        ) as srv:
+            messages, held_s = await peek_faster_than_allowed(srv.url)
+            await wait_for(lambda: sample(srv, "sessions_ended_total", how="client_close") == 1, what="the session's end")
+            assert b"sessions_dropped_total{" not in srv.service.metrics.render()
+    finally:
+        logger.remove(sink)
+    assert held_s >= 15 * HEARTBEAT_S  # the premise: reads were held for many heartbeat periods
+    assert [m["type"] for m in messages] == ["peek_result"] * 8 + ["final"]
+    assert messages[-1]["text"] == EXPECTED["demo_weather.wav"]
+    assert not [line for line in lines if "heartbeat" in line], lines
+
+
+async def test_heartbeat_closes_a_client_that_answers_no_ping_while_the_server_waits(engine: NemotronEngine) -> None:
+    """A dead peer (here: a client that stopped reading, so it sends no pong) is closed by the heartbeat (1006).
+
+    The idle timeout (60 s) is far away: only the heartbeat ends this session. The log says it was the server's
+    heartbeat that closed the connection, and the code is 1006 (no close frame).
+    """
+    lines: list[str] = []
+    sink = logger.add(lines.append, level="INFO", format="{message}")
+    try:
+        async with own_server(engine, insecure=True, heartbeat_s=HEARTBEAT_S, idle_timeout_s=60.0) as srv:
+            ws, ready = await open_session(srv.url)
+            assert isinstance(ready, ReadyMessage)
+            ws.transport.pause_reading()  # the client's library never sees the server's ping: no pong
+            await wait_for(free_slots_restored(srv, engine), timeout=30, what="the heartbeat to end the session")
+            ws.transport.abort()
+    finally:
+        logger.remove(sink)
+    ended = [line for line in lines if " ended (" in line]
+    assert len(ended) == 1 and "(disconnect, client's code 1006)" in ended[0], ended
+    session_id = ended[0].split()[2]
+    assert [line for line in lines if f"ASR session {session_id}: heartbeat: " in line and "not even a pong" in line], lines
+
+
+async def test_serve_path_answers_pings_while_the_session_holds_reads(engine: NemotronEngine) -> None:
+    """The Ray Serve path keeps its client's pings answered while a session's reads are held.
+
+    Under Serve the client's WebSocket ends at Serve's proxy, a uvicorn server that reads every message and hands
+    it to the replica whether or not the session reads (``MessageQueue``, unbounded), and the replica's transport
+    reads them into its inbox likewise. Here the replica's app (:func:`starlette_app`) runs under uvicorn in this
+    process with a short ping interval and timeout (Serve's proxy keeps uvicorn's 20 s and 20 s): the same flood
+    of peeks gets every answer, its final and a normal close. (A transport that read only when the session reads
+    stops uvicorn reading the socket after one message, and uvicorn's keepalive closes the connection, 1011.)
+    No Ray cluster is started.
+    """
+    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("starlette")
+    from pipecat_nemotron.server.config import ServerConfig
+    from pipecat_nemotron.server.ray_serve import starlette_app
+    from pipecat_nemotron.server.service import ASRService
+
+    service = ASRService(ServerConfig(insecure=True, control_burst=5, max_control_rate=10.0), engine)
+    await service.start()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            starlette_app(service),
+            ws_ping_interval=HEARTBEAT_S,
+            ws_ping_timeout=HEARTBEAT_S / 2,
+            lifespan="off",
+            log_config=None,
+        )
+    )
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        await wait_for(lambda: server.started, what="uvicorn to start")
+        url = f"ws://127.0.0.1:{sock.getsockname()[1]}{service.config.path}"
+        messages, held_s = await peek_faster_than_allowed(url)
+    finally:
+        server.should_exit = True
+        await serving
+        await service.stop(drain_timeout_s=0)
+        sock.close()
+    assert held_s >= 15 * HEARTBEAT_S
+    assert [m["type"] for m in messages] == ["peek_result"] * 8 + ["final"]
+    assert messages[-1]["text"] == EXPECTED["demo_weather.wav"]

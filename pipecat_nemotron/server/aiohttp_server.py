@@ -2,8 +2,8 @@
 
 :class:`ASRServer` puts an :class:`~pipecat_nemotron.server.service.ASRService` behind an aiohttp web
 server (endpoints: :mod:`pipecat_nemotron.server.app`). :class:`AiohttpTransport` adapts an aiohttp
-WebSocket to the session's :class:`~pipecat_nemotron.server.transport.Transport`, and
-:class:`HandshakeGuard` closes connections that do not complete their HTTP request in time (slowloris).
+WebSocket to the session's :class:`~pipecat_nemotron.server.transport.Transport` (and keeps the heartbeat, which
+counts only time spent waiting to read), and :class:`HandshakeGuard` closes connections that do not complete their HTTP request in time (slowloris).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 from aiohttp.http_websocket import WebSocketError
 from loguru import logger
 
@@ -55,17 +55,32 @@ class _ASRWebSocketResponse(web.WebSocketResponse):
 class AiohttpTransport:
     """:class:`~pipecat_nemotron.server.transport.Transport` over an aiohttp ``WebSocketResponse``.
 
+    The heartbeat (``heartbeat_s``) is this class's, not aiohttp's: pass ``autoping=False`` and no ``heartbeat``
+    to the ``WebSocketResponse``. A client the server has heard nothing from for ``heartbeat_s`` gets a ping; if
+    the server then waits ``heartbeat_s / 2`` *to read* without hearing from it (a pong or any other frame),
+    the client is gone: the connection is closed without a close frame (1006). Only time spent waiting in
+    :meth:`receive` counts towards that half period. While the session holds its reads paused (pacing, backlog),
+    the client's pong waits behind its unread messages (TCP keeps order), so that time says nothing about the
+    client; aiohttp's heartbeat counts it (only incoming bytes reset it, and none arrive while reads are held)
+    and would drop a client that only sent faster than its allowance.
+
     Args:
-        ws: The prepared WebSocket.
+        ws: The prepared WebSocket (created with ``autoping=False`` and without aiohttp's ``heartbeat``).
         request: Its HTTP request (its TCP transport tells whether the client is still there).
+        heartbeat_s: Silence after which the client is pinged, s (None: no heartbeat).
 
     """
 
-    def __init__(self, ws: web.WebSocketResponse, request: web.BaseRequest) -> None:
+    def __init__(self, ws: web.WebSocketResponse, request: web.BaseRequest, heartbeat_s: float | None = None) -> None:
         self.ws = ws
         self.request = request
-        #: The close code the client sent (None until its close frame is read; 1006 if it left without one).
+        self.heartbeat_s = heartbeat_s
+        #: The close code the client sent (None until its close frame is read; 1006 if it left without one or
+        #: answered no ping).
         self.peer_close_code: int | None = None
+        self._heard_at = time.monotonic()  # when a frame from the client was last read
+        self._unanswered_s: float | None = None  # time spent waiting to read since an unanswered ping, s
+        self._ping: asyncio.Task[None] | None = None
 
     @property
     def closed(self) -> bool:
@@ -78,8 +93,89 @@ class AiohttpTransport:
         return transport is None or transport.is_closing()
 
     async def receive(self, timeout: float | None) -> Incoming:
-        """Next data message (pings are answered by aiohttp)."""
-        msg = await self.ws.receive(timeout=timeout)
+        """Next data message; answers the client's pings and keeps the heartbeat (see the class).
+
+        Raises:
+            TimeoutError: No data message within ``timeout`` seconds.
+
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait_s = None
+            if deadline is not None:
+                wait_s = deadline - time.monotonic()
+                if wait_s <= 0:
+                    raise TimeoutError(f"no message within {timeout:g} s")
+            beat_s = self._heartbeat_due_s()
+            if beat_s is not None:
+                if beat_s <= 0:
+                    return self._give_up()
+                wait_s = beat_s if wait_s is None else min(wait_s, beat_s)
+            started = time.monotonic()
+            try:
+                msg = await self.ws.receive(timeout=wait_s)
+            except (asyncio.TimeoutError, TimeoutError):
+                if self._unanswered_s is not None:
+                    self._unanswered_s += time.monotonic() - started
+                continue
+            self._heard_at = time.monotonic()
+            self._unanswered_s = None
+            if msg.type is WSMsgType.PING:
+                try:
+                    await self.ws.pong(msg.data)
+                except ConnectionError:
+                    pass  # closing: the next read returns the close
+                continue
+            if msg.type is WSMsgType.PONG:
+                continue
+            return self._incoming(msg)
+
+    def _heartbeat_due_s(self) -> float | None:
+        """Time left to wait for the client before the heartbeat acts, s (None: no heartbeat).
+
+        Sends the ping once the client has been silent ``heartbeat_s``; from then on the time left is what remains
+        of the half period the client has to answer, counted in time spent waiting to read (0 or less: it is gone).
+        """
+        if self.heartbeat_s is None:
+            return None
+        if self._unanswered_s is None:
+            due_s = self.heartbeat_s - (time.monotonic() - self._heard_at)
+            if due_s > 0:
+                return due_s
+            self._unanswered_s = 0.0
+            self._send_ping()
+        return self.heartbeat_s / 2 - self._unanswered_s
+
+    def _send_ping(self) -> None:
+        """Ping the client without waiting for the write to drain (a client that stops reading could block it)."""
+
+        async def ping() -> None:
+            try:
+                await self.ws.ping()
+            except Exception as e:  # noqa: BLE001 - closing or closed: the session sees that when it reads
+                logger.debug(f"ASR connection from {self._peer()}: ping failed: {e!r}")
+
+        self._ping = asyncio.get_running_loop().create_task(ping(), name="asr-ws-ping")
+
+    def _give_up(self) -> Incoming:
+        """The client answered no ping: close its connection without a close frame (1006), as for a lost one."""
+        assert self.heartbeat_s is not None
+        self.peer_close_code = WSCloseCode.ABNORMAL_CLOSURE
+        transport = self.request.transport
+        if transport is not None:
+            transport.close()
+        return Incoming(
+            "closed",
+            f"heartbeat: nothing from the client, not even a pong, in {self.heartbeat_s / 2:g} s of waiting to "
+            "read after a ping; closed the connection as lost (1006)",
+        )
+
+    def _peer(self) -> str:
+        transport = self.request.transport
+        return remote_of(transport.get_extra_info("peername") if transport is not None else None)
+
+    def _incoming(self, msg: WSMessage) -> Incoming:
+        """The session's view of a message that is not a ping or pong."""
         if msg.type is WSMsgType.BINARY:
             return Incoming("binary", msg.data)
         if msg.type is WSMsgType.TEXT:
@@ -102,6 +198,8 @@ class AiohttpTransport:
 
     async def close(self, code: int, reason: str) -> None:
         """Close with ``code``."""
+        if self._ping is not None:
+            self._ping.cancel()
         await self.ws.close(code=code, message=reason.encode()[:123])
 
 
@@ -227,14 +325,14 @@ class ASRServer:
             # aiohttp refuses a message of exactly max_msg_size bytes; the protocol allows up to and including
             # max_message_bytes.
             max_msg_size=self.config.max_message_bytes + 1,
-            heartbeat=self.config.heartbeat_s,
+            autoping=False,  # AiohttpTransport answers pings and keeps the heartbeat
             protocols=(PROTOCOL_VERSION,),
             compress=False,
         )
         ws.too_big_message = f"a message exceeded {self.config.max_message_bytes} bytes; send audio in smaller frames (e.g. 20 ms)"
         await ws.prepare(request)
         await self.service.serve(
-            AiohttpTransport(ws, request),
+            AiohttpTransport(ws, request, self.config.heartbeat_s),
             origin=request.headers.get("Origin"),
             authorization=Secret.of(request.headers.get("Authorization")),
             remote=remote_of(request.remote),

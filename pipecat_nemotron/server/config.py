@@ -67,7 +67,9 @@ class ServerConfig:
         handshake_timeout_s: Close a TCP connection that has not completed its HTTP request (the WebSocket
             upgrade, or a request to an HTTP endpoint) within this time, s. Bytes trickling in do not extend it.
         keepalive_timeout_s: Close an HTTP keep-alive connection idle this long after a response, s.
-        heartbeat_s: WebSocket ping interval that detects dead peers, s (None: off).
+        heartbeat_s: Silence after which the server pings a client to detect a dead peer, s (None: off). The
+            client has half of it to answer, counted only while the server waits to read: a session whose reads
+            the server holds paused (pacing, backlog) is never dropped by the heartbeat.
         burst_ms: Audio a client may send ahead of real time before its reads are paused, ms.
         max_speed: Audio rate allowed to a session that is ahead of real time (sent more than ``burst_ms`` at
             once) while the engine has spare capacity (its steps took less than half of the last second), x real
@@ -136,6 +138,8 @@ class ServerConfig:
         object.__setattr__(self, "tokens", HiddenTokens(self.tokens))
         self._check_security()
         self._check_limits()
+        if self.heartbeat_s is not None and not self.heartbeat_s > 0:  # NaN too
+            raise ValueError(f"heartbeat_s must be > 0 (None: no heartbeat), got {self.heartbeat_s}")
 
     def _check_security(self) -> None:
         """Validate the bind address, tokens and metrics access."""

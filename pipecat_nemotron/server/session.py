@@ -223,6 +223,7 @@ class Session:
                 CloseCode.IDLE_TIMEOUT, f"no config message within {cfg.config_timeout_s:g} s"
             ) from None
         if incoming.kind in ("closed", "error"):
+            self._log_closed_by_transport(incoming)
             raise ClientGone()
         if incoming.kind == "too_big":
             raise SessionError(CloseCode.MESSAGE_TOO_BIG, self._too_big_message())
@@ -291,6 +292,7 @@ class Session:
                     f"no message for {cfg.idle_timeout_s:g} s; send audio or a keepalive message",
                 ) from None
             if incoming.kind == "closed":
+                self._log_closed_by_transport(incoming)
                 if self.close_code is None:
                     self.close_code = peer_close_code(self.transport)
                 return
@@ -456,6 +458,11 @@ class Session:
             await asyncio.wait_for(self.transport.close(code, reason), 2.0)
         except Exception as e:  # noqa: BLE001 - a broken connection cannot be closed more cleanly
             logger.debug(f"ASR session {self.session_id}: close failed: {e!r}")
+
+    def _log_closed_by_transport(self, incoming: Incoming) -> None:
+        """Log why the server's side of the connection closed it (a ``closed`` with a reason: its heartbeat)."""
+        if incoming.kind == "closed" and incoming.data:
+            logger.info(f"ASR session {self.session_id}: {log_safe(incoming.data)}")
 
     def _too_big_message(self) -> str:
         limit = self.context.config.max_message_bytes

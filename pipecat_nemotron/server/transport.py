@@ -25,7 +25,8 @@ class Incoming:
     Attributes:
         kind: ``text`` / ``binary`` message, ``closed`` (the client closed or vanished), ``too_big`` (over the
             size limit), ``error`` (a transport error).
-        data: The message (text or bytes) or an error description.
+        data: The message (text or bytes), an error description, or for ``closed`` why the server's side closed
+            the connection (empty when the client closed it or vanished).
 
     """
 
