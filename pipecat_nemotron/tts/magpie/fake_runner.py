@@ -128,9 +128,10 @@ class FakeRunner:
 
         """
         rows = self.rows
-        if self.gate is not None:
+        gate = self.gate
+        if gate is not None:
             self.entered.put(rows)
-            self.gate.acquire()
+            gate.acquire()
         error, self.fail_step = self.fail_step, None
         if error is not None:
             raise error
