@@ -69,7 +69,8 @@ class MagpieRunner:
         self.codec = codec
         self.sample_rate = int(model.output_sample_rate)
         self.samples_per_frame = int(model.codec_model_samples_per_frame)
-        #: Decoder steps after which a row ends without end of speech (NeMo's ``max_decoder_steps``).
+        #: Decoder steps after which a row ends without end of speech (NeMo's ``max_decoder_steps``, read once: every
+        #: row of this runner, and the policy, keep to it).
         self.max_row_steps = int(model.inference_parameters.max_decoder_steps)
         self._slots = 2 * max_batch
         self._graphs = cuda_graphs and next(model.decoder.parameters()).device.type == "cuda"
@@ -131,6 +132,7 @@ class MagpieRunner:
         with torch.inference_mode():
             rows = self.step_model.add_rows(joining)
         for synthesis, row in zip(starting, rows, strict=True):
+            row.max_steps = self.max_row_steps  # The policy ends rows at this limit too.
             self._rows[synthesis.id] = row
 
     def step(self) -> set[int]:
