@@ -281,7 +281,7 @@ class MagpieEngine:
 
         Raises:
             ValueError: Unknown voice or language.
-            MagpieEngineError: The engine is closed.
+            MagpieEngineError: The engine is closed, or its worker thread stopped.
 
         """
         voice = normalize_voice(voice)
