@@ -59,11 +59,11 @@ def test_constructor_validates_step_and_batch(tiny_magpie: tuple[Path, Path]) ->
 
 def test_requests_advance_together_one_frame_per_step(engine: MagpieEngine) -> None:
     """Two 12-frame requests submitted together take about 12 steps, not 24 (one frame each per step)."""
-    before = engine._batcher.steps
+    before = engine.steps
     streams = [engine.submit(f"Session {name}.", options=magpie_options_for(12)) for name in ("one", "two")]
     audio = [collect(s) for s in streams]
     assert [len(a) for a in audio] == [12 * MAGPIE_SAMPLES_PER_FRAME] * 2
-    steps = engine._batcher.steps - before
+    steps = engine.steps - before
     assert 12 <= steps <= 18, steps  # 12, plus a few if the second joined late (one at a time would take 24).
     first, second = (s.stats for s in streams)
     assert second.started_at < first.finished_at and first.started_at < second.finished_at
@@ -114,7 +114,7 @@ def test_a_burst_is_prefilled_in_one_call_even_when_it_arrives_while_the_first_s
     import time
 
     long_text = " ".join(["This is one more sentence to read aloud."] * 2000)
-    before = engine._batcher.prefills
+    before = engine.prefills
     first = engine.submit(long_text, options=magpie_options_for(3))
     deadline = time.monotonic() + 60
     while first.stats.started_at is None:  # Set when the worker starts admitting it (before tokenising).
@@ -124,7 +124,7 @@ def test_a_burst_is_prefilled_in_one_call_even_when_it_arrives_while_the_first_s
     streams = [first, *others]
     for stream in streams:
         assert stream.wait(timeout=60) and stream.status == "truncated"
-    assert engine._batcher.prefills - before == 1, "the burst was split over several prefills"
+    assert engine.prefills - before == 1, "the burst was split over several prefills"
     assert [s.stats.frames for s in streams] == [3] * 4
 
 

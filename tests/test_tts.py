@@ -300,6 +300,7 @@ def test_growing_chunks_double_up_to_the_cap_and_give_the_same_audio(engine: Mag
     import torch
 
     from pipecat_nemotron.tts.magpie._nemo_private import codes_to_audio
+    from pipecat_nemotron.tts.magpie.codec_stream import CodecDecoding
     from pipecat_nemotron.tts.magpie.streaming import to_int16
 
     model = engine.model
@@ -307,7 +308,7 @@ def test_growing_chunks_double_up_to_the_cap_and_give_the_same_audio(engine: Mag
         0, model.codebook_size, (model.num_audio_codebooks, 50), generator=torch.Generator().manual_seed(3)
     )
     options = MagpieSynthesisOptions(first_chunk_frames=2, chunk_frames=4, max_chunk_frames=16)
-    decoder = engine._new_decoder(options)
+    decoder = CodecDecoding(model, stateful=True, context_frames=None, name="test").new_decoder(options)
     chunks = [audio for t in range(50) if (audio := decoder.push(codes[:, t])) is not None]
     chunks.append(decoder.flush())
     assert [len(c) // MAGPIE_SAMPLES_PER_FRAME for c in chunks] == [2, 4, 8, 16, 16, 4]

@@ -122,9 +122,10 @@ def _step_times(
 
     from pipecat_nemotron.tts.magpie.fast_step import FastMagpieStep, RowSampling
     from pipecat_nemotron.tts.magpie.graphs import GraphedMagpieStep
+    from pipecat_nemotron.tts.magpie.runner import text_chunks
 
     model = engine.model
-    tokens = engine._text_chunks(engine_request(SENTENCE))[0]
+    tokens = text_chunks(model, SENTENCE, "en")[0]
     cuda = next(model.decoder.parameters()).is_cuda
     step = (GraphedMagpieStep if cuda else FastMagpieStep)(model, max_slots=2 * rows)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -146,14 +147,6 @@ def _step_times(
             frame += 1
         times[target] = round(statistics.median(samples), 2)
     return times
-
-
-def engine_request(text: str) -> Any:
-    """A request object for :meth:`MagpieEngine._text_chunks` (English)."""
-    from pipecat_nemotron.tts.magpie.options import MagpieSynthesisOptions
-    from pipecat_nemotron.tts.magpie.stream import _Request
-
-    return _Request(text, 2, "en", MagpieSynthesisOptions())
 
 
 def run_large(args: argparse.Namespace) -> dict[str, Any]:

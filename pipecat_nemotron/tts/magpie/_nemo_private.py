@@ -9,7 +9,12 @@ autoregressive loop and returns all codes at the end. This module touches three 
 - ``_codec_helper.codes_to_audio(codes, codes_len)``: decodes codec codes to audio (NeMo's own decode path,
   including any codebook converter); ``_codec_helper.codec_model`` / ``.codec_converter``: the same two parts, for
   the stateful streaming decode (:mod:`~pipecat_nemotron.tts.magpie.codec_stream`).
+- ``_lt_helper``: the local transformer and its projections, which the fast step
+  (:mod:`~pipecat_nemotron.tts.magpie.fast_step`) runs piecewise.
 - The baked-speaker buffers (``_baked_embedding_T``/``_D``), written only when building the tiny test model.
+- torch's ``_BatchNorm`` base class, to refuse a codec decoder with batch norm (not streamable).
+
+No other module of the package reaches into a private member of NeMo, torch, or another module of ours.
 
 :func:`check_compatibility` verifies the first two against the installed NeMo and raises
 :class:`NeMoCompatibilityError` if they have moved; the engine calls it at load time and
@@ -161,6 +166,24 @@ def codec_parts(model: Any) -> tuple[Any, Any]:
     if helper is None or not hasattr(helper, "codec_model") or not hasattr(helper, "codec_converter"):
         raise NeMoCompatibilityError("MagpieTTSModel._codec_helper no longer has codec_model / codec_converter")
     return helper.codec_model, helper.codec_converter
+
+
+def local_transformer_helper(model: Any) -> Any:
+    """NeMo's ``LocalTransformerHelper`` of ``model``: ``local_transformer``, its in/out projections, the embeddings.
+
+    Raises:
+        NeMoCompatibilityError: The model no longer keeps it where NeMo 3.0 does.
+
+    """
+    helper = getattr(model, "_lt_helper", None)
+    if helper is None or not hasattr(helper, "local_transformer"):
+        raise NeMoCompatibilityError("MagpieTTSModel._lt_helper.local_transformer is gone")
+    return helper
+
+
+def is_batch_norm(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a batch norm of any dimension (torch's private ``_BatchNorm`` base, lazy ones too)."""
+    return isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
 
 
 def set_baked_speakers(model: Any, contexts: torch.Tensor) -> None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from loguru import logger
 
-from pipecat_nemotron.tts.magpie._nemo_private import codec_parts
+from pipecat_nemotron.tts.magpie._nemo_private import codec_parts, is_batch_norm
 
 if TYPE_CHECKING:
     from pipecat_nemotron.tts.magpie.options import MagpieSynthesisOptions
@@ -104,7 +104,7 @@ def _module_reason(module: torch.nn.Module, acm: Any) -> str | None:
     elif isinstance(module, acm.ResidualBlock):
         if not isinstance(module.input_conv, acm.CausalConv1dNorm):
             return "a non-causal residual block"
-    elif isinstance(module, (acm.Conv1dNorm, acm.ConvTranspose1dNorm, torch.nn.modules.batchnorm._BatchNorm)):
+    elif isinstance(module, (acm.Conv1dNorm, acm.ConvTranspose1dNorm)) or is_batch_norm(module):
         return f"a non-causal {type(module).__name__}"
     return None
 

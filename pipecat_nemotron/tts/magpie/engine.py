@@ -1,17 +1,21 @@
 """The Magpie TTS engine: one loaded ``MagpieTTSModel``, one worker thread, continuous batching of requests.
 
-Threading model:
+Threading model, as the ASR engine's (:mod:`pipecat_nemotron.asr.engine`):
 
-- The engine's worker thread owns the model. It loads it, warms it up, then serves requests. Nothing else touches
-  the model, so callers never block on it and an asyncio event loop is never blocked by it.
+- The engine owns one worker thread, and only that thread runs the model: it loads it, warms it up, then serves
+  requests through the scheduler (:mod:`~pipecat_nemotron.tts.magpie.scheduler`). Callers never block on the model
+  and an asyncio event loop is never blocked by it.
 - :meth:`MagpieEngine.submit` is thread-safe and returns at once with a :class:`SynthesisStream`, which yields
   int16 audio chunks as codec frames are generated (``for`` from a thread, ``async for`` from a loop).
-- ``step="fast"`` (default): our own decoder step with a KV cache (:mod:`~pipecat_nemotron.tts.magpie.fast_step`)
-  decodes up to ``max_batch`` requests together, each advancing one codec frame per step; requests join and leave
-  between steps (:mod:`~pipecat_nemotron.tts.magpie.batcher`), later ones wait first-in first-out.
-- ``step="nemo"``: NeMo's ``generate_speech``, one request at a time, first-in first-out (for comparison, and the
-  fallback for a model the fast step does not support).
+- ``step="fast"`` (default): our own decoder step with a KV cache (:mod:`~pipecat_nemotron.tts.magpie.fast_step`,
+  run by :mod:`~pipecat_nemotron.tts.magpie.runner`) decodes up to ``max_batch`` requests together, each advancing
+  one codec frame per step; requests join and leave between steps (:mod:`~pipecat_nemotron.tts.magpie.policy`),
+  later ones wait first-in first-out.
+- ``step="nemo"``: NeMo's ``generate_speech``, one request at a time, first-in first-out
+  (:mod:`~pipecat_nemotron.tts.magpie.nemo_step`; for comparison, and the fallback for a model the fast step does
+  not support).
 - :meth:`SynthesisStream.cancel` aborts a request: a queued one is skipped, a running one stops at its next step.
+  :meth:`MagpieEngine.close` cancels them all and stops the thread.
 
 :data:`shared_magpie_engines` (in :mod:`~pipecat_nemotron.tts.magpie.shared`) shares engines process-wide by
 (model, device, codec).
@@ -22,12 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-import numpy as np
 from loguru import logger
 
 from pipecat_nemotron.runtime import gil
@@ -42,12 +45,8 @@ from pipecat_nemotron.tts.magpie.options import (
     normalize_language,
     normalize_voice,
 )
-from pipecat_nemotron.tts.magpie.stream import AudioChunk, SynthesisStats, SynthesisStream, _Request
-
-if TYPE_CHECKING:
-    from pipecat_nemotron.tts.magpie.batcher import FastBatcher
-    from pipecat_nemotron.tts.magpie.codec_stream import CodecDecoding
-    from pipecat_nemotron.tts.magpie.streaming import StreamingDecoder
+from pipecat_nemotron.tts.magpie.scheduler import MagpieScheduler
+from pipecat_nemotron.tts.magpie.stream import AudioChunk, Synthesis, SynthesisStats, SynthesisStream
 
 # The request and error names stay importable from here (the registry is in ``magpie.shared``).
 __all__ = [
@@ -140,23 +139,19 @@ class MagpieEngine:
         self._max_batch = max_batch
         self._dtype = dtype
         self._cuda_graphs = cuda_graphs
-        self._batcher: FastBatcher | None = None
         self.codec_model_path = codec_model_path
         self._decode_context_frames = decode_context_frames
         self._stateful_codec = stateful_codec
-        self._codec: CodecDecoding | None = None
+        self._codec_mode = ""
         self._warmup = warmup
+        self._graphs: Callable[[], dict[str, Any]] | None = None
 
         self._model: Any = None
         self._sample_rate = 0
         self._samples_per_frame = 0
         self._load_error: BaseException | None = None
         self._ready = threading.Event()
-        self._closed = False
-        # Orders submit() against close(), so nothing is queued behind the worker's stop sentinel.
-        self._submit_lock = threading.Lock()
-        self._jobs: queue.Queue[SynthesisStream | None] = queue.Queue()
-        self._current: SynthesisStream | None = None
+        self._scheduler = MagpieScheduler(str(self), max_batch)
         gil.shorten_switch_interval(gil_switch_interval_ms)
         self._thread = threading.Thread(target=self._run, name=f"magpie-tts-{id(self):x}", daemon=True)
         self._thread.start()
@@ -246,12 +241,22 @@ class MagpieEngine:
     @property
     def pending(self) -> int:
         """Requests waiting for a row (not counting the running ones)."""
-        return self._jobs.qsize() + (self._batcher.waiting if self._batcher is not None else 0)
+        return self._scheduler.pending
 
     @property
     def busy(self) -> bool:
         """Whether a request is being synthesised right now."""
-        return self._current is not None or (self._batcher is not None and self._batcher.active > 0)
+        return self._scheduler.active > 0
+
+    @property
+    def steps(self) -> int:
+        """Decoder steps the fast step ran (0 on NeMo's step)."""
+        return self._scheduler.steps
+
+    @property
+    def prefills(self) -> int:
+        """Batched prefill calls of the fast step (one per group of rows starting a text chunk)."""
+        return self._scheduler.prefills
 
     # Requests.
 
@@ -276,22 +281,20 @@ class MagpieEngine:
 
         Raises:
             ValueError: Unknown voice or language.
-            MagpieEngineError: The engine is closed.
+            MagpieEngineError: The engine is closed, or its worker thread stopped.
 
         """
         voice = normalize_voice(voice)
         language = normalize_language(language)
-        request = _Request(
-            text=text,
-            speaker_index=VOICES[voice],
-            language=language,
-            options=options or MagpieSynthesisOptions(),
+        stream = SynthesisStream(
+            Synthesis(
+                text=text,
+                speaker_index=VOICES[voice],
+                language=language,
+                options=options or MagpieSynthesisOptions(),
+            )
         )
-        stream = SynthesisStream(request)
-        with self._submit_lock:
-            if self._closed:
-                raise MagpieEngineError(f"{self} is closed")
-            self._jobs.put(stream)
+        self._scheduler.submit(stream)
         return stream
 
     # Lifetime.
@@ -303,34 +306,33 @@ class MagpieEngine:
             timeout: Seconds to wait for the worker to stop (it stops within one codec frame once loaded).
 
         """
-        with self._submit_lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._jobs.put(None)
-        current = self._current
-        if current is not None:
-            current.cancel()
+        self._scheduler.close()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
-        return self._closed
+        return self._scheduler.closed
 
-    # Worker thread.
+    # Worker thread (the only one that runs the model).
 
     def _run(self) -> None:
-        with quiet_nemo(logging.WARNING):
-            try:
-                self._load()
-            except BaseException as e:  # Reported to every waiter; the thread then drains the queue.
-                self._load_error = e
-                logger.error(f"{self}: loading failed: {e}")
-            finally:
-                self._ready.set()
-            self._serve()
+        try:
+            with quiet_nemo(logging.WARNING):
+                try:
+                    self._load()
+                except BaseException as e:  # Reported to every waiter; the thread then fails every request.
+                    self._load_error = e
+                    logger.error(f"{self}: loading failed: {e}")
+                finally:
+                    self._ready.set()
+                if self._load_error is None:
+                    self._scheduler.serve()
+                else:
+                    self._scheduler.refuse(MagpieEngineError(f"{self}: model failed to load: {self._load_error}"))
+        finally:  # However the thread ends, no request waits for it.
+            self._scheduler.stop(MagpieEngineError(f"{self}: the engine's worker thread stopped"))
             self._model = None
             with contextlib.suppress(Exception):
                 import torch
@@ -356,41 +358,40 @@ class MagpieEngine:
         self._model = model
         self._sample_rate = int(model.output_sample_rate)
         self._samples_per_frame = int(model.codec_model_samples_per_frame)
-        self._codec = CodecDecoding(
+        codec = CodecDecoding(
             model, stateful=self._stateful_codec, context_frames=self._decode_context_frames, name=str(self)
         )
-        self._decode_context_frames = self._codec.context_frames
-        self._choose_step(model)
+        self._decode_context_frames = codec.context_frames
+        self._codec_mode = "states" if codec.streaming is not None else f"context {codec.context_frames} frames"
+        self._bind_step(model, codec)
         if self._warmup:
             warm = SynthesisStream(
-                _Request("Hello.", 0, "en", MagpieSynthesisOptions(max_duration_s=0.2), internal=True)
+                Synthesis("Hello.", 0, "en", MagpieSynthesisOptions(max_duration_s=0.2), internal=True)
             )
-            if self._batcher is not None:
-                self._batcher.run_until_idle(warm)
-                error = warm._error
-            else:
-                _, error = self._synthesize(warm)
-            if error is not None:
-                raise MagpieEngineError(f"warm-up synthesis failed: {error}") from error
+            self._scheduler.run_alone(warm)
+            if warm.error is not None:
+                raise MagpieEngineError(f"warm-up synthesis failed: {warm.error}") from warm.error
         logger.info(
             f"{self}: ready in {time.perf_counter() - started:.1f} s ({self._sample_rate} Hz, "
-            f"{self._samples_per_frame} samples/frame, codec "
-            + ("states" if self._codec.streaming is not None else f"context {self._decode_context_frames} frames")
-            + ")"
+            f"{self._samples_per_frame} samples/frame, codec {self._codec_mode})"
         )
 
-    def _choose_step(self, model: Any) -> None:
-        """Set up the fast step, or fall back to NeMo's (with a warning) when the model is not supported."""
+    def _bind_step(self, model: Any, codec: Any) -> None:
+        """Serve with the fast step, or NeMo's (with a warning when the fast step does not support the model)."""
         from pipecat_nemotron.tts.magpie.fast_step import unsupported_reason
 
-        if self._step != "fast":
+        if self._step == "fast":
+            reason = unsupported_reason(model)
+            if reason is not None:
+                logger.warning(f"{self}: the fast Magpie step does not support {reason}; using NeMo's step")
+                self._step = "nemo"
+        if self._step == "nemo":
+            from pipecat_nemotron.tts.magpie.nemo_step import NemoStep
+
+            self._scheduler.name = str(self)
+            self._scheduler.bind_whole(NemoStep(model, codec))
             return
-        reason = unsupported_reason(model)
-        if reason is not None:
-            logger.warning(f"{self}: the fast Magpie step does not support {reason}; using NeMo's step")
-            self._step = "nemo"
-            return
-        from pipecat_nemotron.tts.magpie.batcher import FastBatcher
+        from pipecat_nemotron.tts.magpie.runner import MagpieRunner
 
         if self._dtype == "bfloat16":
             import torch
@@ -398,85 +399,11 @@ class MagpieEngine:
             from pipecat_nemotron.tts.magpie.graphs import cast_for_fast_step
 
             cast_for_fast_step(model, torch.bfloat16)
-        self._batcher = FastBatcher(self, max_batch=self._max_batch)
+        runner = MagpieRunner(model, codec, max_batch=self._max_batch, cuda_graphs=self._cuda_graphs)
+        self._graphs = runner.describe_graphs
+        self._scheduler.bind(runner)
 
     @property
     def graphs(self) -> dict[str, Any]:
         """What the fast step captured as CUDA graphs (empty when none: CPU, NeMo's step, or disabled)."""
-        describe = getattr(getattr(self._batcher, "step", None), "describe", None)
-        return describe() if describe is not None else {}
-
-    def _serve(self) -> None:
-        if self._load_error is None and self._batcher is not None:
-            self._batcher.serve(self._jobs)
-            return
-        while True:
-            stream = self._jobs.get()
-            if stream is None:
-                break
-            if self._load_error is not None:
-                stream._finish(
-                    "failed", MagpieEngineError(f"{self}: model failed to load: {self._load_error}")
-                )
-            elif stream.cancelled or self._closed:
-                stream._finish("cancelled")
-            else:
-                self._current = stream
-                try:
-                    status, error = self._synthesize(stream)
-                finally:
-                    self._current = None
-                stream._finish(status, error)
-        # Closed: whatever is still queued ends cancelled.
-        while True:
-            try:
-                stream = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if stream is not None:
-                stream._finish("cancelled")
-
-    def _decode_batch(self, codes: Any, lens: Any, states: Any) -> list[Any]:
-        assert self._codec is not None
-        return self._codec.decode_batch(codes, lens, states)
-
-    def _new_decoder(self, options: MagpieSynthesisOptions) -> StreamingDecoder:
-        """A streaming codec decoder for one request."""
-        assert self._codec is not None
-        return self._codec.new_decoder(options)
-
-    def _text_chunks(self, request: _Request) -> list[Any]:
-        """The request's text as token chunks, split as NeMo's ``do_tts`` splits it."""
-        from nemo.collections.tts.parts.utils.tts_dataset_utils import (
-            chunk_text_for_inference,
-            get_tokenizer_for_language,
-        )
-
-        model = self._model
-        tokenizer_name = get_tokenizer_for_language(request.language, list(model.tokenizer.tokenizers.keys()))
-        chunks, chunk_lens, _ = chunk_text_for_inference(
-            text=request.text,
-            language=request.language,
-            tokenizer_name=tokenizer_name,
-            text_tokenizer=model.tokenizer,
-            eos_token_id=model.eos_id,
-        )
-        return [tokens[: int(length)] for tokens, length in zip(chunks, chunk_lens, strict=True)]
-
-    def _emit(self, stream: SynthesisStream, decoder: StreamingDecoder, audio: np.ndarray | None) -> None:
-        """Hand one decoded chunk (None: nothing decoded yet) to the stream, counting it in its stats."""
-        if audio is None:
-            return
-        stats = stream.stats
-        num_frames = len(audio) // self._samples_per_frame
-        first_frame = decoder.emitted_frames - num_frames
-        if stats.first_audio_at is None:
-            stats.first_audio_at = time.perf_counter()
-        stats.chunks += 1
-        stream._put(AudioChunk(audio, self._sample_rate, first_frame, num_frames))
-
-    def _synthesize(self, stream: SynthesisStream) -> tuple[str, BaseException | None]:
-        """Run one request through NeMo's step (see :mod:`~pipecat_nemotron.tts.magpie.nemo_step`)."""
-        from pipecat_nemotron.tts.magpie.nemo_step import synthesize
-
-        return synthesize(self, stream)
+        return self._graphs() if self._graphs is not None else {}

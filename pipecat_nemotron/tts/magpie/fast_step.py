@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from pipecat_nemotron.tts.magpie._nemo_private import local_transformer_helper
 from pipecat_nemotron.tts.magpie.alignment import align_rows, attend, feed_forward, row_flags
 from pipecat_nemotron.tts.magpie.step_state import (
     MIN_CAPACITY,
@@ -85,6 +86,8 @@ class FastMagpieStep:
         self._index_key: tuple[tuple[int, int], ...] | None = None
         self._index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._use_lt = str(getattr(model.local_transformer_type, "value", "none")) == "autoregressive"
+        #: NeMo's local transformer and its projections (None without one).
+        self._lt: Any = local_transformer_helper(model) if self._use_lt else None
         self._lt_kv_cache = bool(self.params.use_LT_kv_cache)
         #: Run the local transformer one position at a time with our own cache (:meth:`_lt_position`); False:
         #: NeMo's module over all positions so far (:meth:`_lt_logits`, the static shapes CUDA graphs need).
@@ -368,7 +371,7 @@ class FastMagpieStep:
         every earlier position's feed-forward at each codebook; this runs each position once, into ``cache``
         (per layer, keys and values ``(slots, heads, codebooks, d_head)``).
         """
-        lt = self.model._lt_helper.local_transformer
+        lt = self._lt.local_transformer
         if lt.use_learnable_pos_emb:
             x = x + lt.position_embeddings.weight[pos]
         for layer, (keys, values) in zip(lt.layers, cache, strict=True):
@@ -384,7 +387,7 @@ class FastMagpieStep:
 
     def _lt_cache(self, slots: int, like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Empty local-transformer keys/values per layer, ``(slots, heads, codebooks, d_head)`` each."""
-        layers = self.model._lt_helper.local_transformer.layers
+        layers = self._lt.local_transformer.layers
         shapes = [
             (slots, la.self_attention.n_heads, self.model.num_audio_codebooks, la.self_attention.d_head)
             for la in layers
@@ -393,7 +396,7 @@ class FastMagpieStep:
 
     def _lt_logits(self, x: torch.Tensor, codebook: int) -> torch.Tensor:
         """The local transformer on ``x (slots, codebook + 1, d_lt)``: per-slot logits of ``codebook``."""
-        helper = self.model._lt_helper
+        helper = self._lt
         mask = torch.ones(x.shape[0], x.shape[1], device=self.device, dtype=x.dtype)
         h = helper.local_transformer(x, mask)["output"]
         h = helper.local_transformer_audio_out_projection(h[:, -1, :])
@@ -461,7 +464,7 @@ class FastMagpieStep:
         if not self._use_lt:
             view = out.logits.view(len(out.rows), model.num_audio_codebooks, -1)
             return torch.stack([picker.sample(view[:, c].clone(), c) for c in range(view.shape[1])], dim=1)
-        helper = model._lt_helper
+        helper = self._lt
         lt = helper.local_transformer
         lt.reset_cache(use_cache=self._lt_kv_cache and not self._lt_by_position)
         x = helper.local_transformer_in_projection(out.dec_out.unsqueeze(1))

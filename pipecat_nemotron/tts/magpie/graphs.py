@@ -49,10 +49,11 @@ def cast_for_fast_step(model: Any, dtype: torch.dtype) -> None:
         dtype: ``torch.bfloat16`` or ``torch.float32``.
 
     """
+    from pipecat_nemotron.tts.magpie._nemo_private import codec_parts
+
     model.to(dtype)
-    codec = getattr(model, "_codec_model", None)
-    if codec is not None:
-        codec.to(torch.float32)
+    codec, _converter = codec_parts(model)
+    codec.to(torch.float32)
 
 
 @dataclass
@@ -133,9 +134,10 @@ class GraphedMagpieStep(FastMagpieStep):
         if bucket is None:
             return super()._lt_logits(x, codebook)
         key = ("local transformer", bucket, codebook, x.shape[1])
+        eager = super()._lt_logits
 
         def run(x: torch.Tensor) -> Outputs:
-            return (FastMagpieStep._lt_logits(self, x, codebook),)
+            return (eager(x, codebook),)
 
         out = self._replay(key, run, (x,), (0.0,), n, bucket)
         return super()._lt_logits(x, codebook) if out is None else out[0]

@@ -110,6 +110,10 @@ class MagpieSynthesisOptions:
                 f"max_chunk_frames must be None or an integer >= chunk_frames ({self.chunk_frames}), got {cap!r}"
             )
 
+    def chunk_frames_at(self, index: int) -> int:
+        """Codec frames of the request's audio chunk number ``index`` (0: the first), as :func:`chunk_frames_at`."""
+        return chunk_frames_at(index, self.first_chunk_frames, self.chunk_frames, self.max_chunk_frames)
+
     def max_frames(self, sample_rate: int, samples_per_frame: int) -> int:
         """Codec frames that fit in ``max_duration_s`` (at least one).
 
@@ -119,3 +123,20 @@ class MagpieSynthesisOptions:
 
         """
         return max(1, math.ceil(self.max_duration_s * sample_rate / samples_per_frame))
+
+
+def chunk_frames_at(index: int, first: int, chunk: int, cap: int | None) -> int:
+    """Codec frames of audio chunk number ``index``: ``first``, then ``chunk``, then doubling up to ``cap``.
+
+    Args:
+        index: The chunk's place in the request (0: the first chunk).
+        first: Frames of the first chunk.
+        chunk: Frames of the second chunk (and of every later one when ``cap`` is None).
+        cap: Most frames of a later chunk, which doubles the one before it (None: no growth).
+
+    """
+    if index == 0:
+        return first
+    if cap is None:
+        return chunk
+    return min(chunk << min(index - 1, 32), cap)

@@ -40,7 +40,9 @@ def unsupported_reason(model: Any) -> str | None:
     if lt_type not in ("autoregressive", "none"):
         return f"local transformer type {lt_type!r}"
     if lt_type == "autoregressive":  # Run one position at a time: every feed-forward must be position-wise.
-        for layer in model._lt_helper.local_transformer.layers:
+        from pipecat_nemotron.tts.magpie._nemo_private import local_transformer_helper
+
+        for layer in local_transformer_helper(model).local_transformer.layers:
             conv = getattr(getattr(getattr(layer, "pos_ff", None), "proj", None), "conv", None)
             if conv is None or conv.kernel_size[0] != 1 or getattr(layer, "use_moe", False):
                 return "a local-transformer feed-forward that is not position-wise (kernel > 1 or MoE)"

@@ -1,7 +1,8 @@
-"""One synthesis request as its caller sees it: the :class:`SynthesisStream` handle, its chunks and its stats.
+"""One synthesis request: its record (:class:`Synthesis`), its caller's handle (:class:`SynthesisStream`), its chunks.
 
-The engine's worker thread fills a stream (``_put``, ``_finish``); the caller consumes it from one place, with
-``for`` from a thread or ``async for`` from an event loop.
+The engine's worker thread fills a stream (:meth:`SynthesisStream.start`, :meth:`~SynthesisStream.emit`,
+:meth:`~SynthesisStream.finish`); the caller consumes it from one place, with ``for`` from a thread or
+``async for`` from an event loop. Plain Python and numpy: no torch here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ import numpy as np
 
 from pipecat_nemotron.tts.magpie.errors import MagpieSynthesisError
 from pipecat_nemotron.tts.magpie.options import MagpieSynthesisOptions
+
+_ids = itertools.count(1)
+
+#: How a request can end.
+ENDINGS = ("completed", "truncated", "cancelled", "failed")
 
 
 @dataclass(frozen=True)
@@ -45,38 +51,58 @@ class AudioChunk:
         return len(self.audio) / self.sample_rate
 
 
-_END = object()
+@dataclass(eq=False)
+class Synthesis:
+    """One request as the engine tracks it: what was asked, how far it got, and when.
 
-
-@dataclass
-class _Request:
-    text: str
-    speaker_index: int
-    language: str
-    options: MagpieSynthesisOptions
-    internal: bool = False  # The warm-up request: no truncation warning.
-
-
-@dataclass
-class SynthesisStats:
-    """Timings and counts of one request, filled in by the worker thread.
+    The scheduler's policy (:mod:`~pipecat_nemotron.tts.magpie.policy`) advances the progress counters; the
+    stream handle stamps the times. Only the engine's worker thread writes it (``cancelled`` aside); a caller reads
+    it as ``stream.stats``.
 
     Attributes:
+        text: Text to speak.
+        speaker_index: Baked speaker of the voice.
+        language: ISO 639-1 code.
+        options: Per-request options.
+        internal: The engine's own warm-up request (no truncation warning).
+        id: Unique id (the key of the request's row in the model runner).
         submitted_at: ``time.perf_counter()`` when the request was submitted.
         started_at: When the worker started it (None while queued or if skipped).
         first_audio_at: When its first audio chunk was ready.
         finished_at: When it ended, whatever the outcome.
-        frames: Codec frames kept (decoded to audio).
+        frames: Codec frames kept (decoded, or to decode, to audio).
         chunks: Audio chunks emitted.
+        audio_frames: Codec frames whose audio was emitted.
+        max_frames: Codec frames ``options.max_duration_s`` allows (set when the request starts).
+        text_chunks: Token chunks of its text (None until it starts).
+        text_chunk: Index of the text chunk being decoded (or prefilled next).
+        row_steps: Decoder steps of the current text chunk's row (the end-of-speech step included).
+        cancelled: :meth:`SynthesisStream.cancel` was called.
+        ending: How it ends once its last audio is out (one of :data:`ENDINGS`); None while it runs.
+        error: Why it failed.
 
     """
 
+    text: str
+    speaker_index: int
+    language: str
+    options: MagpieSynthesisOptions
+    internal: bool = False
+    id: int = field(default_factory=lambda: next(_ids))
     submitted_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None
     first_audio_at: float | None = None
     finished_at: float | None = None
     frames: int = 0
     chunks: int = 0
+    audio_frames: int = 0
+    max_frames: int = 0
+    text_chunks: int | None = None
+    text_chunk: int = 0
+    row_steps: int = 0
+    cancelled: bool = False
+    ending: str | None = None
+    error: BaseException | None = None
 
     @property
     def queue_wait_s(self) -> float | None:
@@ -89,23 +115,27 @@ class SynthesisStats:
         return None if self.first_audio_at is None else self.first_audio_at - self.submitted_at
 
 
+SynthesisStats = Synthesis
+"""The name ``stream.stats`` had before it was the request's whole record (timings and counts, same fields)."""
+
+_END = object()
+
+
 class SynthesisStream:
     """Handle on one synthesis request: iterate it for audio chunks, cancel it to stop.
 
     ``status`` moves from ``"queued"`` to ``"running"`` to one of ``"completed"`` (the model ended the speech),
     ``"truncated"`` (``max_duration_s`` reached), ``"cancelled"`` or ``"failed"``. Iteration ends after the last
     chunk; for a failed request it raises :class:`MagpieSynthesisError`. Consume a stream from one place only.
+
+    Args:
+        synthesis: The request.
+
     """
 
-    _ids = itertools.count(1)
-
-    def __init__(self, request: _Request) -> None:
-        self.id = next(self._ids)
-        self.stats = SynthesisStats()
-        self._request = request
-        self._cancel = threading.Event()
+    def __init__(self, synthesis: Synthesis) -> None:
+        self.synthesis = synthesis
         self._status = "queued"
-        self._error: BaseException | None = None
         self._items: collections.deque[Any] = collections.deque()
         self._cond = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -115,6 +145,16 @@ class SynthesisStream:
         return f"SynthesisStream#{self.id}({self._status})"
 
     @property
+    def id(self) -> int:
+        """The request's id."""
+        return self.synthesis.id
+
+    @property
+    def stats(self) -> Synthesis:
+        """The request's record: its timings (``queue_wait_s``, ``time_to_first_audio_s``, ...) and counts."""
+        return self.synthesis
+
+    @property
     def status(self) -> str:
         """``"queued"``, ``"running"``, ``"completed"``, ``"truncated"``, ``"cancelled"`` or ``"failed"``."""
         return self._status
@@ -122,23 +162,54 @@ class SynthesisStream:
     @property
     def done(self) -> bool:
         """Whether the request has ended (its last chunk may still be unread)."""
-        return self._status in ("completed", "truncated", "cancelled", "failed")
+        return self._status in ENDINGS
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the request failed (None unless ``status == "failed"``)."""
+        return self.synthesis.error if self.done else None
 
     @property
     def cancelled(self) -> bool:
         """Whether :meth:`cancel` was called."""
-        return self._cancel.is_set()
+        return self.synthesis.cancelled
 
     def cancel(self) -> None:
         """Stop the request: skipped if still queued, stopped at its next codec frame if running. Idempotent."""
-        self._cancel.set()
+        self.synthesis.cancelled = True
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the request has ended; return whether it has. Does not consume chunks."""
         with self._cond:
             return self._cond.wait_for(lambda: self.done, timeout)
 
-    # Worker side.
+    # Worker side (the engine's worker thread only).
+
+    def start(self) -> None:
+        """Mark the request running (the worker took it off the queue)."""
+        self.synthesis.started_at = time.perf_counter()
+        self._status = "running"
+
+    def emit(self, chunk: AudioChunk) -> None:
+        """Hand one audio chunk to the caller."""
+        if self.synthesis.first_audio_at is None:
+            self.synthesis.first_audio_at = time.perf_counter()
+        self._put(chunk)
+
+    def finish(self, status: str, error: BaseException | None = None) -> None:
+        """End the request with ``status`` (one of :data:`ENDINGS`); iteration ends after the chunks queued so far.
+
+        Raises:
+            ValueError: ``status`` is not an ending.
+
+        """
+        if status not in ENDINGS:
+            raise ValueError(f"a request ends {', '.join(ENDINGS)}, not {status!r}")
+        self.synthesis.finished_at = time.perf_counter()
+        with self._cond:
+            self._status = status
+            self.synthesis.error = error
+        self._put(_END)
 
     def _put(self, item: Any) -> None:
         with self._cond:
@@ -149,21 +220,15 @@ class SynthesisStream:
             with contextlib.suppress(RuntimeError):  # The consumer's loop has closed: nobody is listening.
                 loop.call_soon_threadsafe(wakeup.set)
 
-    def _finish(self, status: str, error: BaseException | None = None) -> None:
-        self.stats.finished_at = time.perf_counter()
-        with self._cond:
-            self._status = status
-            self._error = error
-        self._put(_END)
-
     # Consumer side.
 
     def _pop(self) -> Any:
         item = self._items.popleft()
         if item is _END:
             self._items.appendleft(_END)  # Stay ended for repeated iteration.
-            if self._error is not None:
-                raise MagpieSynthesisError(f"Magpie synthesis failed: {self._error}") from self._error
+            error = self.synthesis.error
+            if error is not None:
+                raise MagpieSynthesisError(f"Magpie synthesis failed: {error}") from error
             raise StopIteration
         return item
 

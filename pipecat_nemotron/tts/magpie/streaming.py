@@ -14,21 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from pipecat_nemotron.tts.magpie.codec_stream import CodecState
+from pipecat_nemotron.tts.magpie.options import chunk_frames_at
 
 DecodeFn = Callable[[torch.Tensor], torch.Tensor]
 """Decodes codes ``(num_codebooks, T)`` to float audio ``(T * samples_per_frame,)``."""
 
 
-DecodeBatchFn = Callable[[torch.Tensor, torch.Tensor, "list[CodecState | None]"], list[torch.Tensor]]
+DecodeBatchFn = Callable[[torch.Tensor, torch.Tensor, "list[object | None]"], list[torch.Tensor]]
 """Decodes codes ``(B, num_codebooks, T)`` with lengths ``(B,)`` (after each row's codec state, if any; the states
-advance) to each item's float audio."""
+advance) to each item's float audio. A state is opaque here: the decode function's own
+(:class:`~pipecat_nemotron.tts.magpie.codec_stream.CodecState`)."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +116,7 @@ class StreamingDecoder:
         first_chunk_frames: int,
         chunk_frames: int,
         max_chunk_frames: int | None = None,
-        state: CodecState | None = None,
+        state: object | None = None,
     ) -> None:
         """Create a decoder for one utterance.
 
@@ -129,7 +128,8 @@ class StreamingDecoder:
             first_chunk_frames: Frames in the first chunk.
             chunk_frames: Frames in the second chunk (and each later one without ``max_chunk_frames``).
             max_chunk_frames: Each later chunk doubles the previous one's frames up to this cap (None: no growth).
-            state: The utterance's codec history: each chunk then decodes only its new frames.
+            state: The utterance's codec history (opaque here, ``decode_batch``'s): each chunk then decodes only its
+                new frames.
 
         """
         self._decode_batch = decode_batch
@@ -141,6 +141,7 @@ class StreamingDecoder:
         self._max_chunk_frames = max_chunk_frames
         self._frames: list[torch.Tensor] = []
         self._emitted = 0
+        self._chunks = 0
 
     @property
     def frames(self) -> int:
@@ -164,7 +165,7 @@ class StreamingDecoder:
     def append(self, frame: torch.Tensor) -> bool:
         """Add one frame of codes ``(num_codebooks,)`` without decoding; return whether a chunk is now due."""
         self._frames.append(frame)
-        due = self._first_chunk_frames if self._emitted == 0 else self._chunk_frames
+        due = chunk_frames_at(self._chunks, self._first_chunk_frames, self._chunk_frames, self._max_chunk_frames)
         return len(self._frames) - self._emitted >= due
 
     def flush(self) -> np.ndarray | None:
@@ -180,8 +181,7 @@ class StreamingDecoder:
     def take(self, audio: torch.Tensor) -> np.ndarray:
         """Given the float audio of :meth:`segment`, mark its frames emitted and return their new int16 audio."""
         new_audio = audio[(self._emitted - self._start()) * self._samples_per_frame :]
-        if self._emitted > 0 and self._max_chunk_frames is not None:  # The chunk after this one is twice as long.
-            self._chunk_frames = min(2 * self._chunk_frames, self._max_chunk_frames)
+        self._chunks += 1
         self._emitted = len(self._frames)
         return to_int16(new_audio)
 
