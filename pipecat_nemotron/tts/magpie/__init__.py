@@ -15,7 +15,7 @@ from pipecat_nemotron.tts.magpie.options import (
     normalize_voice,
 )
 from pipecat_nemotron.tts.magpie.shared import SharedMagpieEngines, shared_magpie_engines
-from pipecat_nemotron.tts.magpie.stream import AudioChunk, SynthesisStats, SynthesisStream
+from pipecat_nemotron.tts.magpie.stream import AudioChunk, Synthesis, SynthesisStream
 
 __all__ = [
     "DEFAULT_MAGPIE_MODEL",
@@ -28,7 +28,7 @@ __all__ = [
     "MagpieSynthesisError",
     "MagpieSynthesisOptions",
     "SharedMagpieEngines",
-    "SynthesisStats",
+    "Synthesis",
     "SynthesisStream",
     "load_magpie_model",
     "normalize_language",

@@ -46,7 +46,7 @@ from pipecat_nemotron.tts.magpie.options import (
     normalize_voice,
 )
 from pipecat_nemotron.tts.magpie.scheduler import MagpieScheduler
-from pipecat_nemotron.tts.magpie.stream import AudioChunk, Synthesis, SynthesisStats, SynthesisStream
+from pipecat_nemotron.tts.magpie.stream import AudioChunk, Synthesis, SynthesisStream
 
 # The request and error names stay importable from here (the registry is in ``magpie.shared``).
 __all__ = [
@@ -54,7 +54,7 @@ __all__ = [
     "MagpieEngine",
     "MagpieEngineError",
     "MagpieSynthesisError",
-    "SynthesisStats",
+    "Synthesis",
     "SynthesisStream",
 ]
 

@@ -115,9 +115,6 @@ class Synthesis:
         return None if self.first_audio_at is None else self.first_audio_at - self.submitted_at
 
 
-SynthesisStats = Synthesis
-"""The name ``stream.stats`` had before it was the request's whole record (timings and counts, same fields)."""
-
 _END = object()
 
 
