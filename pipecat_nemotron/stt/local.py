@@ -39,6 +39,7 @@ from pipecat_nemotron.runtime.nemo_loading import prefetch_nemo_imports
 from pipecat_nemotron.stt.base import NEMOTRON_TTFS_P99, NemotronSTTBase, NemotronSTTSettings
 from pipecat_nemotron.stt.eager import EagerSettings
 from pipecat_nemotron.stt.finals import OwedFinals
+from pipecat_nemotron.stt.while_loading import HeldInput
 
 __all__ = [
     "DEFAULT_FINAL_TIMEOUT_S",
@@ -181,9 +182,7 @@ class NemotronSTTService(NemotronSTTBase):
         self._stream: ASRStream | None = None
         self._connect_task: asyncio.Task[None] | None = None
         self._reader_task: asyncio.Task[None] | None = None
-        # Audio (bytes) and finalize marks (None) received before the engine was ready, in order. Items stay
-        # here, and later ones queue behind them, until ``_replay_pending`` has handed all of them to the stream.
-        self._pending: list[bytes | None] = []
+        self._pending = HeldInput()  # what arrives before the stream opens, handed to it once the engine runs
         # Set when the engine could not be started for this session: audio is then not kept; what arrives
         # after the failure is counted here and reported when the session ends.
         self._load_failed = False
@@ -244,25 +243,11 @@ class NemotronSTTService(NemotronSTTBase):
 
     async def _replay_pending(self) -> None:
         """Hand the audio and finalize marks kept while loading to the stream, in order (newer items queue)."""
-        while self._pending:
-            item = self._pending[0]
-            if item is None:
-                await self._finalize()
-            else:
-                await self._push_audio(item)
-            self._pending.pop(0)
-
-    def _pending_audio_s(self) -> float:
-        """Audio kept while the engine loads, seconds."""
-        return sum(len(a) for a in self._pending if a is not None) / (
-            2.0 * (self.sample_rate or MODEL_SAMPLE_RATE)
-        )
+        await self._pending.replay(self._push_audio, self._finalize)
 
     def _drop_pending(self) -> float:
         """Forget the audio kept while loading; return how much it was, seconds."""
-        dropped_s = self._pending_audio_s()
-        self._pending.clear()
-        return dropped_s
+        return self._pending.drop(self.sample_rate or MODEL_SAMPLE_RATE)
 
     async def _wait_for_load(self) -> None:
         """At the end of a session, wait (bounded by ``load_wait_s``) for a model still loading.
@@ -273,7 +258,7 @@ class NemotronSTTService(NemotronSTTBase):
         task = self._connect_task
         if task is None or task.done():
             return
-        kept_s = self._pending_audio_s()
+        kept_s = self._pending.seconds(self.sample_rate or MODEL_SAMPLE_RATE)
         logger.info(
             f"{self}: the session ended while the ASR model is loading; waiting up to {self._load_wait_s:g} s "
             f"to transcribe the {kept_s:.1f} s of audio received meanwhile"
@@ -375,7 +360,7 @@ class NemotronSTTService(NemotronSTTBase):
             # The engine failed to start (an ErrorFrame said so); the end of the session reports this audio too.
             self._dropped_after_failure_s += len(audio) / (2.0 * (self.sample_rate or MODEL_SAMPLE_RATE))
         elif self._stream is None or self._pending:
-            self._pending.append(audio)
+            self._pending.hold_audio(audio)
         else:
             await self._push_audio(audio)
             if self._stream is not None:
@@ -416,7 +401,7 @@ class NemotronSTTService(NemotronSTTBase):
             if self._load_failed:
                 pass
             elif self._stream is None or self._pending:
-                self._pending.append(None)
+                self._pending.hold_finalize()
             else:
                 await self._finalize()
 
