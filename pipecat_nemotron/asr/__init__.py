@@ -6,8 +6,9 @@ Names load on first access: importing this package (or a plain-Python module of 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pipecat_nemotron.runtime.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from pipecat_nemotron.asr.config import DEFAULT_MODEL, LATENCY_MODES, EngineConfig
@@ -69,13 +70,4 @@ __all__ = [
     "WordTiming",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pipecat_nemotron.asr' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -9,19 +9,19 @@ package is ``NemotronServerSTTService``, a client of our own WebSocket server.
 * :mod:`~pipecat_nemotron.stt.local` - ``NemotronSTTService``, on an in-process engine.
 * :mod:`~pipecat_nemotron.stt.remote` - ``NemotronServerSTTService``: its handshake, replay buffer, owed finals,
   peeks and reconnect loop.
-* :mod:`~pipecat_nemotron.asr.types` - ``Transcript``, a final's words and numbers (plain Python).
 * :mod:`~pipecat_nemotron.stt.eager` - ``EagerSettings`` and when a pause predicts the end of a turn.
 * :mod:`~pipecat_nemotron.stt.settings`, :mod:`~pipecat_nemotron.stt.ready`, :mod:`~pipecat_nemotron.stt.ttfs`,
-  :mod:`~pipecat_nemotron.stt.finals` - the runtime settings, readiness, the TTFS p99 announced, the local
-  session's owed finals.
+  :mod:`~pipecat_nemotron.stt.finals`, :mod:`~pipecat_nemotron.stt.while_loading`,
+  :mod:`~pipecat_nemotron.stt.metrics` - the runtime settings, readiness, the TTFS p99 announced, the local
+  session's owed finals and what it holds while its model loads, the ASR finalize metric.
 
-Names load on first access, so importing :mod:`pipecat_nemotron.asr.types` does not import Pipecat or torch.
+``TranscriptionFrame.result`` of both services is a :class:`~pipecat_nemotron.asr.types.Transcript` (re-exported
+here). Names load on first access, so importing this package does not import Pipecat or torch.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from pipecat_nemotron.runtime.lazy import lazy_exports
 
 _EXPORTS = {
     "DEFAULT_FINAL_TIMEOUT_S": "pipecat_nemotron.stt.local",
@@ -39,13 +39,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pipecat_nemotron.stt' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
