@@ -76,7 +76,17 @@ def test_buffered_vs_cache_aware(model: str, tmp_path: Path) -> None:
         assert _positive(row["ratio_cpu"]) and _positive(row["ratio_wall"])
 
 
-def test_concurrency(model: str, tmp_path: Path) -> None:
+def test_concurrency(model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipecat_nemotron.asr.runner import ModelRunner
+
+    runners: list[ModelRunner] = []  # the engine's runner, whose slot pool is the memory the summary reports
+    init = ModelRunner.__init__
+
+    def recording_init(self: ModelRunner, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        runners.append(self)
+
+    monkeypatch.setattr(ModelRunner, "__init__", recording_init)
     options = "--streams 1 2 --seconds 1.5 --step-batches 1 4 --step-modes 160 --step-seconds 1 --keep-going"
     data = _run("concurrency", model, tmp_path, options)
     assert [r["streams"] for r in data["realtime"]] == [1, 2]
@@ -88,10 +98,12 @@ def test_concurrency(model: str, tmp_path: Path) -> None:
     assert {(r["latency_ms"], r["batch"]) for r in data["batched_steps"]} == {(160, 1), (160, 4)}
     assert all(_positive(r["step_ms_p50"]) and r["steps"] > 0 for r in data["batched_steps"])
     s = data["summary"]
-    assert (
-        s["cache_bytes_per_stream"] > 0
-        and s["slot_pool_bytes"] == s["cache_bytes_per_stream"] * s["max_streams"]
-    )
+    # The slot pool as allocated: the encoder's two caches (NeMo's slot manager) and the pre-encode mel cache.
+    (runner,) = runners
+    pool = (runner.slots.cache_last_channel, runner.slots.cache_last_time, runner.pre_encode_cache)
+    assert runner.slots.num_slots == s["max_streams"] == 4  # the largest of --streams and --step-batches
+    assert s["slot_pool_bytes"] == sum(t.nbytes for t in pool)
+    assert s["cache_bytes_per_stream"] * s["max_streams"] == s["slot_pool_bytes"]
     assert 0 <= s["largest_realtime_n"] <= 2 and s["limit"]
 
 

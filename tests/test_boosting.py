@@ -290,8 +290,27 @@ async def test_boosting_off_refuses_phrases_naming_the_fix() -> None:
             require_per_stream_biasing(off.model)
 
 
-async def test_a_new_list_is_built_off_the_model_thread_before_its_first_step(engine: NemotronEngine) -> None:
-    """``open_stream`` starts the build: the tree exists before the stream sends audio, and its step reuses it."""
+async def test_a_new_list_is_built_off_the_model_thread_before_its_first_step(
+    engine: NemotronEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``open_stream`` starts the build: the tree exists before the stream sends audio, and its step reuses it.
+
+    The build (NeMo's ``GPUBoostingTreeModel.from_config``) runs on neither the model's step thread (the thread
+    the encoder-output hook runs on) nor the event loop.
+    """
+    import threading
+
+    from nemo.collections.asr.parts.context_biasing.boosting_graph_batched import GPUBoostingTreeModel
+
+    build_threads: list[int] = []
+    from_config = GPUBoostingTreeModel.from_config
+
+    def recording_from_config(*args, **kwargs):
+        build_threads.append(threading.get_ident())
+        return from_config(*args, **kwargs)
+
+    monkeypatch.setattr(GPUBoostingTreeModel, "from_config", recording_from_config)
+    step_threads: set[int] = set()
     before_active, before_builds = engine.boost_trees
     stream = engine.open_stream(boost_phrases=["a timer for two minutes"], boost_alpha=ALPHA)
     try:
@@ -301,11 +320,14 @@ async def test_a_new_list_is_built_off_the_model_thread_before_its_first_step(en
             await asyncio.sleep(0.05)
         assert engine.boost_trees == (before_active, before_builds + 1)  # built, not yet in the decoder
         name, _, _, fixed = MISHEARD[1]
-        await stream.push(heldout(name))
-        assert (await stream.finalize()).text == fixed
+        with engine.observe_encoder_output(lambda *_: step_threads.add(threading.get_ident())):
+            await stream.push(heldout(name))
+            assert (await stream.finalize()).text == fixed
         assert engine.boost_trees == (before_active + 1, before_builds + 1)  # added, not built again
     finally:
         await stream.close()
+    assert len(build_threads) == 1 and len(step_threads) == 1
+    assert build_threads[0] not in step_threads and build_threads[0] != threading.get_ident()
 
 
 async def test_transcribe_file_example_refuses_a_bad_boost_before_loading_the_model(tmp_path: Path) -> None:

@@ -37,7 +37,9 @@ def test_runner_bot_loads_the_model_before_it_accepts_a_session(tmp_path: Path) 
         # The model is loaded (and said so, with its time) before the server listens for a first session.
         assert "Models loaded at process start" in text, text[-3000:]
         assert text.index("Nemotron ASR engine ready") < text.index("Uvicorn running")
+        # The page a person opens: / redirects to the runner's prebuilt client, served whole.
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as response:
-            assert response.status < 500
+            assert response.status == 200 and response.url == f"http://127.0.0.1:{port}/client/"
+            assert "<title>Pipecat UI</title>" in response.read().decode()
     finally:
         stop_process(bot)

@@ -25,11 +25,20 @@ def cpython_default_interval() -> Iterator[None]:
 
 
 def test_the_documented_default_is_a_tenth_of_a_millisecond() -> None:
-    """README and docs/TTS.md say 0.1 ms: 0.5 ms still starved the model threads at 8 sessions (BENCHMARKS §12)."""
+    """README, docs/TTS.md and docs/ARCHITECTURE.md give the interval the engines set: 0.1 ms (0.5 ms still starved
+    the model threads at 8 sessions, BENCHMARKS §12)."""
     import inspect
+    import re
+    from pathlib import Path
 
     from pipecat_nemotron.tts.magpie import MagpieEngine
 
+    repo = Path(__file__).resolve().parents[1]
+    for doc in ("README.md", "docs/TTS.md", "docs/ARCHITECTURE.md"):
+        text = (repo / doc).read_text()
+        # "lowers Python's thread switch interval to 0.1 ms", "lower `sys.setswitchinterval` to 0.1 ms"
+        stated = re.findall(r"(?:switch interval|setswitchinterval`?)\s+to\s+(\d+(?:\.\d+)?)\s+ms", text)
+        assert stated and all(float(ms) == DEFAULT_SWITCH_INTERVAL_MS for ms in stated), (doc, stated)
     assert DEFAULT_SWITCH_INTERVAL_MS == 0.1
     assert EngineConfig().gil_switch_interval_ms == 0.1
     assert inspect.signature(MagpieEngine).parameters["gil_switch_interval_ms"].default == 0.1

@@ -23,7 +23,6 @@ from pipecat.processors.aggregators.llm_response_universal import LLMContextAggr
 from pipecat.services.openai.llm import OpenAILLMService
 from pipecat.tests.utils import run_test
 
-from pipecat_nemotron.llm import env as llm_env
 from pipecat_nemotron.llm.service import (
     HOSTED_BASE_URL,
     LLAMA_CPP_MODEL,
@@ -35,6 +34,7 @@ from pipecat_nemotron.llm.service import (
     NemotronLLMSettings,
     create_nemotron_llm,
 )
+from pipecat_nemotron.llm import env as llm_env
 
 # --- settings ---------------------------------------------------------------------
 
@@ -88,20 +88,25 @@ def test_presets() -> None:
 
 
 def test_env_keys_are_the_documented_ones() -> None:
-    # docs/LLM.md and bots/.env.example name these keys; the code and the other tests use the constants.
-    assert (
-        llm_env.ENV_BACKEND,
-        llm_env.ENV_BASE_URL,
-        llm_env.ENV_MODEL,
-        llm_env.ENV_API_KEY,
-        llm_env.ENV_NVIDIA_API_KEY,
-    ) == (
-        "NEMOTRON_LLM_BACKEND",
-        "NEMOTRON_LLM_BASE_URL",
-        "NEMOTRON_LLM_MODEL",
-        "NEMOTRON_LLM_API_KEY",
-        "NVIDIA_API_KEY",
-    )
+    """docs/LLM.md's ``.env`` table lists exactly the keys the code reads; README, docs and bots/.env.example name
+    no other ``NEMOTRON_LLM_*`` key."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    code_keys = {
+        value
+        for name, value in vars(llm_env).items()
+        if name.startswith("ENV_") and name not in ("ENV_PREFIX", "ENV_NVIDIA_API_KEY")
+    }
+    assert llm_env.ENV_BACKEND in code_keys and all(key.startswith(llm_env.ENV_PREFIX) for key in code_keys)
+    table = (repo / "docs" / "LLM.md").read_text().split("## `.env` keys", 1)[1].split("\n\n")[1]
+    rows = dict(re.findall(r"^\| `([A-Z_]+)` \|(.*)$", table, flags=re.MULTILINE))
+    assert set(rows) == code_keys
+    assert f"`{llm_env.ENV_NVIDIA_API_KEY}`" in rows[llm_env.ENV_API_KEY]  # the hosted API's fallback key
+    docs = [repo / "README.md", repo / "bots" / ".env.example", *sorted((repo / "docs").glob("*.md"))]
+    named = {key for doc in docs for key in re.findall(r"NEMOTRON_LLM_[A-Z_]*[A-Z]", doc.read_text())}
+    assert named <= code_keys, named - code_keys
 
 
 def test_from_env() -> None:

@@ -135,7 +135,9 @@ def test_cuda_graphs_give_the_eager_steps_codes(tiny_magpie: tuple[Path, Path]) 
     graphed = GraphedMagpieStep(model, max_slots=8)
     codes, _ = run_rows(graphed, model, 40, device="cuda")
     assert graphed.capture and graphed.describe()["captures"] > 0 and graphed.describe()["failed"] == []
-    assert graphed.describe()["captured_bytes"] >= 0
+    # Captures go to the graphs' own memory pool, which starts empty, so the first one reserves new memory; the
+    # count is growth only, so it stays within what the allocator holds now (nothing here empties its cache).
+    assert 0 < graphed.describe()["captured_bytes"] <= torch.cuda.memory_reserved()
     for a, b in zip(codes, eager_codes, strict=True):
         assert torch.equal(a, b)
 

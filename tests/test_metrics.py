@@ -142,7 +142,7 @@ async def test_interrupted_segment_resets() -> None:
     assert turn.speech_end_ts == pytest.approx(12.5)
 
 
-# --- through a real pipeline ------------------------------------------------------------
+# --- through a Pipecat pipeline, with a scripted STT and TTS ----------------------------------
 
 
 @dataclass
@@ -226,7 +226,16 @@ class FakeTTSOutput(FrameProcessor):
             await self.push_frame(BotStartedSpeakingFrame())
 
 
-async def test_real_pipeline(openai_server: FakeOpenAIServer, tmp_path) -> None:  # noqa: F811
+async def test_stages_through_a_pipecat_pipeline_with_scripted_stt_and_tts(
+    openai_server: FakeOpenAIServer,  # noqa: F811
+    tmp_path,
+) -> None:
+    """The observer on Pipecat's own frame flow: a scripted STT and TTS with fixed delays, the real LLM service.
+
+    The STT, TTS and user here are scripted fakes (fixed finalize and TTS delays give the floors asserted below).
+    Our real STT, Magpie and a loopback LLM server run under the observer in
+    ``test_agent.py::test_full_local_agent_pipeline``.
+    """
     openai_server.first_token_delay_s = 0.15
     path = tmp_path / "turns.jsonl"
     observer = VoiceLatencyObserver(jsonl_path=path, record_text=True)

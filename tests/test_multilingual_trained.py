@@ -41,8 +41,10 @@ async def engine():
 
 
 def _wer(pairs: list[tuple[str, str]]) -> float:
-    """Corpus word error rate of ``(reference, hypothesis)`` pairs, as a fraction."""
-    return (wer_percent([ref for ref, _ in pairs], [hyp for _, hyp in pairs]) or 0.0) / 100.0
+    """Corpus word error rate of ``(reference, hypothesis)`` pairs, as a fraction (fails on no reference word)."""
+    percent = wer_percent([ref for ref, _ in pairs], [hyp for _, hyp in pairs])
+    assert percent is not None, f"no reference words in {len(pairs)} pairs: an empty subset measures nothing"
+    return percent / 100.0
 
 
 async def _decode(engine: NemotronEngine, clips, latency_ms: int, language_of) -> list:

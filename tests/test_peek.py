@@ -39,7 +39,12 @@ def two_turns() -> bytes:
 
 
 async def speak(stream, pcm: bytes, rng: random.Random | None, peeks: list) -> None:
-    """Push ``pcm`` in 20-100 ms pieces; with ``rng``, peek at random points (waiting for some answers)."""
+    """Push ``pcm`` in 20-100 ms pieces; with ``rng``, peek at random points (waiting for some answers).
+
+    Each peek is kept with the tokens the stream had decoded before its flush: for an awaited peek, the stream's
+    tokens once it answered (the chunks before a peek are decoded first, and nothing is pushed meanwhile); for
+    ``peek_nowait``, its tokens when asked (fewer, or as many).
+    """
     i = 0
     while i < len(pcm):
         size = 640 * (rng.randint(1, 5) if rng else 3)
@@ -47,9 +52,10 @@ async def speak(stream, pcm: bytes, rng: random.Random | None, peeks: list) -> N
         i += size
         if rng is not None and rng.random() < 0.25:
             if rng.random() < 0.5:
-                peeks.append(await stream.peek())
+                answer = await stream.peek()
+                peeks.append((answer, stream.tokens))
             else:
-                peeks.append(stream.peek_nowait())
+                peeks.append((stream.peek_nowait(), stream.tokens))
         await asyncio.sleep(0)
 
 
@@ -70,7 +76,7 @@ async def run_session(engine: NemotronEngine, latency_ms: int, seed: int | None)
                 finals.append(await stream.finalize())
     finally:
         await stream.close()
-    return finals, synced, [p if isinstance(p, Transcript) else p.result() for p in peeks]
+    return finals, synced, [(p if isinstance(p, Transcript) else p.result(), d) for p, d in peeks]
 
 
 @pytest.mark.parametrize("latency_ms", MODES)
@@ -80,15 +86,23 @@ async def test_peeks_leave_the_stream_unchanged(engine: NemotronEngine, latency_
         run_session(engine, latency_ms, None), run_session(engine, latency_ms, seed=latency_ms)
     )
     assert [f.text for f in ref_finals] and all(f.text for f in ref_finals)
+    tokenizer = engine.model.tokenizer
     for finals, synced, peeks in peeked:
         assert peeks, "the random schedule peeked"
         assert synced == ref_synced
         assert [f.tokens for f in finals] == [f.tokens for f in ref_finals]
         assert [f.text for f in finals] == [f.text for f in ref_finals]
-        for p in peeks:
-            # A peek is a prefix of its utterance's final, as the model saw it then (tokens may still change
-            # only at the flushed tail, which the next chunks decode with their real right context).
+        assert any(decoded for _, decoded in peeks), "some peek came after decoded words"
+        for p, decoded in peeks:
             assert p.utterance in (0, 1) and p.latency_ms == latency_ms and p.peek_ms >= 0
+            final = finals[p.utterance]
+            # A peek is what the stream had decoded, then the flush of the rest of its audio. The decoded part
+            # starts both the peek and its utterance's final; only the flushed tail (at most one chunk) may differ
+            # from the final ("it? What" for "it, please?"), as the next chunks decode that audio with its real
+            # right context.
+            assert p.tokens[: len(decoded)] == decoded == final.tokens[: len(decoded)], (p, final)
+            words = tokenizer.ids_to_text(list(decoded)) if decoded else ""
+            assert p.text.startswith(words) and final.text.startswith(words), (words, p.text, final.text)
 
 
 @pytest.mark.parametrize("finalize_mode", ["soft", "hard"])

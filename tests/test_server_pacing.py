@@ -19,6 +19,7 @@ from websockets.exceptions import ConnectionClosed
 from ws_client import open_session, raw_messages
 
 from pipecat_nemotron.asr import NemotronEngine, StepStats
+from pipecat_nemotron.models import TINY_MODEL_PATH as TRAINED_MODEL
 from pipecat_nemotron.server.protocol import PROTOCOL_VERSION, ConfigMessage, ReadyMessage
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -219,7 +220,9 @@ async def test_ready_names_the_model_not_its_install_path(engine: NemotronEngine
         ws, ready = await open_session(srv.url)
         await ws.close()
     assert isinstance(ready, ReadyMessage)
-    assert ready.model == engine.config.model.rsplit("/", 1)[-1] and "/" not in ready.model
+    # The engine loads the bundled model by its absolute install path; a client sees the file's name only.
+    assert engine.config.model == str(TRAINED_MODEL) and TRAINED_MODEL.is_absolute()
+    assert ready.model == "tiny_nemotron_asr.nemo"
 
 
 # ---- the server's heartbeat while it holds a session's reads ------------------------------------------------------

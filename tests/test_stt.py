@@ -73,8 +73,19 @@ async def test_two_turns_with_latency_change_between(engine: NemotronEngine) -> 
     assert stt.latency_ms == 560
     assert 160 in modes and 560 in modes
     assert modes.index(560) > modes.index(160)
-    # Each turn is only its own audio.
-    assert finals[0].text and finals[1].text and finals[0].text != finals[1].text
+    # Each turn is only its own audio: the engine's own stream, given a then b with a final after each (the
+    # service's soft finalize keeps one stream across turns), says the same, turn by turn.
+    stream = engine.open_stream(latency_ms=160)
+    try:
+        await stream.push(a)
+        expected = [(await stream.finalize()).text]
+        stream.set_latency(560)
+        await stream.push(b)
+        expected.append((await stream.finalize()).text)
+    finally:
+        await stream.close()
+    assert all(expected) and expected[0] != expected[1]
+    assert [f.text for f in finals] == expected
 
 
 async def test_two_sessions_share_one_engine_without_mixing(tiny_random_model) -> None:

@@ -86,7 +86,8 @@ async def test_second_turn_is_transcribed_in_one_stream(finalize_mode: str) -> N
         for part in (pcm[:cut], pcm[cut:]):
             await stream.push(part)
             finals.append(normalize_text((await stream.finalize()).text))
-        stream.close()
+        await stream.close()
+        assert stream.closed and engine.open_streams == 0
     assert finals == [normalize_text(t) for t in turns["turns"]]
 
 
