@@ -23,6 +23,7 @@ from pipecat.processors.aggregators.llm_response_universal import LLMContextAggr
 from pipecat.services.openai.llm import OpenAILLMService
 from pipecat.tests.utils import run_test
 
+from pipecat_nemotron.llm import env as llm_env
 from pipecat_nemotron.llm.service import (
     HOSTED_BASE_URL,
     LLAMA_CPP_MODEL,
@@ -34,7 +35,6 @@ from pipecat_nemotron.llm.service import (
     NemotronLLMSettings,
     create_nemotron_llm,
 )
-from pipecat_nemotron.llm import env as llm_env
 
 # --- settings ---------------------------------------------------------------------
 

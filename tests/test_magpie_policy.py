@@ -271,6 +271,7 @@ def test_a_worker_that_dies_fails_every_request_and_refuses_new_ones() -> None:
         list(queued)
     with pytest.raises(MagpieEngineError, match="stopped"):
         submit(scheduler, words(1))
+    assert scheduler.stopped and not scheduler.closed  # the registry replaces an engine whose worker stopped
 
 
 def test_the_policy_the_scheduler_and_the_fake_import_without_torch() -> None:

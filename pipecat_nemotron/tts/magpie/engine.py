@@ -315,6 +315,11 @@ class MagpieEngine:
         """Whether :meth:`close` was called."""
         return self._scheduler.closed
 
+    @property
+    def serving(self) -> bool:
+        """Whether the engine takes requests: not closed, and its worker has not stopped (it may still be loading)."""
+        return not self._scheduler.closed and not self._scheduler.stopped
+
     # Worker thread (the only one that runs the model).
 
     def _run(self) -> None:

@@ -112,6 +112,11 @@ class MagpieScheduler:
         return self._closing
 
     @property
+    def stopped(self) -> bool:
+        """Whether the worker has stopped serving (after :meth:`close`, or an error of its own): nothing more runs."""
+        return self._stopped
+
+    @property
     def pending(self) -> int:
         """Requests waiting for a row (queued, or in the policy's waiting line)."""
         return self._jobs.qsize() + (len(self.policy.waiting) if self.policy is not None else 0)

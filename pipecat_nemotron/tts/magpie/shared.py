@@ -22,7 +22,8 @@ class MagpieKey(NamedTuple):
 
 
 def _cannot_serve(engine: MagpieEngine) -> bool:
-    return engine.closed or engine.load_error is not None
+    """A registered engine to replace: closed, failed to load, or its worker stopped on an error of its own."""
+    return not engine.serving or engine.load_error is not None
 
 
 class SharedMagpieEngines(EngineRegistry[MagpieKey, MagpieEngine]):
