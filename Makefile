@@ -26,10 +26,13 @@ demo: setup
 	$(PY) -m pipecat_nemotron.demo
 
 # The suite on TEST_WORKERS pytest-xdist workers (whole files per worker, one torch thread each), then the
-# `serial` tests (real-time sessions that need a quiet CPU, Ray clusters) alone. TEST_WORKERS=0: one process.
+# `serial` tests (real-time sessions that need a quiet CPU, Ray clusters) alone, after ruff and the import-linter
+# contracts. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: setup system-deps
 	@status=0; \
+	$(VENV)/bin/ruff check pipecat_nemotron tests examples bots scripts || status=$$?; \
+	$(VENV)/bin/lint-imports --no-cache || status=$$?; \
 	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile -m "not serial" || status=$$?; \
 	$(PY) -m pytest -q -ra -m serial || status=$$?; \
 	exit $$status
@@ -45,5 +48,7 @@ system-deps:
 		echo "*** Until then the browser tests are SKIPPED (pytest -ra lists them)."; \
 	fi
 
+# Ruff (SLF001 included: no reach into another module's privates) and the import-linter layers (pyproject.toml).
 lint: setup
 	$(VENV)/bin/ruff check pipecat_nemotron tests examples bots scripts
+	$(VENV)/bin/lint-imports --no-cache
