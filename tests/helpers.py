@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -223,6 +224,40 @@ def magpie_options_for(frames: int, **kwargs: Any) -> Any:
     return MagpieSynthesisOptions(
         max_duration_s=(frames - 0.5) * MAGPIE_SAMPLES_PER_FRAME / MAGPIE_CODEC_RATE, **kwargs
     )
+
+
+class MagpieAdmissionGate:
+    """Holds a ``MagpieEngine``'s worker thread while it admits the request for ``text``, until :meth:`open`.
+
+    The worker splits each request's text with NeMo's ``chunk_text_for_inference`` as it admits it (before its
+    prefill); the gate waits inside that call, so a test can submit more requests, or do work on the event loop,
+    at a known point instead of racing the worker. Other texts pass. The wait gives up after 60 s (a liveness
+    guard: ``timed_out`` then tells the test).
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+        from nemo.collections.tts.parts.utils import tts_dataset_utils
+
+        self.entered = threading.Event()
+        self.timed_out = False
+        self._open = threading.Event()
+        split = tts_dataset_utils.chunk_text_for_inference
+
+        def held(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("text") == text and not self._open.is_set():
+                self.entered.set()
+                self.timed_out = not self._open.wait(60)
+            return split(*args, **kwargs)
+
+        monkeypatch.setattr(tts_dataset_utils, "chunk_text_for_inference", held)
+
+    async def wait_entered(self) -> None:
+        """Wait (off the event loop) until the worker is held at the gate."""
+        assert await asyncio.to_thread(self.entered.wait, 60), "the worker never started the request"
+
+    def open(self) -> None:
+        """Let the worker go on (the gate stays open)."""
+        self._open.set()
 
 
 SYNC = pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")
