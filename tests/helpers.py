@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -17,11 +18,15 @@ import torch
 import ws_client
 from pipecat.frames.frames import (
     BotStartedSpeakingFrame,
+    DataFrame,
+    EndFrame,
     Frame,
     LLMFullResponseStartFrame,
     LLMTextFrame,
     MetricsFrame,
+    StartFrame,
     STTUpdateSettingsFrame,
+    SystemFrame,
     TranscriptionFrame,
     TTSAudioRawFrame,
     UserStoppedSpeakingFrame,
@@ -495,6 +500,129 @@ async def started_engine(model: Any, *, one_thread: bool = False, **overrides: A
             yield engine
         finally:
             await engine.stop()
+
+
+#: Longest wait of a :func:`run_steps` step before the test fails, s: a liveness guard, not a timing.
+STEP_HANG_S = 60.0
+
+
+@dataclass(frozen=True)
+class Until:
+    """A :func:`run_steps` step: wait until ``check(down, up)`` holds (the frames that came out so far)."""
+
+    what: str
+    check: Callable[[list[Frame], list[Frame]], bool]
+
+
+@dataclass(frozen=True)
+class Then:
+    """A :func:`run_steps` step: call ``action()`` (e.g. let a held turn analyzer answer); await what it returns,
+    if awaitable (e.g. ``stt.wait_until_ready``)."""
+
+    action: Callable[[], object]
+
+
+class _Flush:
+    """A :func:`run_steps` step: wait until the processor has handled every frame sent before it."""
+
+
+#: Passes a data and a system marker through the processor and waits for both to come out: its data frames and
+#: its system frames (audio, VAD) go through different queues, so each kind needs its own marker.
+FLUSH = _Flush()
+
+
+class _DataMarker(DataFrame):
+    pass
+
+
+class _SystemMarker(SystemFrame):
+    pass
+
+
+class _Edge(FrameProcessor):
+    """An end of :func:`run_steps`' pipeline: keeps the frames leaving the processor in ``direction``."""
+
+    def __init__(self, direction: FrameDirection, frames: list[Frame], markers: set[int]) -> None:
+        super().__init__(enable_direct_mode=True)
+        self._direction = direction
+        self._frames = frames
+        self._markers = markers
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, (_DataMarker, _SystemMarker)) and self._direction == FrameDirection.DOWNSTREAM:
+            self._markers.add(id(frame))  # through the processor: the end of the line
+            return
+        if direction == self._direction and not isinstance(frame, (StartFrame, EndFrame)):
+            self._frames.append(frame)
+        await self.push_frame(frame, direction)
+
+
+async def run_steps(
+    processor: FrameProcessor, steps: list[Frame | Until | Then | _Flush], *, start_timeout: float = 5.0
+) -> tuple[list[Frame], list[Frame]]:
+    """Pipecat's ``run_test`` driven by events: ``(downstream frames, upstream frames)`` that left ``processor``.
+
+    Frames are queued in order; an :class:`Until` waits for its condition, :data:`FLUSH` until the processor has
+    handled what was sent, a :class:`Then` acts. Nothing waits on the clock (each wait fails after
+    :data:`STEP_HANG_S`, naming what never came). An ``EndFrame`` ends the run.
+    """
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineWorker
+    from pipecat.workers.runner import WorkerRunner
+
+    down: list[Frame] = []
+    up: list[Frame] = []
+    markers: set[int] = set()
+    worker = PipelineWorker(
+        Pipeline(
+            [
+                _Edge(FrameDirection.UPSTREAM, up, markers),
+                processor,
+                _Edge(FrameDirection.DOWNSTREAM, down, markers),
+            ]
+        ),
+        cancel_on_idle_timeout=False,
+    )
+    started = asyncio.Event()
+
+    @worker.event_handler("on_pipeline_started")
+    async def _started(_worker: Any, _frame: Any) -> None:
+        started.set()
+
+    async def drive() -> None:
+        await asyncio.wait_for(started.wait(), start_timeout)
+        for step in steps:
+            if isinstance(step, Frame):
+                await worker.queue_frame(step)
+            elif isinstance(step, Until):
+                await wait_for(lambda step=step: step.check(down, up), STEP_HANG_S, step.what)
+            elif isinstance(step, Then):
+                result = step.action()
+                if inspect.isawaitable(result):
+                    await asyncio.wait_for(result, STEP_HANG_S)
+            elif isinstance(step, _Flush):
+                data, system = _DataMarker(), _SystemMarker()
+                await worker.queue_frame(data)
+                await worker.queue_frame(system)
+                await wait_for(
+                    lambda d=data, s=system: {id(d), id(s)} <= markers, STEP_HANG_S, "the frames sent to be handled"
+                )
+            else:
+                raise TypeError(f"not a step: {step!r}")
+        await worker.queue_frame(EndFrame())
+
+    runner = WorkerRunner(handle_sigint=False)
+    await runner.add_workers(worker)
+    run = asyncio.ensure_future(runner.run())
+    try:
+        await drive()
+    except BaseException:
+        await worker.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        raise
+    await run
+    return down, up
 
 
 def paused_turn(pcm: bytes, resume: bytes = b"") -> list[Frame]:
