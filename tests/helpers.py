@@ -24,6 +24,7 @@ from pipecat.frames.frames import (
     LLMFullResponseStartFrame,
     LLMTextFrame,
     MetricsFrame,
+    ProposedUserStoppedSpeakingFrame,
     StartFrame,
     STTUpdateSettingsFrame,
     SystemFrame,
@@ -46,7 +47,7 @@ from pipecat_nemotron.metrics import VoiceLatencyObserver, asr_finalize_metrics_
 from pipecat_nemotron.models import DEMO_AUDIO_DIR
 from pipecat_nemotron.server.app import ASRServer, ServerConfig
 from pipecat_nemotron.server.protocol import CloseCode, ConfigMessage, parse_server_message
-from pipecat_nemotron.stt import NemotronSTTSettings
+from pipecat_nemotron.stt import NemotronSTTService, NemotronSTTSettings
 from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 from pipecat_nemotron.wav_input import read_pcm16, silence
 
@@ -625,17 +626,79 @@ async def run_steps(
     return down, up
 
 
-def paused_turn(pcm: bytes, resume: bytes = b"") -> list[Frame]:
-    """A user turn with a 0.4 s pause after ``pcm`` (then ``resume``, if any), committed by a VAD stop."""
+class _WatchedPeeks:
+    """Mixin for the Nemotron STT services: counts the eager peeks answered and the predictions being pushed.
+
+    ``_peek_text`` is the services' documented subclass hook for a peek; what follows an answer (the prediction
+    pushed, or held) runs in the same task, with no await before the push starts.
+    """
+
+    peeks = 0
+    _pushing = 0
+
+    async def _peek_text(self) -> str:
+        text = await super()._peek_text()  # type: ignore[misc]
+        self.peeks += 1
+        return text
+
+    async def _push_eager_end_of_turn(self, *args: Any, **kwargs: Any) -> None:
+        self._pushing += 1
+        try:
+            await super()._push_eager_end_of_turn(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._pushing -= 1
+
+    def peeks_settled(self, count: int) -> bool:
+        """Whether ``count`` peeks have been answered, and the prediction of the last (if any) pushed."""
+        return self.peeks >= count and not self._pushing
+
+
+class WatchedSTTService(_WatchedPeeks, NemotronSTTService):
+    """``NemotronSTTService`` with :class:`_WatchedPeeks` (for :func:`paused_turn`)."""
+
+
+class WatchedServerSTTService(_WatchedPeeks, NemotronServerSTTService):
+    """``NemotronServerSTTService`` with :class:`_WatchedPeeks` (for :func:`paused_turn`)."""
+
+
+def _after_the_final(kind: type) -> Callable[[list[Frame], list[Frame]], bool]:
+    def check(down: list[Frame], _up: list[Frame]) -> bool:
+        finals = [i for i, f in enumerate(down) if type(f) is TranscriptionFrame]
+        return bool(finals) and any(isinstance(f, kind) for f in down[finals[0] :])
+
+    return check
+
+
+def paused_turn(stt: _WatchedPeeks, pcm: bytes, resume: bytes = b"", *, commits: bool = True) -> list:
+    """:func:`run_steps` for a user turn with a 0.4 s pause after ``pcm`` (then ``resume``, if any, and a second
+    pause), ended by a VAD stop; ``stt`` is a :class:`WatchedSTTService` or :class:`WatchedServerSTTService`.
+
+    The audio arrives in a burst, and a pause's peek answers once the engine has decoded all of it (~0.3 s here,
+    over 1 s on a loaded 2-core machine): nothing more is sent until it has answered (a prediction pushed, or
+    held), since a VAD stop first would make it moot. After the VAD stop the final comes, and with ``commits`` the
+    proposed turn stop after it.
+    """
     pause = audio_frames(silence(0.4, 16000))
-    # The audio arrives in a burst; a pause's peek answers once the engine has decoded all of it (~0.3 s here,
-    # over 1 s on a loaded 2-core machine). A final that comes first makes the peek moot and no eager frame is sent.
-    peek_lands = SleepFrame(sleep=2.5)
-    frames: list[Frame] = [SleepFrame(sleep=0.2), VADUserStartedSpeakingFrame(), *audio_frames(pcm), *pause]
-    frames.append(peek_lands)
+    steps: list = [
+        Then(stt.wait_until_ready),  # type: ignore[attr-defined]
+        VADUserStartedSpeakingFrame(),
+        *audio_frames(pcm),
+        *pause,
+        Until("the eager peek at the pause", lambda *_: stt.peeks_settled(1)),
+    ]
     if resume:
-        frames += [*audio_frames(resume), *pause, peek_lands]
-    return [*frames, VADUserStoppedSpeakingFrame(stop_secs=0.2), SleepFrame(sleep=1.5)]
+        steps += [
+            *audio_frames(resume),
+            *pause,
+            Until("the eager peek at the second pause", lambda *_: stt.peeks_settled(2)),
+        ]
+    steps += [
+        VADUserStoppedSpeakingFrame(stop_secs=0.2),
+        Until("the final", _after_the_final(TranscriptionFrame)),
+    ]
+    if commits:
+        steps.append(Until("the proposed turn stop after the final", _after_the_final(ProposedUserStoppedSpeakingFrame)))
+    return steps
 
 
 def of(frames: list[Frame], kind: type) -> list[Frame]:
