@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -16,11 +18,16 @@ import torch
 import ws_client
 from pipecat.frames.frames import (
     BotStartedSpeakingFrame,
+    DataFrame,
+    EndFrame,
     Frame,
     LLMFullResponseStartFrame,
     LLMTextFrame,
     MetricsFrame,
+    ProposedUserStoppedSpeakingFrame,
+    StartFrame,
     STTUpdateSettingsFrame,
+    SystemFrame,
     TranscriptionFrame,
     TTSAudioRawFrame,
     UserStoppedSpeakingFrame,
@@ -41,7 +48,7 @@ from pipecat_nemotron.models import DEMO_AUDIO_DIR
 from pipecat_nemotron.observers.metrics import VoiceLatencyObserver, asr_finalize_metrics_frame
 from pipecat_nemotron.server.app import ASRServer, ServerConfig
 from pipecat_nemotron.server.protocol import CloseCode, ConfigMessage, parse_server_message
-from pipecat_nemotron.stt import NemotronSTTSettings
+from pipecat_nemotron.stt import NemotronSTTService, NemotronSTTSettings
 from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 
 
@@ -223,6 +230,40 @@ def magpie_options_for(frames: int, **kwargs: Any) -> Any:
     return MagpieSynthesisOptions(
         max_duration_s=(frames - 0.5) * MAGPIE_SAMPLES_PER_FRAME / MAGPIE_CODEC_RATE, **kwargs
     )
+
+
+class MagpieAdmissionGate:
+    """Holds a ``MagpieEngine``'s worker thread while it admits the request for ``text``, until :meth:`open`.
+
+    The worker splits each request's text with NeMo's ``chunk_text_for_inference`` as it admits it (before its
+    prefill); the gate waits inside that call, so a test can submit more requests, or do work on the event loop,
+    at a known point instead of racing the worker. Other texts pass. The wait gives up after 60 s (a liveness
+    guard: ``timed_out`` then tells the test).
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+        from nemo.collections.tts.parts.utils import tts_dataset_utils
+
+        self.entered = threading.Event()
+        self.timed_out = False
+        self._open = threading.Event()
+        split = tts_dataset_utils.chunk_text_for_inference
+
+        def held(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("text") == text and not self._open.is_set():
+                self.entered.set()
+                self.timed_out = not self._open.wait(60)
+            return split(*args, **kwargs)
+
+        monkeypatch.setattr(tts_dataset_utils, "chunk_text_for_inference", held)
+
+    async def wait_entered(self) -> None:
+        """Wait (off the event loop) until the worker is held at the gate."""
+        assert await asyncio.to_thread(self.entered.wait, 60), "the worker never started the request"
+
+    def open(self) -> None:
+        """Let the worker go on (the gate stays open)."""
+        self._open.set()
 
 
 SYNC = pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")
@@ -462,17 +503,202 @@ async def started_engine(model: Any, *, one_thread: bool = False, **overrides: A
             await engine.stop()
 
 
-def paused_turn(pcm: bytes, resume: bytes = b"") -> list[Frame]:
-    """A user turn with a 0.4 s pause after ``pcm`` (then ``resume``, if any), committed by a VAD stop."""
+#: Longest wait of a :func:`run_steps` step before the test fails, s: a liveness guard, not a timing.
+STEP_HANG_S = 60.0
+
+
+@dataclass(frozen=True)
+class Until:
+    """A :func:`run_steps` step: wait until ``check(down, up)`` holds (the frames that came out so far)."""
+
+    what: str
+    check: Callable[[list[Frame], list[Frame]], bool]
+
+
+@dataclass(frozen=True)
+class Then:
+    """A :func:`run_steps` step: call ``action()`` (e.g. let a held turn analyzer answer); await what it returns,
+    if awaitable (e.g. ``stt.wait_until_ready``)."""
+
+    action: Callable[[], object]
+
+
+class _Flush:
+    """A :func:`run_steps` step: wait until the processor has handled every frame sent before it."""
+
+
+#: Passes a data and a system marker through the processor and waits for both to come out: its data frames and
+#: its system frames (audio, VAD) go through different queues, so each kind needs its own marker.
+FLUSH = _Flush()
+
+
+class _DataMarker(DataFrame):
+    pass
+
+
+class _SystemMarker(SystemFrame):
+    pass
+
+
+class _Edge(FrameProcessor):
+    """An end of :func:`run_steps`' pipeline: keeps the frames leaving the processor in ``direction``."""
+
+    def __init__(self, direction: FrameDirection, frames: list[Frame], markers: set[int]) -> None:
+        super().__init__(enable_direct_mode=True)
+        self._direction = direction
+        self._frames = frames
+        self._markers = markers
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, (_DataMarker, _SystemMarker)) and self._direction == FrameDirection.DOWNSTREAM:
+            self._markers.add(id(frame))  # through the processor: the end of the line
+            return
+        if direction == self._direction and not isinstance(frame, (StartFrame, EndFrame)):
+            self._frames.append(frame)
+        await self.push_frame(frame, direction)
+
+
+async def run_steps(
+    processor: FrameProcessor, steps: list[Frame | Until | Then | _Flush], *, start_timeout: float = 5.0
+) -> tuple[list[Frame], list[Frame]]:
+    """Pipecat's ``run_test`` driven by events: ``(downstream frames, upstream frames)`` that left ``processor``.
+
+    Frames are queued in order; an :class:`Until` waits for its condition, :data:`FLUSH` until the processor has
+    handled what was sent, a :class:`Then` acts. Nothing waits on the clock (each wait fails after
+    :data:`STEP_HANG_S`, naming what never came). An ``EndFrame`` ends the run.
+    """
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineWorker
+    from pipecat.workers.runner import WorkerRunner
+
+    down: list[Frame] = []
+    up: list[Frame] = []
+    markers: set[int] = set()
+    worker = PipelineWorker(
+        Pipeline(
+            [
+                _Edge(FrameDirection.UPSTREAM, up, markers),
+                processor,
+                _Edge(FrameDirection.DOWNSTREAM, down, markers),
+            ]
+        ),
+        cancel_on_idle_timeout=False,
+    )
+    started = asyncio.Event()
+
+    @worker.event_handler("on_pipeline_started")
+    async def _started(_worker: Any, _frame: Any) -> None:
+        started.set()
+
+    async def drive() -> None:
+        await asyncio.wait_for(started.wait(), start_timeout)
+        for step in steps:
+            if isinstance(step, Frame):
+                await worker.queue_frame(step)
+            elif isinstance(step, Until):
+                await wait_for(lambda step=step: step.check(down, up), STEP_HANG_S, step.what)
+            elif isinstance(step, Then):
+                result = step.action()
+                if inspect.isawaitable(result):
+                    await asyncio.wait_for(result, STEP_HANG_S)
+            elif isinstance(step, _Flush):
+                data, system = _DataMarker(), _SystemMarker()
+                await worker.queue_frame(data)
+                await worker.queue_frame(system)
+                await wait_for(
+                    lambda d=data, s=system: {id(d), id(s)} <= markers, STEP_HANG_S, "the frames sent to be handled"
+                )
+            else:
+                raise TypeError(f"not a step: {step!r}")
+        await worker.queue_frame(EndFrame())
+
+    runner = WorkerRunner(handle_sigint=False)
+    await runner.add_workers(worker)
+    run = asyncio.ensure_future(runner.run())
+    try:
+        await drive()
+    except BaseException:
+        await worker.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        raise
+    await run
+    return down, up
+
+
+class _WatchedPeeks:
+    """Mixin for the Nemotron STT services: counts the eager peeks answered and the predictions being pushed.
+
+    ``_peek_text`` is the services' documented subclass hook for a peek; what follows an answer (the prediction
+    pushed, or held) runs in the same task, with no await before the push starts.
+    """
+
+    peeks = 0
+    _pushing = 0
+
+    async def _peek_text(self) -> str:
+        text = await super()._peek_text()  # type: ignore[misc]
+        self.peeks += 1
+        return text
+
+    async def _push_eager_end_of_turn(self, *args: Any, **kwargs: Any) -> None:
+        self._pushing += 1
+        try:
+            await super()._push_eager_end_of_turn(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._pushing -= 1
+
+    def peeks_settled(self, count: int) -> bool:
+        """Whether ``count`` peeks have been answered, and the prediction of the last (if any) pushed."""
+        return self.peeks >= count and not self._pushing
+
+
+class WatchedSTTService(_WatchedPeeks, NemotronSTTService):
+    """``NemotronSTTService`` with :class:`_WatchedPeeks` (for :func:`paused_turn`)."""
+
+
+class WatchedServerSTTService(_WatchedPeeks, NemotronServerSTTService):
+    """``NemotronServerSTTService`` with :class:`_WatchedPeeks` (for :func:`paused_turn`)."""
+
+
+def _after_the_final(kind: type) -> Callable[[list[Frame], list[Frame]], bool]:
+    def check(down: list[Frame], _up: list[Frame]) -> bool:
+        finals = [i for i, f in enumerate(down) if type(f) is TranscriptionFrame]
+        return bool(finals) and any(isinstance(f, kind) for f in down[finals[0] :])
+
+    return check
+
+
+def paused_turn(stt: _WatchedPeeks, pcm: bytes, resume: bytes = b"", *, commits: bool = True) -> list:
+    """:func:`run_steps` for a user turn with a 0.4 s pause after ``pcm`` (then ``resume``, if any, and a second
+    pause), ended by a VAD stop; ``stt`` is a :class:`WatchedSTTService` or :class:`WatchedServerSTTService`.
+
+    The audio arrives in a burst, and a pause's peek answers once the engine has decoded all of it (~0.3 s here,
+    over 1 s on a loaded 2-core machine): nothing more is sent until it has answered (a prediction pushed, or
+    held), since a VAD stop first would make it moot. After the VAD stop the final comes, and with ``commits`` the
+    proposed turn stop after it.
+    """
     pause = audio_frames(silence(0.4, 16000))
-    # The audio arrives in a burst; a pause's peek answers once the engine has decoded all of it (~0.3 s here,
-    # over 1 s on a loaded 2-core machine). A final that comes first makes the peek moot and no eager frame is sent.
-    peek_lands = SleepFrame(sleep=2.5)
-    frames: list[Frame] = [SleepFrame(sleep=0.2), VADUserStartedSpeakingFrame(), *audio_frames(pcm), *pause]
-    frames.append(peek_lands)
+    steps: list = [
+        Then(stt.wait_until_ready),  # type: ignore[attr-defined]
+        VADUserStartedSpeakingFrame(),
+        *audio_frames(pcm),
+        *pause,
+        Until("the eager peek at the pause", lambda *_: stt.peeks_settled(1)),
+    ]
     if resume:
-        frames += [*audio_frames(resume), *pause, peek_lands]
-    return [*frames, VADUserStoppedSpeakingFrame(stop_secs=0.2), SleepFrame(sleep=1.5)]
+        steps += [
+            *audio_frames(resume),
+            *pause,
+            Until("the eager peek at the second pause", lambda *_: stt.peeks_settled(2)),
+        ]
+    steps += [
+        VADUserStoppedSpeakingFrame(stop_secs=0.2),
+        Until("the final", _after_the_final(TranscriptionFrame)),
+    ]
+    if commits:
+        steps.append(Until("the proposed turn stop after the final", _after_the_final(ProposedUserStoppedSpeakingFrame)))
+    return steps
 
 
 def of(frames: list[Frame], kind: type) -> list[Frame]:

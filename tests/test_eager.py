@@ -8,6 +8,7 @@ turn is committed (VAD stop, then the finalized transcript) and drops it when th
 
 from __future__ import annotations
 
+import asyncio
 import time
 import wave
 from pathlib import Path
@@ -21,6 +22,7 @@ from pipecat.frames.frames import (
     EagerTranscriptionFrame,
     TextFrame,
     TranscriptionFrame,
+    VADUserStoppedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
 
@@ -51,9 +53,11 @@ class NumberedServer(FakeOpenAIServer):
     def __init__(self) -> None:
         super().__init__(first_token_delay_s=LLM_DELAY_S)
         self.arrived: list[float] = []
+        self.first_arrived = asyncio.Event()
 
     async def _chat(self, request):  # type: ignore[no-untyped-def]
         self.arrived.append(time.monotonic())
+        self.first_arrived.set()
         self.reply = f"Reply number {len(self.arrived)}."
         return await super()._chat(request)
 
@@ -101,9 +105,36 @@ def paused_timer_wav(path: Path) -> Path:
     return path
 
 
-async def run_agent(asr: NemotronEngine, magpie, server: NumberedServer, wav: Path) -> tuple:
+class CommitAfterTheSpeculativeRequest(NemotronSTTService):
+    """The in-process STT, holding the first VAD stop until the LLM server has received a request.
+
+    In a live session the eager peek lands well before the VAD's commit (``COMMIT_S``), but a loaded machine can
+    decode later than that. Holding the VAD stop (and so the final that answers it) makes the order the test is
+    about certain: the prediction out, its speculative LLM request made, then the commit. A prediction that never
+    starts a request leaves the stop held until the liveness guard gives up (``gave_up``).
+    """
+
+    def __init__(self, server: NumberedServer, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._server = server
+        self._held = False
+        self.gave_up = False
+
+    async def process_frame(self, frame, direction: FrameDirection) -> None:  # type: ignore[no-untyped-def]
+        if isinstance(frame, VADUserStoppedSpeakingFrame) and not self._held:
+            self._held = True
+            try:
+                await asyncio.wait_for(self._server.first_arrived.wait(), 60)
+            except TimeoutError:
+                self.gave_up = True
+        await super().process_frame(frame, direction)
+
+
+async def run_agent(
+    asr: NemotronEngine, magpie, server: NumberedServer, wav: Path, stt: NemotronSTTService | None = None
+) -> tuple:
     """One session of ``wav`` through the eager agent; returns the agent, the STT's pushes and the playback."""
-    stt = NemotronSTTService(engine=asr, latency_ms=160, eager=EagerSettings())
+    stt = stt or NemotronSTTService(engine=asr, latency_ms=160, eager=EagerSettings())
     pushed = TimedRecorder((TranscriptionFrame, EagerTranscriptionFrame))
     playback = SpokenText()
     agent = build_voice_agent(
@@ -141,7 +172,9 @@ async def test_turn_answered_eagerly(magpie_engine) -> None:  # noqa: F811
     wav = DEMO_AUDIO_DIR / "demo_math.wav"
     async with NemotronEngine(EngineConfig(model=str(TINY_MODEL_PATH), device="cpu", max_streams=2)) as asr:
         async with NumberedServer() as server:
-            agent, pushed, playback = await run_agent(asr, magpie_engine, server, wav)
+            stt = CommitAfterTheSpeculativeRequest(server, engine=asr, latency_ms=160, eager=EagerSettings())
+            agent, pushed, playback = await run_agent(asr, magpie_engine, server, wav, stt)
+    assert not stt.gave_up, "no LLM request before the commit: the prediction started no inference"
     (final_at, final), *_ = finals_and_eagers(pushed)[0]
     eagers = finals_and_eagers(pushed)[1]
     assert final and [text for _, text in eagers] == [final]

@@ -10,7 +10,19 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers import SYNC, TOKEN, audio_frames, clip, of, open_session, paused_turn
+from helpers import (
+    SYNC,
+    TOKEN,
+    Until,
+    WatchedServerSTTService,
+    WatchedSTTService,
+    audio_frames,
+    clip,
+    of,
+    open_session,
+    paused_turn,
+    run_steps,
+)
 from pipecat.audio.turn.base_turn_analyzer import BaseTurnAnalyzer, BaseTurnParams, EndOfTurnState
 from pipecat.frames.frames import (
     EagerEndOfTurnCancelFrame,
@@ -20,7 +32,6 @@ from pipecat.frames.frames import (
     ProposedUserStoppedSpeakingFrame,
     TranscriptionFrame,
 )
-from pipecat.tests.utils import SleepFrame, run_test
 from pipecat.turns.user_turn_strategies import EagerUserTurnStrategies
 from ws_client import stream
 
@@ -39,7 +50,6 @@ from pipecat_nemotron.server.protocol import (
 )
 from pipecat_nemotron.stt import NemotronSTTService
 from pipecat_nemotron.stt.eager import EagerSettings
-from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -86,9 +96,9 @@ async def test_server_answers_peek_with_the_final_to_be(server: ASRServer, engin
 
 @pytest.mark.serial
 async def test_server_stt_eager_end_of_turn(server: ASRServer, engine: NemotronEngine) -> None:  # noqa: F811
-    stt = NemotronServerSTTService(url=server.url, token=TOKEN, eager=EagerSettings())
+    stt = WatchedServerSTTService(url=server.url, token=TOKEN, eager=EagerSettings())
     assert isinstance(stt.service_metadata_frame().user_turn_strategies, EagerUserTurnStrategies)
-    down, _ = await run_test(stt, frames_to_send=paused_turn(clip()), start_timeout=5.0)
+    down, _ = await run_steps(stt, paused_turn(stt, clip()))
     (eager,) = of(down, EagerTranscriptionFrame)
     assert of(down, ProposedUserStartedSpeakingFrame)
     assert assert_committed_after(down, eager).text == eager.text
@@ -99,9 +109,9 @@ async def test_server_stt_eager_end_of_turn(server: ASRServer, engine: NemotronE
 async def test_in_process_stt_eager_end_of_turn_and_withdrawal(engine: NemotronEngine) -> None:  # noqa: F811
     off = NemotronSTTService(engine=engine)
     assert off.service_metadata_frame().user_turn_strategies is None  # off: Pipecat's default turn strategies
-    stt = NemotronSTTService(engine=engine, eager=EagerSettings())
+    stt = WatchedSTTService(engine=engine, eager=EagerSettings())
     a, b = clip(), clip("demo_timer.wav")
-    down, _ = await run_test(stt, frames_to_send=paused_turn(a, resume=b), start_timeout=5.0)
+    down, _ = await run_steps(stt, paused_turn(stt, a, resume=b))
     first, second = of(down, EagerTranscriptionFrame)
     (cancel,) = of(down, EagerEndOfTurnCancelFrame)
     assert down.index(first) < down.index(cancel) < down.index(second)
@@ -139,7 +149,7 @@ class HoldingAnalyzer(BaseTurnAnalyzer):
 
 async def test_a_turn_analyzer_holds_the_commit(engine: NemotronEngine) -> None:  # noqa: F811
     analyzer = HoldingAnalyzer()
-    stt = NemotronSTTService(engine=engine, eager=EagerSettings(turn_analyzer=analyzer))
+    stt = WatchedSTTService(engine=engine, eager=EagerSettings(turn_analyzer=analyzer))
     verdicts: list[bool] = []
     complete = stt._commit.complete
 
@@ -148,9 +158,15 @@ async def test_a_turn_analyzer_holds_the_commit(engine: NemotronEngine) -> None:
         return verdicts[-1]
 
     stt._commit.complete = recorded  # type: ignore[method-assign]
-    # After the VAD stop the final arrives, but the analyzer holds the turn open until 0.3 s more of silence.
-    frames = [*paused_turn(clip()), *audio_frames(silence(0.5, 16000)), SleepFrame(sleep=0.5)]
-    down, _ = await run_test(stt, frames_to_send=frames, start_timeout=5.0)
+    # After the VAD stop the final arrives, but the analyzer holds the turn open until 0.3 s more of silence:
+    # the silence is sent once the final's verdict is in, and the run ends once the silence committed the turn.
+    steps = [
+        *paused_turn(stt, clip(), commits=False),
+        Until("the final's verdict", lambda *_: len(verdicts) == 1),
+        *audio_frames(silence(0.5, 16000)),
+        Until("the commit by the silence", lambda down, _: bool(of(down, ProposedUserStoppedSpeakingFrame))),
+    ]
+    down, _ = await run_steps(stt, steps)
     (eager,) = of(down, EagerTranscriptionFrame)
     finals = of(down, TranscriptionFrame)
     assert [f.text for f in finals] == [eager.text] and analyzer.asked == 1

@@ -451,22 +451,55 @@ async def test_engine_not_started_and_stop_fails_pending(tiny_random_model) -> N
         eng.open_stream()
     await eng.start()
     stream = eng.open_stream()
-    await stream.push(to_pcm16(noise_clip(0.3)))
-    await eng.stop()
+    entered, go = threading.Event(), threading.Event()
+
+    def hold(*_: object) -> None:  # the step in progress waits here, on the model's worker thread
+        entered.set()
+        go.wait(60)  # a liveness guard: the test sets it below
+
+    with eng.observe_encoder_output(hold):
+        await stream.push(to_pcm16(noise_clip(0.3)))
+        assert await asyncio.to_thread(entered.wait, 60), "no step ran the pushed audio"
+        # Asked while that step runs (after its plan): both wait for a next step that the stop never runs.
+        final, peek = stream.finalize_nowait(), stream.peek_nowait()
+        assert not final.done() and not peek.done()
+        go.set()  # the held step ends on its thread; stop() cancels the scheduler before it resolves anything
+        await eng.stop()
+    for pending in (final, peek):
+        with pytest.raises(StreamClosedError, match="engine"):
+            await pending
+    assert stream.closed
     with pytest.raises(StreamClosedError):
         await stream.push(b"\x00\x00")
     await asyncio.wait_for(eng.stop(), 60)  # idempotent (a hang, not a slow machine, would trip this)
 
 
-async def test_stop_while_loading_waits_for_the_load_and_stops_cleanly(tiny_random_model) -> None:
+async def test_stop_while_loading_waits_for_the_load_and_stops_cleanly(tiny_random_model, monkeypatch) -> None:
     """A server shut down while its model loads: the load ends, the engine stops, nothing is left failing."""
+    from pipecat_nemotron.asr import loading
+
     engine = NemotronEngine(
         EngineConfig(model=str(tiny_random_model), device="cpu", max_streams=2, warmup=False)
     )
+    entered, go = threading.Event(), threading.Event()
+    load = loading.load_asr_model
+
+    def held_load(*args: object, **kwargs: object) -> object:  # on the model thread: the load waits for the test
+        entered.set()
+        assert go.wait(60), "the test never let the load finish"
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "load_asr_model", held_load)
     start = asyncio.ensure_future(engine.start())
-    await asyncio.sleep(0.05)
-    assert not start.done()  # still loading
-    await engine.stop()
+    assert await asyncio.to_thread(entered.wait, 60), "the load never started"
+    assert not start.done()  # it waits for the load, which is held
+    stopping = asyncio.ensure_future(engine.stop())
+    for _ in range(10):  # loop passes, not time: stop() runs until it waits
+        await asyncio.sleep(0)
+    assert not stopping.done()  # it waits for the load too (held: nothing else can have let it return)
+    go.set()
+    await asyncio.wait_for(stopping, 60)  # a liveness guard
+    assert start.done()
     await start  # the load finished and did not raise
     assert not engine.running
     with pytest.raises(Exception, match="not been started|not running"):

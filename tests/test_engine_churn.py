@@ -139,15 +139,16 @@ class ManualChurn:
             await s.close()
         self.owner.run_until_idle()
         await asyncio.sleep(0)
-        check_outcomes(self.ledger, self.seed)
-        assert self.owner.policy.streams == {} and self.owner.policy.closing == {}
-        assert self.owner.runner.peak_slots <= self.slots and not self.owner.runner.slots.held
 
 
 @pytest.mark.parametrize("seed", range(30))
 async def test_policy_churn_resolves_every_request(seed: int) -> None:
     """Random requests between and inside steps: every finalize and peek ends, no stream fails for a slot."""
-    await ManualChurn(seed).run(actions=300)
+    churn = ManualChurn(seed)
+    await churn.run(actions=300)
+    check_outcomes(churn.ledger, seed)
+    assert churn.owner.policy.streams == {} and churn.owner.policy.closing == {}
+    assert churn.owner.runner.peak_slots <= churn.slots and not churn.owner.runner.slots.held
 
 
 async def stream_cycles(
@@ -224,8 +225,14 @@ async def test_a_close_waiting_for_its_slot_returns_when_the_scheduler_crashes()
     await asyncio.to_thread(runner.entered.wait, HANG_S)  # a step is running, holding stream's chunk
     pending = other.finalize_nowait()
     closing = asyncio.ensure_future(stream.close())
-    await asyncio.sleep(0.01)
-    assert not closing.done()  # it waits for the next step to free the slot
+    for _ in range(100):  # loop passes, not time: close() runs until it waits
+        if stream.closed:
+            break
+        await asyncio.sleep(0)
+    # The close is registered (the stream no longer counts as open), and it waits for the step that frees the
+    # slot: the step in progress is held on the worker thread, so nothing else can have let it return.
+    assert stream.closed and engine.open_streams == 1
+    assert runner.entered.is_set() and not closing.done()
     runner.crash = RuntimeError("scripted scheduler bug")
     runner.hold.set()
     await asyncio.wait_for(closing, HANG_S)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import MAGPIE_SAMPLES_PER_FRAME, magpie_options_for, one_torch_thread
+from helpers import MAGPIE_SAMPLES_PER_FRAME, MagpieAdmissionGate, magpie_options_for, one_torch_thread
 
 from pipecat_nemotron.tts.magpie import (
     MagpieEngine,
@@ -57,16 +57,20 @@ def test_constructor_validates_step_and_batch(tiny_magpie: tuple[Path, Path]) ->
         MagpieSynthesisOptions(seed=-1)
 
 
-def test_requests_advance_together_one_frame_per_step(engine: MagpieEngine) -> None:
-    """Two 12-frame requests submitted together take about 12 steps, not 24 (one frame each per step)."""
-    before = engine.steps
-    streams = [engine.submit(f"Session {name}.", options=magpie_options_for(12)) for name in ("one", "two")]
-    audio = [collect(s) for s in streams]
+def test_requests_advance_together_one_frame_per_step(engine: MagpieEngine, monkeypatch) -> None:
+    """Two 12-frame requests admitted together take 12 steps, not 24 (one frame each per step)."""
+    gate = MagpieAdmissionGate(monkeypatch, "Session one.")
+    before = engine.steps, engine.prefills
+    first = engine.submit("Session one.", options=magpie_options_for(12))
+    assert gate.entered.wait(60)  # the worker is admitting the first: the second is queued before it goes on
+    second = engine.submit("Session two.", options=magpie_options_for(12))
+    gate.open()
+    audio = [collect(s) for s in (first, second)]
+    assert not gate.timed_out
     assert [len(a) for a in audio] == [12 * MAGPIE_SAMPLES_PER_FRAME] * 2
-    steps = engine.steps - before
-    assert 12 <= steps <= 18, steps  # 12, plus a few if the second joined late (one at a time would take 24).
-    first, second = (s.stats for s in streams)
-    assert second.started_at < first.finished_at and first.started_at < second.finished_at
+    steps, prefills = engine.steps - before[0], engine.prefills - before[1]
+    assert (steps, prefills) == (12, 1)  # one prefill for both, then one frame each per step
+    assert second.stats.started_at < first.stats.finished_at and first.stats.started_at < second.stats.finished_at
 
 
 def test_seeded_request_is_the_same_alone_and_in_a_batch_joining_at_different_times(
@@ -104,26 +108,25 @@ def test_cancelling_mid_batch_leaves_the_other_rows_unchanged(engine: MagpieEngi
     assert not engine.busy and engine.pending == 0
 
 
-def test_a_burst_is_prefilled_in_one_call_even_when_it_arrives_while_the_first_starts(engine: MagpieEngine) -> None:
+def test_a_burst_is_prefilled_in_one_call_even_when_it_arrives_while_the_first_starts(
+    engine: MagpieEngine, monkeypatch
+) -> None:
     """Requests that arrive while the first of a burst is being started (its text tokenised) join its prefill.
 
     Otherwise the first is prefilled alone and the others wait for it before theirs (seconds for the 357M model
-    on a CPU). The first request's long text (2,000 sentences, tokenised up front) keeps the worker busy in
-    admission for tens of ms; the others are submitted as soon as it has started.
+    on a CPU). The worker is held inside the first request's tokenisation while the others are submitted.
     """
-    import time
-
-    long_text = " ".join(["This is one more sentence to read aloud."] * 2000)
+    gate = MagpieAdmissionGate(monkeypatch, "Session one.")
     before = engine.prefills
-    first = engine.submit(long_text, options=magpie_options_for(3))
-    deadline = time.monotonic() + 60
-    while first.stats.started_at is None:  # Set when the worker starts admitting it (before tokenising).
-        assert time.monotonic() < deadline, "the first request was never started"
-        time.sleep(0.0002)
+    first = engine.submit("Session one.", options=magpie_options_for(3))
+    assert gate.entered.wait(60), "the worker never started the first request"
+    assert first.stats.started_at is not None and first.status == "running"  # admitted, not yet prefilled
     others = [engine.submit(f"Session {name}.", options=magpie_options_for(3)) for name in ("two", "three", "four")]
+    gate.open()
     streams = [first, *others]
     for stream in streams:
-        assert stream.wait(timeout=60) and stream.status == "truncated"
+        assert stream.wait(timeout=60) and stream.status == "truncated"  # a liveness guard
+    assert not gate.timed_out
     assert engine.prefills - before == 1, "the burst was split over several prefills"
     assert [s.stats.frames for s in streams] == [3] * 4
 

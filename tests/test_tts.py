@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import MAGPIE_CODEC_RATE, MAGPIE_SAMPLES_PER_FRAME, magpie_options_for, one_torch_thread
+from helpers import (
+    MAGPIE_CODEC_RATE,
+    MAGPIE_SAMPLES_PER_FRAME,
+    MagpieAdmissionGate,
+    magpie_options_for,
+    one_torch_thread,
+)
 from pipecat.frames.frames import (
     EndFrame,
     ErrorFrame,
@@ -432,22 +438,24 @@ def test_nemo_step_serves_requests_fifo_one_at_a_time(nemo_engine: MagpieEngine)
         assert earlier.stats.finished_at <= later.stats.started_at
 
 
-async def test_async_iteration_does_not_block_the_loop(engine: MagpieEngine) -> None:
-    ticks = 0
+async def test_async_iteration_does_not_block_the_loop(engine: MagpieEngine, monkeypatch) -> None:
+    # The worker cannot start the request until a task on the event loop lets it, and that task can only run
+    # once the consumer awaits a chunk (none exists yet): a wait that blocked the loop would leave the worker at
+    # the gate until its liveness guard gave up.
+    gate = MagpieAdmissionGate(monkeypatch, TEXT)
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.005)
-            ticks += 1
+    async def let_the_worker_go() -> None:
+        await gate.wait_entered()
+        gate.open()
 
-    task = asyncio.create_task(ticker())
+    opener = asyncio.create_task(let_the_worker_go())
     try:
         chunks = [chunk async for chunk in engine.submit(TEXT, options=magpie_options_for(12))]
     finally:
-        task.cancel()
+        gate.open()
+    await opener
+    assert not gate.timed_out  # the loop ran the opener while the consumer waited for the first chunk
     assert sum(c.num_frames for c in chunks) == 12
-    assert ticks > 3  # The loop kept running while the worker thread synthesised.
 
 
 # The Pipecat service.
@@ -497,16 +505,29 @@ async def test_service_at_codec_rate_passes_audio_through(engine: MagpieEngine) 
 
 
 class _Sink(FrameProcessor):
-    def __init__(self) -> None:
+    """Keeps the audio and interruption frames that reach the end of the pipeline, in order.
+
+    When the interruption arrives it calls ``at_interruption()`` and keeps the result (what the engine had done
+    by the time the interruption left the TTS service).
+    """
+
+    def __init__(self, at_interruption: Callable[[], object]) -> None:
         super().__init__()
-        self.audio_frames = 0
+        self.frames: list[Frame] = []
         self.first_audio = asyncio.Event()
+        self.interrupted = asyncio.Event()
+        self._at_interruption = at_interruption
+        self.seen_at_interruption: object = None
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
         if isinstance(frame, TTSAudioRawFrame):
-            self.audio_frames += 1
+            self.frames.append(frame)
             self.first_audio.set()
+        elif isinstance(frame, InterruptionFrame):
+            self.frames.append(frame)
+            self.seen_at_interruption = self._at_interruption()
+            self.interrupted.set()
         await self.push_frame(frame, direction)
 
 
@@ -520,26 +541,33 @@ async def test_interruption_stops_synthesis_promptly(engine: MagpieEngine, monke
 
     monkeypatch.setattr(engine, "submit", spy)
     service = MagpieTTSService(engine=engine, options=MagpieSynthesisOptions(max_duration_s=20.0))
-    sink = _Sink()
+    sink = _Sink(at_interruption=lambda: (streams[0].cancelled, streams[0].stats.frames))
     worker = PipelineWorker(Pipeline([service, sink]), cancel_on_idle_timeout=False)
     runner = WorkerRunner()
     await runner.add_workers(worker)
     run = asyncio.create_task(runner.run())
     try:
         await worker.queue_frame(TTSSpeakFrame(text=TEXT))
-        await asyncio.wait_for(sink.first_audio.wait(), timeout=30)
-        interrupted_at = time.perf_counter()
-        frames_at_interrupt = streams[0].stats.frames
+        await asyncio.wait_for(sink.first_audio.wait(), timeout=30)  # liveness guards, not timings
         await worker.queue_frame(InterruptionFrame())
-        assert await asyncio.to_thread(streams[0].wait, 10)
-        assert streams[0].status == "cancelled"
-        assert streams[0].stats.finished_at - interrupted_at < 2.0
-        # Generation ran on only while the interruption travelled to the service (a frame or two).
-        assert streams[0].stats.frames < frames_at_interrupt + 10 < 431
-        assert not engine.busy
+        await asyncio.wait_for(sink.interrupted.wait(), timeout=30)
+        (stream,) = streams
+        assert await asyncio.to_thread(stream.wait, 30)
+        # The service cancelled the request before it passed the interruption on...
+        cancelled_then, frames_then = sink.seen_at_interruption
+        assert cancelled_then and stream.status == "cancelled"
+        # ...and the engine stopped it at its next step: at most the frame of the step then running followed
+        # (the tiny model never ends the speech: it would have run on to 20 s, 431 frames).
+        assert stream.stats.frames <= frames_then + 1 < 431
+        # Its row is freed: the engine is idle.
+        assert not engine.busy and engine.pending == 0
     finally:
         await worker.queue_frame(EndFrame())
         await asyncio.wait_for(run, timeout=30)
+    # Every frame before the EndFrame has passed the sink: no audio of the interrupted reply came after the
+    # interruption.
+    interruption = next(i for i, f in enumerate(sink.frames) if isinstance(f, InterruptionFrame))
+    assert interruption > 0 and not any(isinstance(f, TTSAudioRawFrame) for f in sink.frames[interruption:])
 
 
 async def test_services_share_one_engine_per_model(tiny_magpie: tuple[Path, Path], monkeypatch) -> None:

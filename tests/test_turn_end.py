@@ -11,6 +11,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from helpers import FLUSH, Then, Until, run_steps
 from pipecat.audio.turn.base_turn_analyzer import BaseTurnAnalyzer, BaseTurnParams, EndOfTurnState
 from pipecat.frames.frames import (
     InputAudioRawFrame,
@@ -23,7 +24,6 @@ from pipecat.processors.aggregators.llm_response_universal import (
     LLMContextAggregatorPair,
     LLMUserAggregatorParams,
 )
-from pipecat.tests.utils import SleepFrame, run_test
 from pipecat.transcriptions.language import Language
 
 from pipecat_nemotron.agent.turn_end import (
@@ -165,17 +165,28 @@ class FixedAnalyzer(BaseTurnAnalyzer):
 
 
 class SlowAnalyzer(FixedAnalyzer):
-    """A :class:`FixedAnalyzer` whose verdict takes ``delay_s`` (Smart Turn's inference), or fails after it."""
+    """A :class:`FixedAnalyzer` whose verdict (Smart Turn's inference) comes only once the test calls :meth:`answer`,
+    or fails then; without ``answers`` it never comes.
 
-    def __init__(self, complete: bool, delay_s: float, fail: bool = False) -> None:
+    :func:`_turn` answers after the transcript and the silence have been handled: the verdict comes later than
+    everything else in the turn, on every machine.
+    """
+
+    def __init__(self, complete: bool, answers: bool = True, fail: bool = False) -> None:
         super().__init__(complete)
-        self.delay_s, self.fail = delay_s, fail
+        self.answers, self.fail = answers, fail
+        self.asked = 0
+        self._answer = asyncio.Event()
 
     async def analyze_end_of_turn(self) -> tuple[EndOfTurnState, None]:
-        await asyncio.sleep(self.delay_s)
+        self.asked += 1
+        await self._answer.wait()
         if self.fail:
             raise RuntimeError("turn model crashed")
         return await super().analyze_end_of_turn()
+
+    def answer(self) -> None:
+        self._answer.set()
 
 
 def _audio(seconds: float) -> list[InputAudioRawFrame]:
@@ -207,19 +218,36 @@ async def _turn(
     language: Language | None = None,
     analyzer: BaseTurnAnalyzer | None = None,
 ) -> tuple[int, TurnEndLog]:
-    """One user turn through Pipecat's user aggregator: (user turns committed within ``silence_s``, the log)."""
+    """One user turn through Pipecat's user aggregator: (user turns committed within ``silence_s``, the log).
+
+    Driven by events, not sleeps: the transcript is handled before the silence's audio (audio frames are system
+    frames: they would overtake it), a :class:`SlowAnalyzer` that answers does so once both are handled (and the
+    turn must still be undecided then), and the session ends once the turn's outcome is in the log (and a commit
+    reached ``on_user_turn_stopped``).
+    """
     log, stops = TurnEndLog(), []
     user = _user_aggregator(mode, analyzer or FixedAnalyzer(smart_complete), log, stops)
-    frames = [
+    steps: list = [
         VADUserStartedSpeakingFrame(),
-        SleepFrame(sleep=0.05),
         VADUserStoppedSpeakingFrame(stop_secs=0.2),
         TranscriptionFrame(text, "user", "now", language, finalized=True),
-        SleepFrame(sleep=0.1),  # audio frames are system frames: they would overtake the transcript
+        FLUSH,
         *_audio(silence_s),
-        SleepFrame(sleep=0.2),
+        FLUSH,
     ]
-    await run_test(user, frames_to_send=frames)  # type: ignore[arg-type]
+    if isinstance(analyzer, SlowAnalyzer) and analyzer.answers:
+
+        def answer() -> None:
+            assert analyzer.asked == 1 and not log.decisions and not stops, "decided before the verdict"
+            analyzer.answer()
+
+        steps.append(Then(answer))
+
+    def settled(_down: list, _up: list) -> bool:
+        return bool(log.decisions) and (not log.decisions[-1][1].commit or bool(stops))
+
+    steps.append(Until("the turn's decision", settled))
+    await run_steps(user, steps)
     return len(stops), log
 
 
@@ -232,22 +260,22 @@ async def test_text_commits_a_complete_question_that_smart_turn_holds() -> None:
 
 
 async def test_a_complete_sentence_does_not_wait_for_the_analyzers_inference() -> None:
-    # Smart Turn's verdict takes 5 s here: the words commit within the 0.4 s of silence, without it.
-    slow = SlowAnalyzer(complete=False, delay_s=5.0)
+    # Smart Turn's verdict never comes here: the words commit without it.
+    slow = SlowAnalyzer(complete=False, answers=False)
     committed, log = await _turn("text", "What is nine plus four?", smart_complete=False, analyzer=slow)
     assert committed == 1 and log.last_commit == TurnEndDecision(True, "text", TextVerdict.COMPLETE, None)
-    # Words that tell nothing wait for the verdict (0.3 s here), then it decides.
-    slow = SlowAnalyzer(complete=True, delay_s=0.3)
+    # Words that tell nothing wait for the verdict (it comes after the silence here), then it decides.
+    slow = SlowAnalyzer(complete=True)
     committed, log = await _turn("text", "my number is four three nine", smart_complete=True, silence_s=0.8, analyzer=slow)
     assert committed == 1 and [d for _, d in log.decisions] == [TurnEndDecision(True, "smart", TextVerdict.UNKNOWN, True)]
     # A hold by the words also waits for it (the record keeps both verdicts).
-    slow = SlowAnalyzer(complete=True, delay_s=0.3)
+    slow = SlowAnalyzer(complete=True)
     committed, log = await _turn("text", "set a timer for", smart_complete=True, silence_s=0.8, analyzer=slow)
     assert committed == 0 and [d for _, d in log.decisions] == [TurnEndDecision(False, "text", TextVerdict.CONTINUES, True)]
 
 
 async def test_an_analyzer_that_fails_leaves_the_vad_stop_to_decide() -> None:
-    broken = SlowAnalyzer(complete=False, delay_s=0.05, fail=True)
+    broken = SlowAnalyzer(complete=False, fail=True)
     committed, log = await _turn("text", "my number is four three nine", smart_complete=False, analyzer=broken)
     assert committed == 1 and [d for _, d in log.decisions] == [TurnEndDecision(True, "vad", TextVerdict.UNKNOWN, None)]
 

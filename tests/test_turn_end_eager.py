@@ -9,19 +9,18 @@ are no complete sentence, so it predicts only at the end.
 from __future__ import annotations
 
 import pytest
-from helpers import of, paused_turn, to_pcm16
+from helpers import Until, WatchedSTTService, of, paused_turn, run_steps, to_pcm16
 from pipecat.frames.frames import (
     EagerEndOfTurnCancelFrame,
     EagerTranscriptionFrame,
     ProposedUserStoppedSpeakingFrame,
     TranscriptionFrame,
 )
-from pipecat.tests.utils import run_test
 from word_clips import spoken_word
 
 from pipecat_nemotron.agent.turn_end import TextVerdict, TurnEndLog, turn_commit_for
 from pipecat_nemotron.asr import NemotronEngine
-from pipecat_nemotron.stt import EagerSettings, NemotronSTTService
+from pipecat_nemotron.stt import EagerSettings
 from pipecat_nemotron.stt.eager import HOLD_WORDS, TurnCommit, pause_held_by
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -36,21 +35,21 @@ def _words(text: str, seed: int) -> bytes:
     return to_pcm16(audio * 10 ** (peak_db / 20) / max(float(abs(audio).max()), 1e-9))
 
 
-async def _eager_run(stt: NemotronSTTService) -> tuple[list, list, list]:
+async def _eager_run(stt: WatchedSTTService) -> tuple[list, list, list]:
     # A pause after "nine" (no hold word): the question visibly goes on, and a punctuating model writes no mark yet.
-    frames = paused_turn(_words("what is nine", 3), resume=_words("plus four please", 4))
-    down, _ = await run_test(stt, frames_to_send=frames, start_timeout=5.0)
+    steps = paused_turn(stt, _words("what is nine", 3), resume=_words("plus four please", 4))
+    down, _ = await run_steps(stt, steps)
     return of(down, EagerTranscriptionFrame), of(down, EagerEndOfTurnCancelFrame), of(down, TranscriptionFrame)
 
 
 async def test_text_gate_cancels_fewer_predictions_on_a_paused_sentence(engine: NemotronEngine) -> None:  # noqa: F811
-    today = NemotronSTTService(engine=engine, eager=EagerSettings())
+    today = WatchedSTTService(engine=engine, eager=EagerSettings())
     predictions, cancels, finals = await _eager_run(today)
     # Today: a prediction at the pause inside the sentence, withdrawn when the user goes on.
     assert len(predictions) == 2 and len(cancels) == 1, ([p.text for p in predictions], [f.text for f in finals])
 
     log = TurnEndLog()
-    gated = NemotronSTTService(
+    gated = WatchedSTTService(
         engine=engine, eager=EagerSettings(turn_commit=turn_commit_for("text", log=log))
     )
     predictions, cancels, finals = await _eager_run(gated)
@@ -65,13 +64,17 @@ async def test_text_gate_cancels_fewer_predictions_on_a_paused_sentence(engine: 
 async def test_text_commit_holds_after_a_trailing_preposition(engine: NemotronEngine) -> None:  # noqa: F811
     # The VAD stops after "set a timer for": the final is in, but the words say the user is not done.
     log = TurnEndLog()
-    stt = NemotronSTTService(
+    stt = WatchedSTTService(
         engine=engine, eager=EagerSettings(turn_commit=turn_commit_for("text", log=log))
     )
-    down, _ = await run_test(stt, frames_to_send=paused_turn(_words("set a timer for", 5)), start_timeout=5.0)
+    steps = [
+        *paused_turn(stt, _words("set a timer for", 5), commits=False),
+        Until("the commit's decision on the final", lambda *_: bool(log.decisions)),
+    ]
+    down, _ = await run_steps(stt, steps)
     (final,) = of(down, TranscriptionFrame)
     assert final.text.endswith("for"), final.text
-    assert not of(down, EagerTranscriptionFrame)  # no prediction after "for" either
+    assert stt.peeks == 1 and not of(down, EagerTranscriptionFrame)  # the pause was peeked at: no prediction
     decisions = [d for _, d in log.decisions]
     assert decisions[0].commit is False and decisions[0].verdict is TextVerdict.CONTINUES
     # Only the session's end (no speech) proposes a turn stop, not the held final.
