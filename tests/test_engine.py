@@ -11,7 +11,6 @@ import torch
 from helpers import (
     noise_clip,
     offline_decode,
-    push_realtime_chunks,
     stream_capturing_encoder_output,
     to_pcm16,
     wait_caught_up,
@@ -59,23 +58,33 @@ async def test_batched_equals_alone_with_staggered_joins(engine: NemotronEngine)
         list((await engine.transcribe(to_pcm16(c), latency_ms=m)).tokens)
         for c, m in zip(clips, modes, strict=True)
     ]
-    max_batch = 0
+    max_batch = steps = 0
+    stepped = asyncio.Event()
 
     def on_step(stats) -> None:
-        nonlocal max_batch
-        max_batch = max(max_batch, stats.batch_size)
+        nonlocal max_batch, steps
+        max_batch, steps = max(max_batch, stats.batch_size), steps + 1
+        stepped.set()
 
     engine.add_step_listener(on_step)
 
+    async def after_steps(n: int) -> None:
+        while steps < n:  # a guard against a hang (the engine went idle first), not a timing threshold
+            stepped.clear()
+            await asyncio.wait_for(stepped.wait(), timeout=60)
+
     async def run(i: int) -> list[int]:
-        await asyncio.sleep(0.15 * i)  # staggered joins; different lengths make staggered leaves
+        # Staggered joins, counted in model steps: each stream has 5 or more chunks, one per step, so the streams
+        # opened 2 steps apart overlap; different lengths make staggered leaves.
+        await after_steps(2 * i)
         stream = engine.open_stream(latency_ms=modes[i])
-        await push_realtime_chunks(stream, to_pcm16(clips[i]), chunk_bytes=1280, pause=0.002)
+        await stream.push(to_pcm16(clips[i]))
         final = await stream.finalize()
         await stream.close()
         return list(final.tokens)
 
     together = await asyncio.gather(*(run(i) for i in range(5)))
+    engine.remove_step_listener(on_step)
     assert together == alone
     assert max_batch >= 3, "the streams were never batched together"
 
