@@ -219,7 +219,13 @@ async def test_burst_double_replica_kill_and_proxy_kill_lose_no_final() -> None:
     assert all(expected.values()), expected
 
     port = free_port()
-    os.environ["RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S"] = "2"  # read by the controller Ray starts below
+    # Read by the controller Ray starts below. A killed proxy is found within a 2 s period; a proxy that is only
+    # slow to start or answer (a loaded 2-core machine: Ray's processes beside the CPU hogs of the suite's
+    # stress runs) is given 60 s to become ready (Ray's default: 5 s) and 30 s per health check (10 s), so it is
+    # not killed for being slow.
+    os.environ["RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S"] = "2"
+    os.environ["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"] = "60"
+    os.environ["RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"] = "30"
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     report: dict[str, Any] = {}
     stop = asyncio.Event()
