@@ -46,6 +46,11 @@ CLIPS = ("demo_weather.wav", "demo_timer.wav", "demo_math.wav")
 CLIENTS = 8
 GAP = bytes(int(16000 * 0.5) * 2)  # 0.5 s of silence before each utterance (no VAD): the replay preroll keeps it
 
+#: Waits in the fault test are guards against a hang, not limits on how fast Ray recovers: each allows this many
+#: times what a quiet 2-core machine needs (a replica restart loads NeMo and the model in a new process, which
+#: takes 3x as long beside the two CPU hogs of the suite's stress runs).
+LIVENESS = 3
+
 
 def utterance(name: str) -> bytes:
     return GAP + read_pcm16(DEMO_AUDIO_DIR / name, convert=True).tobytes()
@@ -205,7 +210,7 @@ async def test_a_paused_session_learns_at_once_that_serve_lost_its_client() -> N
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # Ray restarts replicas and the proxy: 3-10 min on a 2-core machine
+@pytest.mark.timeout(3600)  # Ray restarts replicas and the proxy: 3-10 min on a quiet 2-core machine, 3x beside CPU hogs
 async def test_burst_double_replica_kill_and_proxy_kill_lose_no_final() -> None:
     ray = pytest.importorskip("ray", reason="ray[serve] is not installed (pip install 'pipecat-nemotron[ray]')")
     serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install 'pipecat-nemotron[ray]')")
@@ -252,7 +257,7 @@ async def test_burst_double_replica_kill_and_proxy_kill_lose_no_final() -> None:
             for i, stt in enumerate(stts)
         ]
         # 1. The burst: 8 bots at once on 8 free slots.
-        await wait_until(lambda: all(s.ready for s in stts), 60, "every client's first session")
+        await wait_until(lambda: all(s.ready for s in stts), 60 * LIVENESS, "every client's first session")
         report["start_failures"] = [list(s.keeper.failed_attempts) for s in stts]
         replicas = sorted({s.ready.server_id for s in stts})
         assert len(replicas) == 2, replicas  # 4 slots per replica: 8 sessions need both, each pinned to its own
@@ -263,7 +268,7 @@ async def test_burst_double_replica_kill_and_proxy_kill_lose_no_final() -> None:
         await asyncio.sleep(2.0)
         kill_actor(ray, lambda n: n.startswith("SERVE_REPLICA") and n.endswith(replicas[-1]))
         report["double_kill_recovery_s"] = await wait_until(
-            lambda: all(s.ready and s.ready.server_id not in replicas for s in stts), 300, "new replicas"
+            lambda: all(s.ready and s.ready.server_id not in replicas for s in stts), 300 * LIVENESS, "new replicas"
         )
         report["double_kill"] = outages(stts, marks)
         # 3. Kill the proxy.
@@ -272,13 +277,13 @@ async def test_burst_double_replica_kill_and_proxy_kill_lose_no_final() -> None:
         kill_actor(ray, lambda n: n.startswith("SERVE_PROXY_ACTOR"))
         report["proxy_kill_recovery_s"] = await wait_until(
             lambda: all(len(s.keeper.reconnects) > m and s.ready for s, m in zip(stts, marks, strict=True)),
-            120,
+            120 * LIVENESS,
             "every client back after the proxy kill",
         )
         report["proxy_kill"] = outages(stts, marks)
         await asyncio.sleep(1.0)
         stop.set()
-        results = await asyncio.wait_for(asyncio.gather(*runs), 420)
+        results = await asyncio.wait_for(asyncio.gather(*runs), 420 * LIVENESS)
         # 4. Drain: Serve starting a replica's graceful shutdown (as on redeploy or downscale) closes its
         # session with the going_away error and 1001 after drain_timeout_s, before Serve would kill it.
         ws, ready = await ws_client.open_session(url, open_timeout=30)
