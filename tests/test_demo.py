@@ -1,11 +1,15 @@
-"""`make demo` as a user runs it: the README's demo command over the bundled two-turn WAV, in real time."""
+"""`make demo` as a user runs it: the README's demo command over the bundled two-turn WAV, in real time, with the
+embedded agent (no configuration) and with the parts `.env` configures."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import wave
 from pathlib import Path
 
 from openai_server import openai_server  # noqa: F401  (fixture)
@@ -19,18 +23,30 @@ _FINAL = re.compile(r"^\[final\] (.*?)(?:\x1b\[K)?$")
 _NUMBERS = re.compile(r"^\s+TTFS (\d+ ms|n/a) · ASR finalize ([\d.]+) ms$")
 
 
-def test_demo_prints_each_final_in_order_with_its_own_finalize_time(tmp_path: Path) -> None:
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_make_demo_hears_thinks_and_answers_offline_with_no_configuration(tmp_path: Path) -> None:
+    """`make demo` on a fresh clone: no .env, so the embedded agent runs (tiny ASR, llama.cpp's server with the
+    bundled GGUF, tiny Magpie). Every final prints in order with its own numbers; every turn gets a spoken answer with
+    its voice-to-voice legs; the conversation WAV, turns JSONL and plot are written; the LLM server is gone after."""
     env = clean_env()
     wav = DEMO_AUDIO_DIR / "two_turns.wav"
     run = subprocess.run(
-        [sys.executable, "-m", "pipecat_nemotron.demo", "--wav", str(wav), "--turns", str(tmp_path / "t.jsonl")],
+        [sys.executable, "-m", "pipecat_nemotron.demo", "--wav", str(wav), "--out", str(tmp_path / "runs")],
         cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "LLM: embedded llama.cpp server with SmolLM2-135M-Instruct.Q4_1.gguf" in run.stdout, run.stdout
     # The console as a person reads it: interims overwrite one line ("\r  … text"), finals get their own.
     events = [e for line in run.stdout.splitlines() for e in line.split("\r") if e.strip()]
     finals: list[tuple[str, float]] = []
@@ -52,6 +68,81 @@ def test_demo_prints_each_final_in_order_with_its_own_finalize_time(tmp_path: Pa
     # One finalize time per final in the summary too (none attributed twice, none missing).
     assert re.search(rf"finalize_ms\s+n=\s*{len(finals)}\s", run.stdout), run.stdout
 
+    # Every turn: what the user said, a real answer, and voice-to-voice with its legs.
+    conversation = run.stdout[run.stdout.index("Conversation:") :]
+    heard = re.findall(r"^    you:   (.+)$", conversation, re.M)
+    answers = re.findall(r"^    agent: (.+)$", conversation, re.M)
+    v2v = re.findall(r"^    voice-to-voice (\d+) ms = (.+)$", conversation, re.M)
+    assert heard and len(answers) == len(heard) == len(v2v), conversation
+    assert all(a.strip() and a != "(no answer)" for a in answers), conversation
+    assert all(int(ms) > 0 and "llm_inference" in legs for ms, legs in v2v), conversation
+    assert normalize_text(" ".join(heard)) == normalize_text(spoken), conversation
+    # The segmentation is explained, not left as a mismatch.
+    assert "Script (2 turn(s))" in run.stdout
+    if len(answers) != 2:
+        assert f"The agent answered {len(answers)} turn(s) where the script has 2" in run.stdout, run.stdout
+    assert "Problems:" not in run.stdout
+
+    # Both sides in one WAV a user can play: the user's audio, then the agent's answers after it.
+    runs = tmp_path / "runs"
+    with wave.open(str(runs / "demo_conversation.wav")) as conversation_wav:
+        assert conversation_wav.getframerate() == 16000 and conversation_wav.getnchannels() == 1
+        mixed = conversation_wav.readframes(conversation_wav.getnframes())
+    with wave.open(str(wav)) as user_wav:
+        user_s = user_wav.getnframes() / user_wav.getframerate()
+    assert len(mixed) / 2 / 16000 > user_s  # the last answer plays after the user's last words
+    assert (runs / "demo_latency.png").stat().st_size > 0
+    assert len((runs / "demo_turns.jsonl").read_text().splitlines()) == len(v2v)
+    pid = int(re.search(r"LLM server: llama.cpp \(pid (\d+)\)", run.stdout).group(1))
+    assert not _pid_alive(pid), "the embedded LLM server outlived the demo"
+
+
+def test_demo_ctrl_c_stops_the_llm_server(tmp_path: Path) -> None:
+    """Ctrl-C while the conversation streams: the demo ends at once and takes the LLM server with it."""
+    env = clean_env()
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-m", "pipecat_nemotron.demo", "--out", str(tmp_path / "runs")],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        lines: list[str] = []
+        pid = None
+        assert proc.stdout is not None
+        for line in proc.stdout:  # ends when the demo exits: a demo that exits early fails below, no hang
+            lines.append(line)
+            if m := re.search(r"LLM server: llama.cpp \(pid (\d+)\)", line):
+                pid = int(m.group(1))
+            if line.startswith("Streaming "):
+                proc.send_signal(signal.SIGINT)
+                break
+        assert pid is not None and _pid_alive(pid), "".join(lines)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert "the LLM server was stopped" in rest
+    assert not _pid_alive(pid)
+
+
+def test_demo_names_the_fix_for_a_missing_gguf(tmp_path: Path) -> None:
+    env = clean_env(NEMOTRON_LLM_EMBEDDED_GGUF=str(tmp_path / "nope.gguf"))
+    run = subprocess.run(
+        [sys.executable, "-m", "pipecat_nemotron.demo", "--fast", "--out", str(tmp_path / "runs")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 1, run.stdout[-3000:]
+    assert f"NEMOTRON_LLM_EMBEDDED_GGUF={str(tmp_path / 'nope.gguf')!r}: no such file" in run.stdout, run.stdout
+
 
 async def test_demo_runs_the_whole_agent_configured_in_env(
     openai_server, bot_magpie: Path, tmp_path: Path  # noqa: F811
@@ -66,7 +157,7 @@ async def test_demo_runs_the_whole_agent_configured_in_env(
     )
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pipecat_nemotron.demo", "--wav", str(DEMO_AUDIO_DIR / "two_turns.wav"),
-        "--turns", str(tmp_path / "turns.jsonl"), "--verbose",
+        "--out", str(tmp_path), "--verbose",
         cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=300)
@@ -74,8 +165,8 @@ async def test_demo_runs_the_whole_agent_configured_in_env(
     assert proc.returncode == 0, err[-4000:]
     assert "timeout waiting for StartFrame" not in err
     # Both models are loaded before the pipeline starts.
-    assert err.index("Magpie TTS model") < err.index("StartFrame#0") and "Models loaded in" in out, err[-4000:]
-    turns = [json.loads(line) for line in (tmp_path / "turns.jsonl").read_text().splitlines()]
+    assert err.index("Magpie TTS model") < err.index("StartFrame#0") and "Ready in" in out, err[-4000:]
+    turns = [json.loads(line) for line in (tmp_path / "demo_turns.jsonl").read_text().splitlines()]
     # (Pipecat's Smart Turn may join the two utterances, 1.2 s apart, into one turn.)
     assert turns and all(t["v2v_ms"] > 0 and t["tts_ttfb_ms"] > 0 for t in turns), turns
     asked = " ".join(m["content"] for r in openai_server.requests for m in r["messages"] if m["role"] == "user")

@@ -236,12 +236,13 @@ async def test_demo_exits_non_zero_when_the_last_final_is_lost(
     for key in [k for k in list(os.environ) if k.startswith(("NEMOTRON_", "MAGPIE_"))]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("NEMOTRON_ASR_FINAL_TIMEOUT_S", "0.3")
+    monkeypatch.setenv("NEMOTRON_LLM_EMBEDDED", "0")  # the ASR's lost final is the subject
     settings = AgentSettings(asr_model=str(TINY_MODEL_PATH), asr_device="cpu")
     engine = await shared_engines.preload(settings.asr_engine_config())
     try:
         with _HeldModel() as held, engine.observe_encoder_output(held):
             code = await demo.run_demo(
-                TWO_TURNS, str(TINY_MODEL_PATH), 160, "cpu", realtime=False, turns_jsonl=tmp_path / "t.jsonl"
+                TWO_TURNS, str(TINY_MODEL_PATH), 160, "cpu", realtime=False, out=tmp_path
             )
     finally:
         await shared_engines.close_all()
@@ -259,7 +260,7 @@ def test_demo_reads_env_from_the_current_directory_and_names_an_unreachable_llm(
     env = clean_env()
     del env["PYTHON_DOTENV_DISABLED"]
     run = subprocess.run(
-        [sys.executable, "-m", "pipecat_nemotron.demo", "--fast", "--turns", str(tmp_path / "t.jsonl")],
+        [sys.executable, "-m", "pipecat_nemotron.demo", "--fast", "--out", str(tmp_path / "runs")],
         cwd=tmp_path,
         env=env,
         capture_output=True,

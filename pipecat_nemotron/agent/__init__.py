@@ -8,7 +8,7 @@ from __future__ import annotations
 from pipecat_nemotron.runtime.lazy import lazy_exports
 
 _EXPORTS = {
-    "AgentSettings": "pipecat_nemotron.agent.assembly",
+    "AgentSettings": "pipecat_nemotron.agent.settings",
     "VoiceAgent": "pipecat_nemotron.agent.assembly",
     "build_voice_agent": "pipecat_nemotron.agent.assembly",
 }

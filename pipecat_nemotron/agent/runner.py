@@ -1,7 +1,7 @@
 """Hooks into Pipecat's development runner (``pipecat.runner.run.main``) for bots built on this package.
 
-- :func:`preload_when_runner_starts`: the runner's web app loads the models at startup, before it accepts a
-  connection.
+- :func:`preload_when_runner_starts`: the runner's web app starts the agent's shared parts (models, the embedded
+  LLM server) at startup, before it accepts a connection, and stops them at shutdown.
 - :func:`serve_nemotron_page`: the runner serves our offline browser page (``/nemotron``): a bare
   ``RTCPeerConnection`` to SmallWebRTC's ``/api/offer``, the RTVI data channel, live transcripts, per-turn latency
   and the bot's audio, with nothing fetched from a CDN (Pipecat's prebuilt page loads Daily's call bundle from
@@ -24,7 +24,7 @@ from loguru import logger
 from pipecat_nemotron.models import ASSETS_DIR
 
 if TYPE_CHECKING:
-    from pipecat_nemotron.agent.assembly import AgentSettings
+    from pipecat_nemotron.agent.process import AgentProcess
 
 #: The offline page, served by :func:`serve_nemotron_page`.
 PAGE_PATH = ASSETS_DIR / "web" / "nemotron.html"
@@ -47,27 +47,42 @@ def _runner_app() -> Any:
     return app
 
 
-def preload_when_runner_starts(settings: AgentSettings) -> None:
-    """Make the runner load the models (:meth:`AgentSettings.preload`) before it accepts a connection.
+def preload_when_runner_starts(process: AgentProcess) -> None:
+    """Make the runner start the agent's shared parts (:class:`AgentProcess`) before it accepts a connection.
 
     The runner's web app gets a startup step that runs on the server's event loop (the loop every session then
-    runs on) before uvicorn listens; a model that fails to load stops the server with that error. Call it before
+    runs on) before uvicorn listens: the models load, and with no LLM configured the embedded llama.cpp server
+    starts. A part that fails to start stops the server with that error. At shutdown (Ctrl-C included) the
+    embedded server is stopped. Sessions build their services from ``process.settings``. Call it before
     ``main()``::
+
+        PROCESS = AgentProcess(AgentSettings.from_env(os.environ))
 
         if __name__ == "__main__":
             from pipecat.runner.run import main
 
-            preload_when_runner_starts(SETTINGS)
+            preload_when_runner_starts(PROCESS)
             main()
+
+    Raises:
+        TypeError: ``process`` is not an :class:`AgentProcess` (the message names the fix).
+
     """
+    from pipecat_nemotron.agent.process import AgentProcess
+
+    if not isinstance(process, AgentProcess):
+        raise TypeError(
+            f"preload_when_runner_starts takes an AgentProcess, got {type(process).__name__}: pass "
+            "AgentProcess(settings) and build each session's services from its .settings"
+        )
     app = _runner_app()
     previous: Callable[[Any], Any] = app.router.lifespan_context
 
     @contextlib.asynccontextmanager
     async def lifespan(app_: Any) -> AsyncIterator[Any]:
-        await settings.preload()
-        async with previous(app_) as state:
-            yield state
+        async with process:
+            async with previous(app_) as state:
+                yield state
 
     app.router.lifespan_context = lifespan
 

@@ -8,6 +8,7 @@ benchmarks, the load generator and the scripts read model-rate samples with :fun
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +98,7 @@ async def feed_wav(
     realtime: bool = True,
     trailing_silence_s: float = 1.5,
     end: bool = True,
+    on_start: Callable[[], None] | None = None,
 ) -> float:
     """Queue a WAV file into ``worker`` as 20 ms ``InputAudioRawFrame``s, then an ``EndFrame``.
 
@@ -106,6 +108,7 @@ async def feed_wav(
         realtime: Pace frames against a monotonic deadline (as a microphone would); else as fast as possible.
         trailing_silence_s: Silence appended so the VAD sees the end of the last utterance, seconds.
         end: Queue an ``EndFrame`` after the audio.
+        on_start: Called just before the first frame is queued (e.g. to note the wall time the audio starts).
 
     Returns:
         Duration of the audio fed, seconds.
@@ -117,6 +120,8 @@ async def feed_wav(
     pcm += silence(trailing_silence_s, rate, channels)
     step = rate * channels * 2 * FRAME_MS // 1000
     loop = asyncio.get_running_loop()
+    if on_start is not None:
+        on_start()
     start = loop.time()
     for n, i in enumerate(range(0, len(pcm), step)):
         frame = InputAudioRawFrame(audio=pcm[i : i + step], sample_rate=rate, num_channels=channels)
@@ -138,6 +143,7 @@ async def run_worker_on_wav(
     realtime: bool = True,
     trailing_silence_s: float = 1.5,
     timeout_s: float | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> None:
     """Run ``worker`` under Pipecat's ``WorkerRunner`` and feed it a WAV file, as a microphone session would.
 
@@ -153,6 +159,7 @@ async def run_worker_on_wav(
         realtime: Pace frames in real time; else as fast as possible.
         trailing_silence_s: Silence appended after the audio, seconds.
         timeout_s: Give up (``TimeoutError``) after this long, seconds; None waits for the end.
+        on_start: Called just before the first audio frame is queued.
 
     Raises:
         NemotronSTTUnavailableError: The STT could not start (its model failed to load, its server is
@@ -173,7 +180,9 @@ async def run_worker_on_wav(
     async def feed() -> None:
         await started.wait()
         await stt.wait_until_ready()
-        await feed_wav(worker, path, realtime=realtime, trailing_silence_s=trailing_silence_s)
+        await feed_wav(
+            worker, path, realtime=realtime, trailing_silence_s=trailing_silence_s, on_start=on_start
+        )
 
     run = asyncio.ensure_future(runner.run())
     feeding = asyncio.ensure_future(feed())
