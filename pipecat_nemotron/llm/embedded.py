@@ -303,6 +303,7 @@ class EmbeddedLLMServer:
             self._process = await asyncio.create_subprocess_exec(
                 *self._command(gguf),
                 stdin=asyncio.subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},  # its log is read while it runs
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
                 # Its own process group: a terminal's Ctrl-C reaches the agent, which stops the server in order.
