@@ -10,11 +10,11 @@ from pipecat_nemotron.stt import EagerSettings, NemotronServerSTTService, Nemotr
 
 def test_eager_settings_reach_the_pause_detector_and_the_hold_words() -> None:
     stt = NemotronSTTService(model=str(TINY_MODEL_PATH), eager=EagerSettings(silence_ms=96, hold_words={"and"}))
-    assert stt._pauses is not None and stt._pauses.silence_ms == 96.0
-    assert stt._hold_words == frozenset({"and"})
-    assert NemotronSTTService(model=str(TINY_MODEL_PATH))._pauses is None  # off by default
+    assert stt._eager is not None and stt._eager.pauses.silence_ms == 96.0
+    assert stt._eager.hold_words == frozenset({"and"})
+    assert NemotronSTTService(model=str(TINY_MODEL_PATH))._eager is None  # off by default
     remote = NemotronServerSTTService(url="ws://127.0.0.1:9/v1/asr", token="t", eager=EagerSettings(signal="asr"))
-    assert remote._pauses is not None and remote._pauses.signal == "asr"
+    assert remote._eager is not None and remote._eager.pauses.signal == "asr"
 
 
 def test_bad_eager_settings_are_refused_at_construction() -> None:
@@ -27,10 +27,10 @@ def test_bad_eager_settings_are_refused_at_construction() -> None:
 def test_old_eager_keywords_still_work_with_a_deprecation_warning() -> None:
     with pytest.warns(DeprecationWarning, match=r"eager=EagerSettings"):
         stt = NemotronSTTService(model=str(TINY_MODEL_PATH), enable_eager_end_of_turn=True, eager_silence_ms=80)
-    assert stt._pauses is not None and stt._pauses.silence_ms == 80.0
+    assert stt._eager is not None and stt._eager.pauses.silence_ms == 80.0
     with pytest.warns(DeprecationWarning):
         off = NemotronSTTService(model=str(TINY_MODEL_PATH), enable_eager_end_of_turn=False)
-    assert off._pauses is None
+    assert off._eager is None
     with pytest.raises(ValueError, match="not both"):
         NemotronSTTService(model=str(TINY_MODEL_PATH), eager=EagerSettings(), eager_silence_ms=80)
 

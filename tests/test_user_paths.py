@@ -157,7 +157,7 @@ async def test_cpu_threads_are_set_on_the_model_thread(tiny_random_model) -> Non
 def test_cpu_threads_settings_and_their_errors() -> None:
     with pytest.raises(ValueError, match="cpu_threads"):
         EngineConfig(cpu_threads=0)
-    assert NemotronSTTService(model=str(TINY_MODEL_PATH), cpu_threads=2)._engine_config.cpu_threads == 2
+    assert NemotronSTTService(model=str(TINY_MODEL_PATH), cpu_threads=2)._lease.config.cpu_threads == 2
     with pytest.raises(ValueError, match="engine_config"):
         NemotronSTTService(engine_config=EngineConfig(), cpu_threads=2)
     settings = AgentSettings.from_env({"NEMOTRON_CPU_THREADS": "1", "NEMOTRON_ASR_FINAL_TIMEOUT_S": "90"})
@@ -298,7 +298,7 @@ def test_readme_snippet_for_the_bundled_tiny_model_runs_offline() -> None:
     scope: dict = {}
     exec(snippet.group(1), scope)  # noqa: S102 - the README's own code
     stt = scope["stt"]
-    assert stt._engine_config.model == str(TINY_MODEL_PATH) and stt._engine_config.device == "cpu"
+    assert stt._lease.config.model == str(TINY_MODEL_PATH) and stt._lease.config.device == "cpu"
 
 
 def test_readme_serve_command_for_the_tiny_model_serves(tmp_path: Path) -> None:

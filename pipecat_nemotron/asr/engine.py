@@ -5,26 +5,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from loguru import logger
 
 from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE, SAMPLES_PER_MS
-from pipecat_nemotron.asr.boosting import BoostList, BoostRules
-from pipecat_nemotron.asr.config import EngineConfig, default_cpu_threads, validate_latency_ms
+from pipecat_nemotron.asr.config import EngineConfig
 from pipecat_nemotron.asr.errors import CapacityError, EngineNotRunningError
-from pipecat_nemotron.asr.languages import LanguagePrompts, resolve_prompt
 from pipecat_nemotron.asr.scheduler import Scheduler, StepStats
 from pipecat_nemotron.asr.splits import join_forced_finals
 from pipecat_nemotron.asr.state import StreamState
 from pipecat_nemotron.asr.stream import ASRStream
+from pipecat_nemotron.asr.stream_rules import StreamRules
 from pipecat_nemotron.asr.types import EngineInfo, Transcript
 from pipecat_nemotron.runtime.gil import shorten_switch_interval
 from pipecat_nemotron.runtime.stats import percentile
@@ -68,6 +65,7 @@ class NemotronEngine:
         self._executor: ThreadPoolExecutor | None = None
         self._scheduler: Scheduler | None = None
         self._runner: ModelRunner | None = None
+        self._rules: StreamRules | None = None
         self._ids = itertools.count(1)
         self._info: EngineInfo | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -120,24 +118,30 @@ class NemotronEngine:
         async with self._start_lock:
             if self._scheduler is not None:
                 return
+            # NeMo's loaders are imported when a model loads, not with the engine.
+            from pipecat_nemotron.asr.loading import load_runner
+
             self._loop = asyncio.get_running_loop()
             shorten_switch_interval(self.config.gil_switch_interval_ms)
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemotron-asr")
             t0 = time.perf_counter()
             try:
-                self._runner = await self._loop.run_in_executor(self._executor, self._load)
+                self._runner, self._cpu_threads = await self._loop.run_in_executor(
+                    self._executor, load_runner, self.config
+                )
             except BaseException:
                 self._executor.shutdown(wait=False)
                 self._executor = None
                 raise
             load_s = time.perf_counter() - t0
             runner = self._runner
+            self._rules = StreamRules(self.config, runner)
             self._info = EngineInfo(
                 model=self.config.model,
                 device=str(runner.device),
                 dtype=str(runner.dtype).replace("torch.", ""),
                 latency_modes=tuple(sorted(runner.modes)),
-                languages=_language_keys(runner.prompts),
+                languages=self._rules.languages,
                 cache_bytes_per_stream=runner.slot_bytes,
                 max_streams=self.config.max_streams,
                 load_seconds=load_s,
@@ -163,44 +167,6 @@ class NemotronEngine:
             )
             if runner.device.type == "cuda":
                 logger.info(f"Nemotron ASR GPU path after warm-up: {runner.describe_gpu_path()}")
-
-    def _load(self) -> ModelRunner:
-        import torch
-
-        from pipecat_nemotron.asr.loading import (
-            check_loaded_defaults,
-            load_asr_model,
-            resolve_dtype,
-            resolve_torch_device,
-            wait_for_nemo_imports,
-        )
-
-        wait_for_nemo_imports()
-        from pipecat_nemotron.asr.runner import ModelRunner
-        from pipecat_nemotron.asr.words import calibration_for
-
-        device = resolve_torch_device(self.config.device)
-        dtype = resolve_dtype(self.config.dtype, device)
-        if device.type == "cpu":
-            # This is the model thread: torch keeps the count per thread (and hands it to threads made later).
-            torch.set_num_threads(self.config.cpu_threads or default_cpu_threads())
-            self._cpu_threads = torch.get_num_threads()
-        model = load_asr_model(self.config, device, dtype)
-        runner = ModelRunner(
-            model,
-            self.config.max_streams,
-            device,
-            dtype,
-            self.config.encoder_step,
-            max_batch=self.config.max_batch_size,
-            cuda_graphs=self.config.cuda_graphs,
-            cuda_graph_decoder=self.config.cuda_graph_decoder,
-        )
-        check_loaded_defaults(self.config, runner)
-        runner.detect_language = runner.detect_language and self.config.detect_language
-        runner.aligner.enabled = self.config.word_timings
-        runner.aligner.calibration = calibration_for(self.config.model, self.config.word_timing_offsets_ms)
-        return runner
 
     async def _warmup(self) -> None:
         rng = np.random.default_rng(0)
@@ -331,6 +297,12 @@ class NemotronEngine:
             raise EngineNotRunningError(f"the engine's scheduler crashed: {self._scheduler.error!r}")
         return self._scheduler
 
+    def _stream_rules(self) -> StreamRules:
+        """The loaded model's checks of a stream's requests (raises as :meth:`_require` while not running)."""
+        self._require()
+        assert self._rules is not None  # set before the scheduler starts
+        return self._rules
+
     def open_stream(
         self,
         latency_ms: int | None = None,
@@ -361,14 +333,12 @@ class NemotronEngine:
                 ``max_boost_phrases=0``).
 
         """
-        scheduler = self._require()
-        latency = validate_latency_ms(
-            self.config.default_latency_ms if latency_ms is None else latency_ms, scheduler.runner.modes
-        )
-        prompt = self._resolve_language(language)
+        scheduler, rules = self._require(), self._stream_rules()
+        latency = rules.latency(self.config.default_latency_ms if latency_ms is None else latency_ms)
+        prompt = rules.language(language)
         if boost_phrases is None:
             boost_phrases = self.config.default_boost_phrases
-        boost = self._boost_list(boost_phrases, boost_alpha)
+        boost = rules.boost(boost_phrases, boost_alpha)
         if len(scheduler.streams) >= self.config.max_streams:
             raise CapacityError(
                 f"all {self.config.max_streams} ASR stream slots are in use; close a stream or raise "
@@ -427,8 +397,7 @@ class NemotronEngine:
             EngineNotRunningError: The engine is not running.
 
         """
-        scheduler = self._require()
-        scheduler.request_latency(state, validate_latency_ms(latency_ms, scheduler.runner.modes))
+        self._require().request_latency(state, self._stream_rules().latency(latency_ms))
 
     def request_language(self, state: StreamState, language: Any) -> None:
         """Queue a stream's language change (:meth:`ASRStream.set_language`).
@@ -438,24 +407,11 @@ class NemotronEngine:
             EngineNotRunningError: The engine is not running.
 
         """
-        self._require().request_language(state, *self._resolve_language(language))
+        self._require().request_language(state, *self._stream_rules().language(language))
 
     def request_boost(self, state: StreamState, phrases: Sequence[str] | None, alpha: float | None) -> None:
         """Queue a stream's boost-list change (:meth:`ASRStream.set_boost_phrases`); raises as it does."""
-        scheduler = self._require()
-        scheduler.request_boost(state, self._boost_list(phrases, alpha))
-
-    def _boost_list(self, phrases: Sequence[str] | None, alpha: float | None) -> BoostList:
-        """Validate a stream's list (:class:`~.boosting.BoostRules`); start building its tree off the model thread."""
-        from pipecat_nemotron.asr.loading import boosting_unavailable
-
-        runner, config = self._require().runner, self.config
-        unavailable = None if runner.boost is not None else functools.partial(boosting_unavailable, config)
-        limits = (config.max_boost_phrases, config.max_boost_phrase_chars, config.default_boost_alpha)
-        boost = BoostRules(*limits, runner.alphabet, Path(config.model).name, unavailable).resolve(phrases, alpha)
-        if runner.boost is not None and not boost.empty:
-            runner.boost.prebuild(boost)  # the step that first needs it takes it (or waits for it)
-        return boost
+        self._require().request_boost(state, self._stream_rules().boost(phrases, alpha))
 
     async def close_stream(self, state: StreamState, error: BaseException | None = None) -> None:
         """Close a stream, failed with ``error`` if given (:meth:`ASRStream.close`); returns once its slot is free."""
@@ -475,22 +431,4 @@ class NemotronEngine:
             EngineNotRunningError: The engine is not running.
 
         """
-        return self._resolve_language(language)[0]
-
-    def _resolve_language(self, language: Any) -> tuple[str | None, int | None]:
-        """``(prompt key, one-hot index)`` of a requested language (None: the config's default).
-
-        Raises:
-            ValueError: The model has no such language (the message lists the model's), or an English-only
-                model is asked for another language.
-
-        """
-        requested = self.config.default_language if language is None else language
-        return resolve_prompt(self._require().runner.prompts, requested, self.config.model)
-
-
-def _language_keys(prompts: LanguagePrompts | None) -> tuple[str, ...]:
-    """The prompt keys a stream can ask for: the locales in index order, then ``"auto"`` if the model has it."""
-    if prompts is None:
-        return ()
-    return prompts.languages + (("auto",) if prompts.has_auto else ())
+        return self._stream_rules().language(language)[0]

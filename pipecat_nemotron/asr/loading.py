@@ -1,4 +1,4 @@
-"""Loading a cache-aware Nemotron Speech model through NeMo's own loaders, and checking it can stream.
+"""Loading a cache-aware Nemotron Speech model through NeMo's own loaders, checking it can stream, building its runner.
 
 NeMo is imported lazily here (it takes seconds and ~800 MB), never at ``import pipecat_nemotron`` time.
 """
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 
 from pipecat_nemotron.asr.boosting import check_alphabet
-from pipecat_nemotron.asr.config import EngineConfig
+from pipecat_nemotron.asr.config import EngineConfig, default_cpu_threads
 from pipecat_nemotron.asr.errors import ModelLoadError
 from pipecat_nemotron.asr.languages import resolve_prompt
 from pipecat_nemotron.runtime.devices import resolve_device
@@ -22,6 +22,8 @@ from pipecat_nemotron.runtime.nemo_logs import quiet_nemo
 
 if TYPE_CHECKING:
     import torch
+
+    from pipecat_nemotron.asr.runner import ModelRunner
 
 #: Where a model id's ``.nemo`` file lives on the Hugging Face Hub: ``<repo>/<name>.nemo``.
 _NEMO_SUFFIX = ".nemo"
@@ -272,3 +274,44 @@ def boosting_unavailable(config: EngineConfig) -> str:
     from pipecat_nemotron.asr.boost_models import biasing_unavailable_message
 
     return biasing_unavailable_message()
+
+
+def load_runner(config: EngineConfig) -> tuple[ModelRunner, int]:
+    """Load the model and build its runner: the engine's start, on the model's worker thread (the calling one).
+
+    Returns:
+        The runner, and torch's intra-op threads set on this thread on CPU (0 on CUDA).
+
+    Raises:
+        ModelLoadError: The model is missing, corrupt or cannot stream, or a config default does not suit it.
+
+    """
+    import torch
+
+    wait_for_nemo_imports()
+    from pipecat_nemotron.asr.runner import ModelRunner
+    from pipecat_nemotron.asr.words import calibration_for
+
+    device = resolve_torch_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    cpu_threads = 0
+    if device.type == "cpu":
+        # This is the model thread: torch keeps the count per thread (and hands it to threads made later).
+        torch.set_num_threads(config.cpu_threads or default_cpu_threads())
+        cpu_threads = torch.get_num_threads()
+    model = load_asr_model(config, device, dtype)
+    runner = ModelRunner(
+        model,
+        config.max_streams,
+        device,
+        dtype,
+        config.encoder_step,
+        max_batch=config.max_batch_size,
+        cuda_graphs=config.cuda_graphs,
+        cuda_graph_decoder=config.cuda_graph_decoder,
+    )
+    check_loaded_defaults(config, runner)
+    runner.detect_language = runner.detect_language and config.detect_language
+    runner.aligner.enabled = config.word_timings
+    runner.aligner.calibration = calibration_for(config.model, config.word_timing_offsets_ms)
+    return runner, cpu_threads

@@ -3,9 +3,10 @@
 :class:`~pipecat_nemotron.stt.NemotronSTTService` (engine in this process) and
 :class:`~pipecat_nemotron.stt.remote.service.NemotronServerSTTService` (engine behind a WebSocket) differ only in how
 audio reaches the engine and how its results come back. Everything else lives here, once: the runtime
-settings (``latency_ms``) and their validation, the TTFS p99 each service announces, the interim and final
-frames it pushes (with the ``asr_finalize`` metric), the tracing hook and the eager end of turn (Pipecat's
-``EagerEndOfTurnSTTServiceMixin``, driven by :class:`~pipecat_nemotron.stt.eager.PauseDetector`). A subclass
+settings (checked in :mod:`~pipecat_nemotron.stt.settings`) and their changes, the TTFS p99 each service announces,
+the interim and final frames it pushes (with the ``asr_finalize`` metric) and the tracing hook. The eager end of
+turn (Pipecat's ``EagerEndOfTurnSTTServiceMixin``) is an :class:`~pipecat_nemotron.stt.eager_turn.EagerTurn` the
+service holds when it is on. A subclass
 implements the transport: :meth:`NemotronSTTBase._finalize_p99_ms` (what the finalize time measured so far says),
 :meth:`NemotronSTTBase._apply_latency` (tell the engine about a new latency mode) and
 :meth:`NemotronSTTBase._peek_text` (the utterance's text as its final would be now, without ending it).
@@ -13,7 +14,6 @@ implements the transport: :meth:`NemotronSTTBase._finalize_p99_ms` (what the fin
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,8 +22,6 @@ from pipecat.frames.frames import (
     Frame,
     InputAudioRawFrame,
     InterimTranscriptionFrame,
-    ProposedUserStartedSpeakingFrame,
-    ProposedUserStoppedSpeakingFrame,
     StartFrame,
     STTMetadataFrame,
     TranscriptionFrame,
@@ -31,28 +29,24 @@ from pipecat.frames.frames import (
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
-from pipecat.services.settings import NOT_GIVEN, STTSettings, is_given
+from pipecat.services.settings import STTSettings, is_given
 from pipecat.services.stt_service import STTService
 from pipecat.transcriptions.language import Language
 from pipecat.turns.eager_end_of_turn_mixin import EagerEndOfTurnSTTServiceMixin
 from pipecat.utils.time import time_now_iso8601
 from pipecat.utils.tracing.service_decorators import traced_stt
 
-from pipecat_nemotron.asr.config import validate_latency_ms
-from pipecat_nemotron.asr.languages import language_code
 from pipecat_nemotron.asr.types import Transcript
-from pipecat_nemotron.stt.eager import (
-    HOLD_WORDS,
-    EagerSettings,
-    PauseDetector,
-    PauseEvent,
-    TurnCommit,
-    eager_from_kwargs,
-    pause_held_by,
-)
+from pipecat_nemotron.stt.eager import EagerSettings, TurnCommit, eager_from_kwargs
+from pipecat_nemotron.stt.eager_turn import EagerHooks, EagerTurn
 from pipecat_nemotron.stt.metrics import asr_finalize_metrics_frame
 from pipecat_nemotron.stt.ready import NemotronSTTUnavailableError, Readiness
-from pipecat_nemotron.stt.settings import NemotronSTTSettings, check_boost_delta, frame_language
+from pipecat_nemotron.stt.settings import (
+    NemotronSTTSettings,
+    delta_refusals,
+    frame_language,
+    initial_settings,
+)
 from pipecat_nemotron.stt.ttfs import NEMOTRON_TTFS_P99, TTFS_MARGIN, VAD_STOP_SECS, ttfs_p99_from_finalize_ms
 
 __all__ = [
@@ -131,15 +125,14 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
             ValueError: Unsupported latency (the message names the allowed values), a bad eager or boost setting.
 
         """
-        validate_latency_ms(latency_ms)
-        if language is not None:
-            language_code(language)
-        default_settings = NemotronSTTSettings(model=model, language=language, latency_ms=latency_ms)
-        default_settings.boost_phrases, default_settings.boost_alpha = boost_phrases, boost_alpha  # type: ignore[assignment]
-        if settings is not None:
-            default_settings.apply_update(settings)
-        validate_latency_ms(default_settings.latency_ms)  # type: ignore[arg-type]
-        default_settings.check_boost()
+        default_settings = initial_settings(
+            latency_ms=latency_ms,
+            model=model,
+            language=language,
+            boost_phrases=boost_phrases,
+            boost_alpha=boost_alpha,
+            settings=settings,
+        )
         eager = eager_from_kwargs(eager, kwargs)
         if eager is not None:
             eager.claim(self)
@@ -154,11 +147,18 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         self._last_interim = ""
         #: Language prompt of the latest transcript (None: an English-only model).
         self._decoded_language: str | None = None
-        #: Decides when the user pauses (None with the eager end of turn off).
-        self._pauses: PauseDetector | None = eager.pause_detector() if eager is not None else None
-        self._peek_task: asyncio.Task[None] | None = None
         self._commit = eager.commit() if eager is not None else TurnCommit()
-        self._hold_words = eager.hold_words if eager is not None else HOLD_WORDS
+        #: The eager end of turn (None when it is off).
+        self._eager: EagerTurn | None = None
+        if eager is not None:
+            hooks = EagerHooks(
+                peek=self._peek_text,
+                predict=self._predict_end_of_turn,
+                withdraw=self._cancel_eager_end_of_turn,
+                user_speaking=lambda: self._user_speaking,
+                language=self._frame_language,
+            )
+            self._eager = EagerTurn(self, eager.pause_detector(), self._commit, eager.hold_words, hooks)
         #: Whether the subclass's transport can transcribe yet (it calls ``ready()`` / ``fail()``).
         self._readiness = Readiness()
 
@@ -303,9 +303,8 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
             await self._deliver_final(result, ttf_ms, model)
         else:
             await self._skip_empty_final(result.utterance, ttf_ms)
-        if self._pauses is not None and await self._commit.complete(result.text, self._frame_language()):
-            # The service owns turn detection in eager mode (Pipecat's external turn strategies).
-            await self.broadcast_frame(ProposedUserStoppedSpeakingFrame)
+        if self._eager is not None:  # it owns turn detection (Pipecat's external turn strategies)
+            await self._eager.on_final(result.text, self._frame_language())
         return pushed
 
     async def _skip_empty_final(self, utterance: int, ttf_ms: float) -> None:
@@ -363,84 +362,38 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
     async def start(self, frame: StartFrame) -> None:
         """Start the service (and the eager end of turn's VAD, at the input sample rate)."""
         await super().start(frame)
-        if self._pauses is not None:
-            self._pauses.start(self.sample_rate)
-            self._commit.start(self.sample_rate)
-            logger.info(
-                f"{self}: eager end of turn on ({self._pauses.signal} signal, {self._pauses.silence_ms:g} ms pause)"
-            )
+        if self._eager is not None:
+            self._eager.start(self.sample_rate)
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         """Handle frames; in eager mode, a VAD start opens a turn and a VAD stop ends the eager prediction."""
         await super().process_frame(frame, direction)
-        if self._pauses is None:
+        if self._eager is None:
             return
         if isinstance(frame, VADUserStartedSpeakingFrame):
-            await self._withdraw_eager()
-            self._pauses.reset()
-            self._commit.on_speech_start(frame.start_secs)
-            await self.broadcast_frame(ProposedUserStartedSpeakingFrame)
+            await self._eager.on_vad_start(frame.start_secs)
         elif isinstance(frame, VADUserStoppedSpeakingFrame):
-            # The final comes next and settles the prediction; a peek still running would only repeat it.
-            await self._cancel_peek()
-            self._pauses.reset()
-            self._commit.on_vad_stop()
+            await self._eager.on_vad_stop()
 
     async def process_audio_frame(self, frame: InputAudioRawFrame, direction: FrameDirection) -> None:
         """Transcribe the audio (the subclass's ``run_stt``), then listen for a pause in eager mode."""
         await super().process_audio_frame(frame, direction)
-        if self._pauses is None or self._muted or not frame.audio:
-            return
-        if self._commit.on_audio(frame.audio, self._user_speaking):  # the analyzer ends a turn it held open
-            await self.broadcast_frame(ProposedUserStoppedSpeakingFrame)
-        if self._user_speaking:
-            await self._on_pause_event(await self._pauses.on_audio(frame.audio))
+        if self._eager is not None and not self._muted and frame.audio:
+            await self._eager.on_audio(frame.audio)
 
     async def _eager_progress(self, decoded_ms: float, text_changed: bool = False) -> None:
         """The ASR decoded more of this session's audio (ms, any origin); ``text_changed``: the transcript grew."""
-        if self._pauses is not None and self._user_speaking:
-            await self._on_pause_event(self._pauses.on_decoded(decoded_ms, text_changed))
+        if self._eager is not None:
+            await self._eager.on_decoded(decoded_ms, text_changed)
 
-    async def _on_pause_event(self, event: PauseEvent | None) -> None:
-        if event is PauseEvent.PAUSE and self._peek_task is None and not self.eager_end_of_turn_pending:
-            self._peek_task = self.create_task(self._eager_peek(), name=f"{self}::eager_peek")
-        elif event is PauseEvent.RESUME:
-            await self._withdraw_eager()
-
-    async def _eager_peek(self) -> None:
-        """Peek at the utterance and, if the user is still pausing, push it as the predicted end of turn."""
-        try:
-            text = await self._peek_text()
-        except Exception as e:  # the stream failed or closed meanwhile: no prediction this time
-            logger.debug(f"{self}: eager peek failed: {e!r}")
-            return
-        finally:
-            if self._peek_task is asyncio.current_task():
-                self._peek_task = None
-        held = pause_held_by(text, self._hold_words, self._commit, self._frame_language())
-        if held is not None:
-            logger.debug(f"{self}: a pause {held} is no end of turn; none predicted")
-        elif self._user_speaking and self._pauses is not None and self._pauses.paused:
-            logger.debug(f"{self}: eager end of turn: {text!r}")
-            await self._push_eager_end_of_turn(text, user_id=self._user_id, language=self._frame_language())
-
-    async def _cancel_peek(self) -> None:
-        task, self._peek_task = self._peek_task, None
-        if task is not None and not task.done():
-            await self.cancel_task(task)
-
-    async def _withdraw_eager(self) -> None:
-        """The user speaks again: drop a peek in flight and withdraw the prediction (if one is out)."""
-        if self._peek_task is not None:
-            logger.debug(f"{self}: user resumed before the eager peek returned; dropped")
-        await self._cancel_peek()
-        if self.eager_end_of_turn_pending:
-            logger.debug(f"{self}: user resumed; eager end of turn withdrawn")
-        await self._cancel_eager_end_of_turn()
+    async def _predict_end_of_turn(self, text: str) -> None:
+        """Push ``text`` as the predicted end of the user's turn (an ``EagerTranscriptionFrame``)."""
+        await self._push_eager_end_of_turn(text, user_id=self._user_id, language=self._frame_language())
 
     async def cleanup(self) -> None:
         """Stop a peek still running; a caller still waiting for readiness learns that it will not come."""
-        await self._cancel_peek()
+        if self._eager is not None:
+            await self._eager.close()
         if not self._readiness.settled:
             self._readiness.fail(f"{self}: the session ended before the service was ready")
         await super().cleanup()
@@ -477,24 +430,12 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
 
     async def _check_settings_delta(self, delta: STTSettings) -> None:
         """Drop (and report) an unsupported ``latency_ms`` or ``language``, or a model change, from ``delta``."""
-        latency_ms = getattr(delta, "latency_ms", NOT_GIVEN)
-        if is_given(latency_ms):
-            try:
-                validate_latency_ms(latency_ms, self._latency_modes())
-            except ValueError as e:
-                await self.push_error(error_msg=str(e))
-                delta.latency_ms = NOT_GIVEN  # type: ignore[attr-defined]
-        if is_given(delta.language) and delta.language is not None:
-            try:
-                problem = self._language_problem(delta.language)
-            except ValueError as e:
-                problem = str(e)
-            if problem is not None:
-                await self.push_error(error_msg=problem)
-                delta.language = NOT_GIVEN
-        if is_given(delta.model) and delta.model != self._settings.model:
-            await self.push_error(error_msg=self._model_change_refusal())
-            delta.model = NOT_GIVEN
-        refusal = check_boost_delta(delta, self._check_boost)
-        if refusal is not None:
+        for refusal in delta_refusals(
+            delta,
+            model=self._settings.model,
+            latency_modes=self._latency_modes,
+            language_problem=self._language_problem,
+            model_refusal=self._model_change_refusal,
+            check_boost=self._check_boost,
+        ):
             await self.push_error(error_msg=refusal)

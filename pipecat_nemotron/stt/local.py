@@ -32,12 +32,12 @@ from pipecat_nemotron.asr import (
     Transcript,
 )
 from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
-from pipecat_nemotron.asr.boosting import validate_boost_phrases
 from pipecat_nemotron.asr.errors import BoostingUnavailableError, BoostPhraseError
-from pipecat_nemotron.asr.shared import SharedEngines, shared_engines
+from pipecat_nemotron.asr.shared import SharedEngines
 from pipecat_nemotron.runtime.nemo_loading import prefetch_nemo_imports
 from pipecat_nemotron.stt.base import NEMOTRON_TTFS_P99, NemotronSTTBase, NemotronSTTSettings
 from pipecat_nemotron.stt.eager import EagerSettings
+from pipecat_nemotron.stt.engine_lease import EngineLease
 from pipecat_nemotron.stt.finals import OwedFinals
 from pipecat_nemotron.stt.while_loading import HeldInput
 
@@ -145,22 +145,19 @@ class NemotronSTTService(NemotronSTTBase):
             raise ValueError(f"load_wait_s must be >= 0 (seconds), got {load_wait_s!r}")
         if not final_timeout_s >= 0:
             raise ValueError(f"final_timeout_s must be >= 0 (seconds), got {final_timeout_s!r}")
-        if engine is not None:
-            config = engine.config
-        elif engine_config is not None:
-            config = engine_config
-        else:
-            config = EngineConfig(
-                model=model, model_revision=model_revision, device=device, cpu_threads=cpu_threads
-            )
-        if cpu_threads is not None and config.cpu_threads != cpu_threads:
-            raise ValueError(
-                "cpu_threads is an engine setting: pass it in engine_config (EngineConfig(cpu_threads=...)), "
-                "not beside an engine or engine_config"
-            )
+        #: Where the engine comes from (given or shared) and what its loaded model allows.
+        self._lease = EngineLease(
+            model=model,
+            model_revision=model_revision,
+            device=device,
+            cpu_threads=cpu_threads,
+            engine=engine,
+            engine_config=engine_config,
+            registry=registry,
+        )
         super().__init__(
             latency_ms=latency_ms,
-            model=config.model,
+            model=self._lease.config.model,
             language=language,
             ttfs_p99_latency=ttfs_p99_latency,
             settings=settings,
@@ -169,16 +166,10 @@ class NemotronSTTService(NemotronSTTBase):
             boost_alpha=boost_alpha,
             **kwargs,
         )
-        self._engine_config = config
-        validate_boost_phrases(  # the engine's limits now; its model's characters when the stream opens
-            self.boost_phrases, max_phrases=config.max_boost_phrases, max_chars=config.max_boost_phrase_chars
-        )
-        self._owned_engine = engine
-        self._registry = registry or shared_engines
+        self._lease.check_boost_limits(self.boost_phrases)
         self._load_wait_s = float(load_wait_s)
         self._final_timeout_s = float(final_timeout_s)
         self._owed = OwedFinals()
-        self._engine: NemotronEngine | None = None
         self._stream: ASRStream | None = None
         self._connect_task: asyncio.Task[None] | None = None
         self._reader_task: asyncio.Task[None] | None = None
@@ -187,7 +178,7 @@ class NemotronSTTService(NemotronSTTBase):
         # after the failure is counted here and reported when the session ends.
         self._load_failed = False
         self._dropped_after_failure_s = 0.0
-        if engine is None or not engine.running:
+        if self._lease.cold:
             # Importing NeMo is most of a cold start: begin it now, while the pipeline is being built.
             prefetch_nemo_imports()
 
@@ -196,7 +187,7 @@ class NemotronSTTService(NemotronSTTBase):
     @property
     def engine(self) -> NemotronEngine | None:
         """The engine this session runs on (None until started)."""
-        return self._engine
+        return self._lease.engine
 
     @property
     def stream(self) -> ASRStream | None:
@@ -205,8 +196,7 @@ class NemotronSTTService(NemotronSTTBase):
 
     def _finalize_p99_ms(self) -> float | None:
         """The engine's finalize p99 (its recent finals), ms; None before the engine runs or finalizes."""
-        engine = self._engine or self._owned_engine
-        return engine.finalize_ms_percentile(99.0) if engine is not None and engine.running else None
+        return self._lease.finalize_p99_ms()
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
 
@@ -217,18 +207,14 @@ class NemotronSTTService(NemotronSTTBase):
 
     async def _connect(self) -> None:
         try:
-            if self._owned_engine is not None:
-                await self._owned_engine.start()
-                self._engine = self._owned_engine
-            else:
-                self._engine = await self._registry.acquire(self._engine_config)
+            await self._lease.acquire()
             self._open_stream()
             self._readiness.ready()
         except Exception as e:
             self._load_failed = True
             dropped_s = self._drop_pending()
             # A started engine that refuses the stream (a language the model lacks) is this session's setting.
-            what = "engine failed to start" if self._engine is None else "session could not open its stream"
+            what = "engine failed to start" if self._lease.engine is None else "session could not open its stream"
             logger.error(f"{self}: Nemotron ASR {what} ({dropped_s:.1f} s of audio not transcribed): {e}")
             self._readiness.fail(f"{self}: Nemotron ASR {what}: {e}", e)
             await self.push_error(
@@ -278,8 +264,9 @@ class NemotronSTTService(NemotronSTTBase):
         await self.push_error(error_msg=msg)
 
     def _open_stream(self) -> None:
-        assert self._engine is not None
-        self._stream = self._engine.open_stream(
+        engine = self._lease.engine
+        assert engine is not None
+        self._stream = engine.open_stream(
             latency_ms=self.latency_ms,
             language=self.language,
             boost_phrases=self.boost_phrases or None,
@@ -311,9 +298,7 @@ class NemotronSTTService(NemotronSTTBase):
                     await asyncio.wait_for(asyncio.shield(task), timeout=5.0)
             if not task.done():
                 await self.cancel_task(task)
-        if self._engine is not None and self._owned_engine is None:
-            await self._registry.release(self._engine)
-        self._engine = None
+        await self._lease.release()
         dropped_s = self._drop_pending()
         if dropped_s > 0:
             logger.warning(f"{self}: session cancelled; {dropped_s:.1f} s of audio were not transcribed")
@@ -388,7 +373,8 @@ class NemotronSTTService(NemotronSTTBase):
         if self._reader_task is not None:
             await self.cancel_task(self._reader_task)
             self._reader_task = None
-        if self._engine is not None and self._engine.running:
+        engine = self._lease.engine
+        if engine is not None and engine.running:
             self._open_stream()
 
     # ---- end of turn --------------------------------------------------------------------------------------
@@ -444,7 +430,7 @@ class NemotronSTTService(NemotronSTTBase):
             return
         self._owed.answered()
         ttf_ms = update.ttf_ms or 0.0
-        if await self._push_final(update, ttf_ms, self._engine_config.model):
+        if await self._push_final(update, ttf_ms, self._lease.config.model):
             logger.info(
                 f"{self}: final for utterance {update.utterance} in {ttf_ms:.1f} ms ({update.latency_ms} ms mode)"
             )
@@ -453,17 +439,11 @@ class NemotronSTTService(NemotronSTTBase):
 
     def _latency_modes(self) -> tuple[int, ...] | None:
         """The loaded model's modes (None until the engine runs)."""
-        return self._engine.info.latency_modes if self._engine is not None and self._engine.running else None
+        return self._lease.latency_modes()
 
     def _language_problem(self, language: Any) -> str | None:
         """The engine's refusal of ``language`` (None until the engine runs; it then checks at stream open)."""
-        if self._engine is None or not self._engine.running:
-            return None
-        try:
-            self._engine.resolve_language(language)
-        except ValueError as e:
-            return str(e)
-        return None
+        return self._lease.language_problem(language)
 
     async def _apply_language(self) -> None:
         """Switch the open stream's language from its next utterance (a stream opened later starts in it)."""

@@ -1,12 +1,15 @@
-"""The runtime settings of the Nemotron STT services, and the Pipecat language of a transcript.
+"""The runtime settings of the Nemotron STT services, their checks, and the Pipecat language of a transcript.
 
-Re-exported by :mod:`pipecat_nemotron.stt.base`, where both were defined before.
+The checks: at construction (:func:`initial_settings`) and of a settings delta against what the service knows of
+its model now (:func:`delta_refusals`). ``NemotronSTTSettings`` and ``frame_language`` are re-exported by
+:mod:`pipecat_nemotron.stt.base`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipecat.services.settings import NOT_GIVEN, NotGiven, STTSettings, is_given
 from pipecat.transcriptions.language import Language
@@ -17,9 +20,10 @@ from pipecat_nemotron.asr.boosting import (
     validate_boost_alpha,
     validate_boost_phrases,
 )
-from pipecat_nemotron.asr.languages import AUTO
+from pipecat_nemotron.asr.config import validate_latency_ms
+from pipecat_nemotron.asr.languages import AUTO, language_code
 
-__all__ = ["NemotronSTTSettings", "check_boost_delta", "frame_language"]
+__all__ = ["NemotronSTTSettings", "check_boost_delta", "delta_refusals", "frame_language", "initial_settings"]
 
 
 def frame_language(language: str | None) -> Language | None:
@@ -97,3 +101,80 @@ def check_boost_delta(delta: STTSettings, check: Callable[[tuple[str, ...]], Non
         delta.boost_phrases = delta.boost_alpha = NOT_GIVEN
         return f"boost phrases unchanged: {e}"
     return None
+
+
+def initial_settings(
+    *,
+    latency_ms: int,
+    model: str | None,
+    language: Language | str | None,
+    boost_phrases: Sequence[str] | None,
+    boost_alpha: float | None,
+    settings: NemotronSTTSettings | None,
+) -> NemotronSTTSettings:
+    """A service's settings at construction: its arguments, overridden by ``settings``, checked for shape.
+
+    The model's own modes, languages and characters are checked where the model is known.
+
+    Raises:
+        ValueError: Unsupported latency (the message names the allowed values), language or boost setting.
+
+    """
+    validate_latency_ms(latency_ms)
+    if language is not None:
+        language_code(language)
+    initial = NemotronSTTSettings(model=model, language=language, latency_ms=latency_ms)
+    initial.boost_phrases, initial.boost_alpha = boost_phrases, boost_alpha  # type: ignore[assignment]
+    if settings is not None:
+        initial.apply_update(settings)
+    validate_latency_ms(initial.latency_ms)  # type: ignore[arg-type]
+    initial.check_boost()
+    return initial
+
+
+def delta_refusals(
+    delta: STTSettings,
+    *,
+    model: str | None,
+    latency_modes: Callable[[], tuple[int, ...] | None],
+    language_problem: Callable[[Any], str | None],
+    model_refusal: Callable[[], str],
+    check_boost: Callable[[tuple[str, ...]], None],
+) -> list[str]:
+    """Drop from ``delta`` what the service cannot apply; the refusals, in field order, for its ``ErrorFrame`` s.
+
+    Refused: a ``latency_ms`` that is not a mode, a ``language`` the model cannot decode, another model, and a
+    boost list over the limits or refused by ``check_boost`` (both boost fields are then dropped).
+
+    Args:
+        delta: A settings delta, changed in place.
+        model: The model the service runs (the settings' ``model``).
+        latency_modes: The model's latency modes, ms (None while unknown: any multiple of 80 ms passes).
+        language_problem: Why the model cannot decode a language (None: it can, or the model is not known yet).
+        model_refusal: The refusal of a model change.
+        check_boost: The check of phrases against the model or server (raises ``ValueError``).
+
+    """
+    refusals = []
+    latency_ms = getattr(delta, "latency_ms", NOT_GIVEN)
+    if is_given(latency_ms):
+        try:
+            validate_latency_ms(latency_ms, latency_modes())
+        except ValueError as e:
+            refusals.append(str(e))
+            delta.latency_ms = NOT_GIVEN  # type: ignore[attr-defined]
+    if is_given(delta.language) and delta.language is not None:
+        try:
+            problem = language_problem(delta.language)
+        except ValueError as e:
+            problem = str(e)
+        if problem is not None:
+            refusals.append(problem)
+            delta.language = NOT_GIVEN
+    if is_given(delta.model) and delta.model != model:
+        refusals.append(model_refusal())
+        delta.model = NOT_GIVEN
+    refusal = check_boost_delta(delta, check_boost)
+    if refusal is not None:
+        refusals.append(refusal)
+    return refusals

@@ -8,7 +8,8 @@ runs the same weights (the model's own ``nn.Module`` layers, called piecewise) o
   sequences keep slots ``0..n-1`` (a leaving one is replaced by the last), so each step reads a view, never a copy;
 - the text encoder output and each layer's cross-attention keys/values are computed once when a sequence joins;
 - classifier-free guidance is a second slot per sequence (NeMo's zero conditioning, its own KV cache);
-- the local transformer (NeMo's module and its cache) samples the codebooks of all rows at once;
+- the local transformer (NeMo's module, our cache: :mod:`~pipecat_nemotron.tts.magpie.local_transformer`) samples
+  the codebooks of all rows at once;
 - the attention prior, alignment tracking and end-of-speech detection call NeMo's own public methods per row
   (``get_most_attended_text_timestep``, ``construct_inference_prior``, ``detect_eos``), with one row's state each.
 
@@ -28,8 +29,8 @@ from typing import Any
 
 import torch
 
-from pipecat_nemotron.tts.magpie._nemo_private import local_transformer_helper
 from pipecat_nemotron.tts.magpie.alignment import align_rows, attend, feed_forward, row_flags
+from pipecat_nemotron.tts.magpie.local_transformer import LocalTransformer
 from pipecat_nemotron.tts.magpie.step_state import (
     MIN_CAPACITY,
     Row,
@@ -85,14 +86,9 @@ class FastMagpieStep:
         )
         self._index_key: tuple[tuple[int, int], ...] | None = None
         self._index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self._use_lt = str(getattr(model.local_transformer_type, "value", "none")) == "autoregressive"
-        #: NeMo's local transformer and its projections (None without one).
-        self._lt: Any = local_transformer_helper(model) if self._use_lt else None
-        self._lt_kv_cache = bool(self.params.use_LT_kv_cache)
-        #: Run the local transformer one position at a time with our own cache (:meth:`_lt_position`); False:
-        #: NeMo's module over all positions so far (:meth:`_lt_logits`, the static shapes CUDA graphs need).
-        self._lt_by_position = True
-        self._all_true = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
+        autoregressive = str(getattr(model.local_transformer_type, "value", "none")) == "autoregressive"
+        #: Samples a frame's codebooks (None: the model has no local transformer; the logits are sampled directly).
+        self._lt = LocalTransformer(model, self.device) if autoregressive else None
 
     # Joining and leaving.
 
@@ -362,45 +358,10 @@ class FastMagpieStep:
             emb, positions, torch.arange(n, device=self.device), self_mask, length, prior, read=slice(0, n)
         )
 
-    def _lt_position(
-        self, x: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]], pos: int
-    ) -> torch.Tensor:
-        """The local transformer on one new position ``x (slots, 1, d_lt)`` at ``pos``; its output ``(slots, d_lt)``.
-
-        NeMo's cached local transformer (``use_LT_kv_cache``) attends from the new position only, but re-runs
-        every earlier position's feed-forward at each codebook; this runs each position once, into ``cache``
-        (per layer, keys and values ``(slots, heads, codebooks, d_head)``).
-        """
-        lt = self._lt.local_transformer
-        if lt.use_learnable_pos_emb:
-            x = x + lt.position_embeddings.weight[pos]
-        for layer, (keys, values) in zip(lt.layers, cache, strict=True):
-            sa = layer.self_attention
-            qkv = sa.qkv_net(layer.norm_self(x)).reshape(x.shape[0], 1, 3, sa.n_heads, sa.d_head)
-            q, k, v = (t.squeeze(2).transpose(1, 2) for t in qkv.chunk(3, dim=2))
-            keys[:, :, pos : pos + 1] = k
-            values[:, :, pos : pos + 1] = v
-            y, _ = attend(q, keys[:, :, : pos + 1], values[:, :, : pos + 1], self._all_true, sa.scale, None)
-            x = x + sa.o_net(y)
-            x = x + feed_forward(layer.pos_ff, layer.norm_pos_ff(x))
-        return lt.norm_out(x)[:, 0]
-
-    def _lt_cache(self, slots: int, like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Empty local-transformer keys/values per layer, ``(slots, heads, codebooks, d_head)`` each."""
-        layers = self._lt.local_transformer.layers
-        shapes = [
-            (slots, la.self_attention.n_heads, self.model.num_audio_codebooks, la.self_attention.d_head)
-            for la in layers
-        ]
-        return [(like.new_empty(shape), like.new_empty(shape)) for shape in shapes]
-
     def _lt_logits(self, x: torch.Tensor, codebook: int) -> torch.Tensor:
         """The local transformer on ``x (slots, codebook + 1, d_lt)``: per-slot logits of ``codebook``."""
-        helper = self._lt
-        mask = torch.ones(x.shape[0], x.shape[1], device=self.device, dtype=x.dtype)
-        h = helper.local_transformer(x, mask)["output"]
-        h = helper.local_transformer_audio_out_projection(h[:, -1, :])
-        return helper.local_transformer_out_projections[codebook](h)
+        assert self._lt is not None  # called only by the local transformer's sampling
+        return self._lt.logits(x, codebook)
 
     def _combine(self, rows: list[Row], per_slot: torch.Tensor, scale: float) -> torch.Tensor:
         """Per-row logits from per-slot ones: NeMo's ``(1 - s) * uncond + s * cond`` for CFG rows."""
@@ -460,37 +421,9 @@ class FastMagpieStep:
 
     def _sample(self, out: StepOutput, picker: RowsPicker) -> torch.Tensor:
         """Every row's next frame ``(rows, num_codebooks)``: the local transformer over all slots, or the logits."""
-        model = self.model
-        if not self._use_lt:
-            view = out.logits.view(len(out.rows), model.num_audio_codebooks, -1)
+        if self._lt is None:
+            view = out.logits.view(len(out.rows), self.model.num_audio_codebooks, -1)
             return torch.stack([picker.sample(view[:, c].clone(), c) for c in range(view.shape[1])], dim=1)
-        helper = self._lt
-        lt = helper.local_transformer
-        lt.reset_cache(use_cache=self._lt_kv_cache and not self._lt_by_position)
-        x = helper.local_transformer_in_projection(out.dec_out.unsqueeze(1))
-        cache = self._lt_cache(x.shape[0], x) if self._lt_by_position else []
-        owners = [0] * out.dec_out.shape[0]  # slot -> index of its row
-        for i, row in enumerate(out.rows):
-            for slot in (row.slot, row.uncond_slot):
-                if slot >= 0:
-                    owners[slot] = i
-        slot_rows = torch.tensor(owners, dtype=torch.long, device=self.device)
-        preds = []
-        try:
-            for codebook in range(model.num_audio_codebooks):
-                if self._lt_by_position:
-                    h = helper.local_transformer_audio_out_projection(
-                        self._lt_position(x[:, -1:], cache, codebook)
-                    )
-                    per_slot = helper.local_transformer_out_projections[codebook](h).float()
-                else:
-                    per_slot = self._lt_logits(x, codebook).float()
-                logits = self._combine(out.rows, per_slot, self.params.cfg_scale)
-                pred = picker.sample(logits, codebook)
-                preds.append(pred)
-                nxt = helper.audio_embeddings[codebook](pred[slot_rows]).unsqueeze(1)
-                nxt = helper.local_transformer_in_projection(helper.audio_in_projection(nxt))
-                x = nxt if self._lt_by_position else torch.cat([x, nxt], dim=1)
-        finally:
-            lt.reset_cache(use_cache=False)
-        return torch.stack(preds, dim=1)
+        return self._lt.sample(
+            out, picker, lambda per_slot: self._combine(out.rows, per_slot, self.params.cfg_scale), self._lt_logits
+        )

@@ -84,9 +84,8 @@ class GraphedMagpieStep(FastMagpieStep):
         super().__init__(model, max_slots=max_slots)
         self.capture = self.device.type == "cuda" if capture is None else capture
         self.buckets = slot_buckets(max_slots)
-        # Static shapes: the local transformer reruns its few positions (<= codebooks + 1) instead of caching.
-        self._lt_kv_cache = False
-        self._lt_by_position = False
+        if self._lt is not None:  # Static shapes: it reruns its few positions (<= codebooks + 1), uncached.
+            self._lt.by_position = False
         self._graphs: dict[tuple[Any, ...], _Graph | None] = {}
         self._layout: tuple[int, ...] = ()
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
