@@ -450,7 +450,10 @@ class ASRServer:
         denied = self._denied(request)
         if denied is not None:
             return denied
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+        body = self.metrics.render()
+        if self.tts is not None and self.tts.metrics.registry is not self.metrics.registry:
+            body += self.tts.metrics.render()  # a TTSHost built on a registry of its own
+        return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def _info(self, request: web.Request) -> web.Response:
         denied = self._denied(request)

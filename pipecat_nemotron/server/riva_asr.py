@@ -346,11 +346,11 @@ class RivaASRServicer(rasr_grpc.RivaSpeechRecognitionServicer):
     async def GetRivaSpeechRecognitionConfig(  # noqa: N802 - the Riva proto's method name
         self, request: rasr.RivaSpeechRecognitionConfigRequest, context: grpc.aio.ServicerContext
     ) -> rasr.RivaSpeechRecognitionConfigResponse:
-        """The served model: its name, languages, latency modes; streaming and offline."""
-        try:
-            self.access.check(context)
-        except RequestError as e:
-            await abort_with(context, self._refused(e))
+        """The served model: its name, languages, latency modes; streaming and offline.
+
+        Answered without a token, as ``GetRivaSynthesisConfig`` is (Pipecat's services send their ``api_key``
+        only with recognition and synthesis calls on a plaintext channel).
+        """
         response = rasr.RivaSpeechRecognitionConfigResponse()
         config = response.model_config.add()
         config.model_name = self.service.model_name

@@ -187,8 +187,12 @@ class RivaTTSServicer(rtts_grpc.RivaSpeechSynthesisServicer):
     async def GetRivaSynthesisConfig(  # noqa: N802 - the Riva proto's method name
         self, request: rtts.RivaSynthesisConfigRequest, context: grpc.aio.ServicerContext
     ) -> rtts.RivaSynthesisConfigResponse:
-        """The voices: one entry per voice, with the languages it speaks and the codec's rate."""
-        await self._admit(context)
+        """The voices: one entry per voice, with the languages it speaks and the codec's rate.
+
+        Answered without a token: Pipecat's ``NvidiaTTSService`` calls it at setup without its call metadata (on a
+        plaintext channel its ``api_key`` travels only with the synthesis calls). It shows the model's file name
+        and the voices, nothing of the host.
+        """
         response = rtts.RivaSynthesisConfigResponse()
         for voice in VOICES:
             config = response.model_config.add()

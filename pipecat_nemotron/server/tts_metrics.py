@@ -6,7 +6,7 @@ ASR metrics (:mod:`~pipecat_nemotron.server.metrics`).
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _PREFIX = "nemotron_tts_"
 
@@ -57,3 +57,7 @@ class TTSMetrics:
             buckets=_RTF_BUCKETS,
             registry=registry,
         )
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text format."""
+        return generate_latest(self.registry)
