@@ -20,7 +20,7 @@ from aiohttp.http_websocket import WebSocketError
 from loguru import logger
 
 from pipecat_nemotron.asr import EngineConfig, NemotronEngine
-from pipecat_nemotron.server.config import ServerConfig
+from pipecat_nemotron.server.config import ServerConfig, metrics_tokens_for, throttle_for
 from pipecat_nemotron.server.metrics import METRICS_CONTENT_TYPE, ServerMetrics
 from pipecat_nemotron.server.protocol import (
     PROTOCOL_VERSION,
@@ -29,7 +29,7 @@ from pipecat_nemotron.server.protocol import (
     close_reason,
     dump_server_message,
 )
-from pipecat_nemotron.server.security import HttpAccess, Secret, TokenSet, metrics_tokens_for, throttle_for
+from pipecat_nemotron.server.security import HttpAccess, Secret, TokenSet
 from pipecat_nemotron.server.service import ASRService
 from pipecat_nemotron.server.transport import Incoming, remote_of
 from pipecat_nemotron.server.tts_config import TTSHostConfig

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 
 from pipecat_nemotron.server.protocol import DEFAULT_PATH
-from pipecat_nemotron.server.security import HiddenTokens
+from pipecat_nemotron.server.security import AuthThrottle, HiddenTokens, TokenSet
 
 
 def is_loopback(host: str) -> bool:
@@ -224,3 +224,19 @@ class ServerConfig:
         shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
         metrics_token = "'<hidden>'" if self.metrics_token else None
         return f"ServerConfig({shown}, tokens={self.tokens!r}, metrics_token={metrics_token})"
+
+
+def throttle_for(config: ServerConfig) -> AuthThrottle:
+    """The failed-authentication lockout ``config`` asks for."""
+    return AuthThrottle(
+        config.auth_max_failures, config.auth_failure_window_s, config.auth_backoff_s, config.auth_backoff_max_s
+    )
+
+
+def metrics_tokens_for(config: ServerConfig, tokens: TokenSet) -> TokenSet | None:
+    """The tokens ``/metrics`` and ``/v1/info`` accept: the metrics token, else the session tokens (None: open)."""
+    if config.metrics_token is not None:
+        return TokenSet([config.metrics_token])
+    if config.public_metrics or not len(tokens):
+        return None  # open: asked for, or a tokenless (loopback-only) server
+    return tokens

@@ -32,7 +32,7 @@ from pipecat_nemotron.asr import Transcript
 from pipecat_nemotron.asr.audio import SUPPORTED_SAMPLE_RATES
 from pipecat_nemotron.asr.errors import CapacityError, InvalidAudioError, NemotronEngineError
 from pipecat_nemotron.server.errors import RequestError, RequestStatus
-from pipecat_nemotron.server.grpc_app import GrpcAccess, abort_with, write_unless
+from pipecat_nemotron.server.grpc_common import GrpcAccess, abort_with, write_unless
 from pipecat_nemotron.server.recognition import (
     DEFAULT_STOP_HISTORY_MS,
     RecognitionSession,

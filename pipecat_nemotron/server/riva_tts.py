@@ -24,7 +24,7 @@ import riva.client.proto.riva_tts_pb2_grpc as rtts_grpc
 from loguru import logger
 
 from pipecat_nemotron.server.errors import RequestError, RequestStatus
-from pipecat_nemotron.server.grpc_app import GrpcAccess, abort_with, write_unless
+from pipecat_nemotron.server.grpc_common import GrpcAccess, abort_with, write_unless
 from pipecat_nemotron.server.security import log_safe
 from pipecat_nemotron.server.tts_host import SynthesisRequest, TTSHost
 from pipecat_nemotron.tts.magpie import LANGUAGES, VOICES

@@ -21,10 +21,7 @@ import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
-
-if TYPE_CHECKING:
-    from pipecat_nemotron.server.config import ServerConfig
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -293,22 +290,6 @@ def log_safe(value: object, limit: int = 200) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
-
-
-def throttle_for(config: ServerConfig) -> AuthThrottle:
-    """The failed-authentication lockout ``config`` asks for."""
-    return AuthThrottle(
-        config.auth_max_failures, config.auth_failure_window_s, config.auth_backoff_s, config.auth_backoff_max_s
-    )
-
-
-def metrics_tokens_for(config: ServerConfig, tokens: TokenSet) -> TokenSet | None:
-    """The tokens ``/metrics`` and ``/v1/info`` accept: the metrics token, else the session tokens (None: open)."""
-    if config.metrics_token is not None:
-        return TokenSet([config.metrics_token])
-    if config.public_metrics or not len(tokens):
-        return None  # open: asked for, or a tokenless (loopback-only) server
-    return tokens
 
 
 class HttpAccess:

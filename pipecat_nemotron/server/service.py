@@ -21,7 +21,7 @@ from typing import Any
 from loguru import logger
 
 from pipecat_nemotron.asr import EngineConfig, NemotronEngine
-from pipecat_nemotron.server.config import ServerConfig
+from pipecat_nemotron.server.config import ServerConfig, metrics_tokens_for, throttle_for
 from pipecat_nemotron.server.context import SessionContext
 from pipecat_nemotron.server.engine_load import EngineLoad
 from pipecat_nemotron.server.metrics import ServerMetrics
@@ -39,10 +39,8 @@ from pipecat_nemotron.server.security import (
     Secret,
     TokenSet,
     log_safe,
-    metrics_tokens_for,
     peer_key,
     round_up,
-    throttle_for,
 )
 from pipecat_nemotron.server.session import Session
 from pipecat_nemotron.server.transport import Transport

@@ -52,7 +52,8 @@ class TTSHostConfig:
         for name in ("max_batch", "max_streams", "max_text_chars"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"TTS {name} must be an integer >= 1, got {value!r}")
+                flag = "--tts-" + name.replace("_", "-")
+                raise ValueError(f"TTS {name} ({flag}) must be an integer >= 1, got {value!r}")
         for name in ("max_duration_s", "max_buffered_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
