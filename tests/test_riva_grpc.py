@@ -31,6 +31,7 @@ from helpers import (
     engine_config,
     one_torch_thread,
     run_steps,
+    wait_for,
 )
 from pipecat.frames.frames import (
     ErrorFrame,
@@ -73,15 +74,16 @@ class ServerThread:
     async def _start(self) -> None:
         self.asr = NemotronEngine(engine_config(self._asr_model))
         await self.asr.start()
-        max_duration_s = (FRAMES - 0.5) * MAGPIE_SAMPLES_PER_FRAME / MAGPIE_CODEC_RATE
-        host = TTSHost(TTSHostConfig(max_duration_s=max_duration_s, **self._config.pop("tts", {})), engine=self._magpie)
+        tts = {"max_duration_s": (FRAMES - 0.5) * MAGPIE_SAMPLES_PER_FRAME / MAGPIE_CODEC_RATE}
+        tts.update(self._config.pop("tts", {}))
+        host = TTSHost(TTSHostConfig(**tts), engine=self._magpie)
         config = ServerConfig(port=0, grpc_port=0, tokens=(TOKEN,), **self._config)
         self.server = ASRServer(self.asr, config, tts=host)
         await self.server.start()
 
     async def _stop(self) -> None:
         assert self.server is not None and self.asr is not None
-        await self.server.stop(drain_timeout_s=0)
+        await self.server.stop(drain_timeout_s=0)  # idempotent: a test may have stopped it
         await self.asr.stop()
 
     def __enter__(self) -> ServerThread:
@@ -130,8 +132,8 @@ def _metadata(token: str | None = TOKEN) -> list[tuple[str, str]]:
 
 
 @contextlib.contextmanager
-def channel(served: ServerThread) -> Iterator[grpc.Channel]:
-    ch = grpc.insecure_channel(served.address)
+def channel(served: ServerThread, options: list[tuple[str, int]] | None = None) -> Iterator[grpc.Channel]:
+    ch = grpc.insecure_channel(served.address, options=options)
     try:
         yield ch
     finally:
@@ -330,3 +332,117 @@ def test_metrics_count_tts_and_grpc_calls(served: ServerThread) -> None:
     ):
         assert name in text, name
 
+
+
+# ---- long requests: cancel, a client that stops reading, drain ------------------------------------------------
+
+
+def _outcomes(server: ServerThread, outcome: str) -> float:
+    return server.tts.metrics.registry.get_sample_value("nemotron_tts_requests_total", {"outcome": outcome}) or 0.0
+
+
+@pytest.fixture(scope="module")
+def long_tts(asr_model: Path, magpie: MagpieEngine) -> Iterator[ServerThread]:
+    """A server whose (never-ending) tiny Magpie runs each request to 20 s of audio, with 0.5 s of it buffered."""
+    with ServerThread(asr_model, magpie, tts={"max_duration_s": 20.0, "max_buffered_s": 0.5}) as server:
+        yield server
+
+
+def test_a_client_cancel_frees_the_engine_row(long_tts: ServerThread, magpie: MagpieEngine) -> None:
+    with channel(long_tts) as ch:
+        call = rtts_grpc.RivaSpeechSynthesisStub(ch).SynthesizeOnline(iter([_tts_request()]), metadata=_metadata())
+        assert next(call).audio, "audio streams before the request is done"
+        call.cancel()
+        long_tts.call(wait_for(lambda: _outcomes(long_tts, "cancelled") >= 1, 60, "the cancel to reach the engine"))
+    assert long_tts.tts.active_streams == 0
+    long_tts.call(wait_for(lambda: not magpie.busy, 60, "the engine row to be freed"))
+
+
+#: A client whose transport takes no more than HTTP/2's first 64 KiB window ahead of its reads (gRPC's default
+#: probing would grow the window to take a whole request's audio, so the server would never see it stop reading).
+SMALL_WINDOW = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 65536)]
+
+
+def test_a_client_that_stops_reading_is_cancelled_alone(long_tts: ServerThread) -> None:
+    with channel(long_tts, SMALL_WINDOW) as ch:
+        stub = rtts_grpc.RivaSpeechSynthesisStub(ch)
+        stalled = stub.SynthesizeOnline(iter([_tts_request("I will not be read.")]), metadata=_metadata())
+        long_tts.call(wait_for(lambda: _outcomes(long_tts, "client_stalled") >= 1, 120, "the stalled call to end"))
+        reader = stub.SynthesizeOnline(iter([_tts_request("I am read.")]), metadata=_metadata())
+        heard = b"".join(r.audio for r in reader)
+        with pytest.raises(grpc.RpcError) as ended:
+            for _ in stalled:
+                pass
+    assert ended.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "stopped reading" in ended.value.details()
+    assert len(heard) == 2 * round(20.0 * MAGPIE_CODEC_RATE / MAGPIE_SAMPLES_PER_FRAME + 0.5) * MAGPIE_SAMPLES_PER_FRAME
+
+
+def test_drain_refuses_new_calls_and_lets_running_ones_finish(asr_model: Path, magpie: MagpieEngine) -> None:
+    server = ServerThread(asr_model, magpie, tts={"max_duration_s": 3.0}).__enter__()
+    try:
+        with channel(server) as ch:
+            stub = rtts_grpc.RivaSpeechSynthesisStub(ch)
+            running = stub.SynthesizeOnline(iter([_tts_request("Finish me.")]), metadata=_metadata())
+            first = next(running).audio
+            assert server.server is not None
+            stopping = asyncio.run_coroutine_threadsafe(server.server.stop(drain_timeout_s=60), server._loop)
+            server.call(wait_for(lambda: server.tts.draining, 30, "the drain to begin"))
+            with pytest.raises(grpc.RpcError) as refused:
+                _synthesize_online(ch, _tts_request("Too late."))
+            rest = b"".join(r.audio for r in running)
+            stopping.result(120)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        frames = round(3.0 * MAGPIE_CODEC_RATE / MAGPIE_SAMPLES_PER_FRAME + 0.5)
+        assert len(first + rest) == 2 * frames * MAGPIE_SAMPLES_PER_FRAME, "the running call got all its audio"
+    finally:
+        server.__exit__()
+
+
+def test_punctuation_off_is_riva_plain_text() -> None:
+    from pipecat_nemotron.server.recognition import plain_text
+
+    assert plain_text("Set a timer, please. Don't 'wait'!") == "set a timer please don't wait"
+
+
+# ---- one process, either model --------------------------------------------------------------------------------
+
+
+async def test_a_tts_only_server_serves_no_asr_and_is_ready(magpie: MagpieEngine) -> None:
+    import aiohttp
+
+    host = TTSHost(TTSHostConfig(max_duration_s=0.2), engine=magpie)
+    server = ASRServer(None, ServerConfig(port=0, grpc_port=0, tokens=(TOKEN,)), tts=host)
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{server.http_url}/readyz") as ready:
+                assert ready.status == 200
+            async with http.get(f"{server.http_url}{server.config.path}") as ws:
+                assert ws.status == 404
+        async with grpc.aio.insecure_channel(server.grpc_address) as ch:
+            stub = rasr_grpc.RivaSpeechRecognitionStub(ch)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.GetRivaSpeechRecognitionConfig(rasr.RivaSpeechRecognitionConfigRequest())
+            assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await server.stop(drain_timeout_s=0)
+    assert not magpie.closed, "the server leaves an engine it was given to its owner"
+
+
+def test_serve_flags_name_the_fix() -> None:
+    from pipecat_nemotron.cli import build_parser, serve_configs, serve_tts_config
+
+    def tts(*argv: str):
+        return serve_tts_config(build_parser().parse_args(["serve", "--insecure", *argv]))
+
+    with pytest.raises(ValueError, match="add --tts-model"):
+        tts("--no-asr")
+    with pytest.raises(ValueError, match="add --grpc-port"):
+        tts("--tts-model", "m.nemo")
+    with pytest.raises(ValueError, match="--tts-max-streams"):
+        tts("--tts-model", "m.nemo", "--grpc-port", "50051", "--tts-max-streams", "0")
+    with pytest.raises(ValueError, match="port of its own"):
+        serve_configs(build_parser().parse_args(["serve", "--insecure", "--grpc-port", "8765"]))
+    config = tts("--tts-model", "m.nemo", "--grpc-port", "50051", "--device", "cpu")
+    assert config is not None and (config.model, config.device) == ("m.nemo", "cpu")
+    assert tts() is None

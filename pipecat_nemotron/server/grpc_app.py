@@ -13,6 +13,7 @@ metadata ``authorization: Bearer <token>`` (what Pipecat's services send for ``a
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 import grpc
@@ -82,13 +83,23 @@ class GrpcServer:
             self.asr.draining = True
 
     async def stop(self, grace_s: float = 0.0) -> None:
-        """Stop taking calls; let running ones finish for up to ``grace_s``, then cancel them.
+        """Refuse new calls (UNAVAILABLE); let running ones finish for up to ``grace_s``, then cancel them.
+
+        The port stays open while draining: gRPC's own shutdown would answer a new call with a bare CANCELLED.
 
         Args:
             grace_s: How long running calls may go on, s.
 
         """
         self.begin_drain()
+        if self.tts is not None:
+            self.tts.host.begin_drain()
+        idle = [s.wait_idle() for s in (self.asr, self.tts) if s is not None]
+        if grace_s > 0 and idle:
+            try:
+                await asyncio.wait_for(asyncio.gather(*idle), grace_s)
+            except (asyncio.TimeoutError, TimeoutError):
+                logger.info("Riva gRPC: calls still running at the end of the drain are cancelled")
         if self._started:
             self._started = False
-            await self._server.stop(grace_s if grace_s > 0 else None)
+            await self._server.stop(None)

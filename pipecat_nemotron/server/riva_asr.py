@@ -180,10 +180,16 @@ class RivaASRServicer(rasr_grpc.RivaSpeechRecognitionServicer):
         self.access = access
         self.draining = False
         self.open_calls = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def register(self, server: grpc.aio.Server) -> None:
         """Add this service to ``server``."""
         rasr_grpc.add_RivaSpeechRecognitionServicer_to_server(self, server)
+
+    async def wait_idle(self) -> None:
+        """Return once no recognition stream is open (at once if none is)."""
+        await self._idle.wait()
 
     def _refused(self, error: RequestError) -> RequestError:
         self.service.metrics.refused.labels(f"grpc_{error.status.value}").inc()
@@ -259,6 +265,8 @@ class RivaASRServicer(rasr_grpc.RivaSpeechRecognitionServicer):
         metrics = self.service.metrics
         metrics.sessions.inc()
         metrics.grpc_streams.inc()
+        self.open_calls += 1
+        self._idle.clear()
         engine = self.service.engine
         engine.add_step_listener(session.on_step)
         loop = asyncio.get_running_loop()
@@ -280,6 +288,9 @@ class RivaASRServicer(rasr_grpc.RivaSpeechRecognitionServicer):
             collector.cancel()
             engine.remove_step_listener(session.on_step)
             await session.close()
+            self.open_calls -= 1
+            if not self.open_calls:
+                self._idle.set()
             metrics.grpc_streams.dec()
             metrics.ended.labels(how).inc()
             metrics.audio_seconds.inc(session.audio_bytes / 2 / session.settings.channels / session.settings.sample_rate)

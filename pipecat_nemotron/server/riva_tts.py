@@ -134,6 +134,10 @@ class RivaTTSServicer(rtts_grpc.RivaSpeechSynthesisServicer):
         """Add this service to ``server``."""
         rtts_grpc.add_RivaSpeechSynthesisServicer_to_server(self, server)
 
+    async def wait_idle(self) -> None:
+        """Return once no synthesis request runs."""
+        await self.host.wait_idle()
+
     async def _admit(self, context: grpc.aio.ServicerContext) -> None:
         try:
             self.access.check(context)

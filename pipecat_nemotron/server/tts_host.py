@@ -250,6 +250,10 @@ class TTSHost:
             f"{', '.join(VOICES)}"
         )
 
+    async def wait_idle(self) -> None:
+        """Return once no synthesis call runs (at once if none does)."""
+        await self._idle.wait()
+
     def begin_drain(self) -> None:
         """Refuse new calls (UNAVAILABLE) from now on; running ones go on."""
         self.draining = True
