@@ -280,6 +280,30 @@ def test_half_close_ends_the_utterance_with_its_final_and_word_times(served: Ser
     assert all(0 <= w.start_time <= w.end_time for w in words)
 
 
+def test_recognize_config_and_boosted_phrases(served: ServerThread) -> None:
+    pcm = clip()
+    assert served.asr is not None
+    expected = served.call(served.asr.transcribe(pcm)).text
+    with channel(served) as ch:
+        stub = rasr_grpc.RivaSpeechRecognitionStub(ch)
+        whole = stub.Recognize(rasr.RecognizeRequest(config=_config(), audio=pcm), metadata=_metadata())
+        assert whole.results[0].alternatives[0].transcript == expected
+        model = stub.GetRivaSpeechRecognitionConfig(rasr.RivaSpeechRecognitionConfigRequest()).model_config[0]
+        assert model.parameters["streaming"] == "true" and "160" in model.parameters["latency_modes_ms"]
+        boosted = _config(speech_contexts=[rasr.SpeechContext(phrases=["Friday"], boost=4.0)])
+        finals = [r for r in _recognize_stream(ch, boosted, pcm) if r.results[0].is_final]
+        assert len(finals) == 1 and finals[0].results[0].alternatives[0].transcript
+
+
+def test_several_requests_on_one_call_are_spoken_in_order(served: ServerThread) -> None:
+    with channel(served) as ch:
+        one = [_synthesize_online(ch, _tts_request(t, custom_configuration={"seed": "5"})) for t in ("One.", "Two.")]
+        both = _synthesize_online(
+            ch, *(_tts_request(t, custom_configuration={"seed": "5"}) for t in ("One.", "Two."))
+        )
+    assert both == one[0] + one[1]
+
+
 def test_asr_fields_it_cannot_honour_are_refused_by_name(served: ServerThread) -> None:
     cases = [
         (_config(profanity_filter=True), grpc.StatusCode.UNIMPLEMENTED, "profanity_filter"),
@@ -323,6 +347,9 @@ def test_metrics_count_tts_and_grpc_calls(served: ServerThread) -> None:
     )
     with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
         text = response.read().decode()
+    info = urllib.request.Request(f"{served.server.http_url}/v1/info", headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(info, timeout=10) as response:  # noqa: S310 - loopback
+        assert '"voices": ["john", "sofia", "aria", "jason", "leo"]' in response.read().decode()
     for name in (
         "nemotron_tts_first_audio_seconds_count",
         "nemotron_tts_real_time_factor_count",
@@ -427,6 +454,31 @@ async def test_a_tts_only_server_serves_no_asr_and_is_ready(magpie: MagpieEngine
     finally:
         await server.stop(drain_timeout_s=0)
     assert not magpie.closed, "the server leaves an engine it was given to its owner"
+
+
+async def test_tts_capacity_and_the_auth_lockout(magpie: MagpieEngine) -> None:
+    host = TTSHost(TTSHostConfig(max_duration_s=20.0, max_streams=1), engine=magpie)
+    config = ServerConfig(port=0, grpc_port=0, tokens=(TOKEN,), auth_max_failures=2)
+    server = ASRServer(None, config, tts=host)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(server.grpc_address) as ch:
+            stub = rtts_grpc.RivaSpeechSynthesisStub(ch)
+            running = stub.SynthesizeOnline(iter([_tts_request("Hold the only slot.")]), metadata=_metadata())
+            assert (await running.read()).audio
+            with pytest.raises(grpc.aio.AioRpcError) as full:
+                await stub.Synthesize(_tts_request(), metadata=_metadata())
+            assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "slots" in full.value.details()
+            running.cancel()
+            for _ in range(2):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.Synthesize(_tts_request(), metadata=_metadata("wrong-token-0123456789"))
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.aio.AioRpcError) as locked:
+                await stub.Synthesize(_tts_request(), metadata=_metadata())
+            assert locked.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "retry after" in locked.value.details()
+    finally:
+        await server.stop(drain_timeout_s=0)
 
 
 def test_serve_flags_name_the_fix() -> None:
