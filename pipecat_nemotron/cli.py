@@ -2,8 +2,10 @@
 
 Subcommands:
 
-* ``serve`` - run the Nemotron ASR WebSocket server (protocol ``nemotron-asr.v1``, ``docs/PROTOCOL.md``) on one
-  device: ``pipecat-nemotron serve --model nvidia/nemotron-speech-streaming-en-0.6b --host 0.0.0.0``.
+* ``serve`` - run the model server on one device: the Nemotron ASR over WebSockets (protocol ``nemotron-asr.v1``,
+  ``docs/PROTOCOL.md``): ``pipecat-nemotron serve --model nvidia/nemotron-speech-streaming-en-0.6b --host 0.0.0.0``;
+  with ``--grpc-port 50051`` also NVIDIA Riva's gRPC API (``docs/RIVA.md``), and with ``--tts-model`` the Magpie
+  TTS beside the ASR (``--no-asr``: TTS only).
   Bearer tokens come from ``NEMOTRON_ASR_TOKENS`` (comma separated) or ``--token-file`` (one per line), never
   from the command line (it shows in ``ps``); so does the ``/metrics`` token (``NEMOTRON_ASR_METRICS_TOKEN`` or
   ``--metrics-token-file``). Logs go to stderr with loguru's ``diagnose`` off: a crash's traceback does not
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pipecat_nemotron.asr import EngineConfig
     from pipecat_nemotron.server.config import ServerConfig
+    from pipecat_nemotron.server.tts_config import TTSHostConfig
 
 #: Environment variable with the accepted bearer tokens (comma separated).
 TOKENS_ENV = "NEMOTRON_ASR_TOKENS"
@@ -129,6 +132,44 @@ def _model_options(group: argparse._ArgumentGroup) -> None:
     )
 
 
+def _tts_options(group: argparse._ArgumentGroup) -> None:
+    """The Magpie TTS hosted beside the ASR, and Riva gRPC (which serves it)."""
+    from pipecat_nemotron.server.tts_config import TTSHostConfig
+
+    group.add_argument(
+        "--grpc-port",
+        type=int,
+        default=None,
+        help="serve NVIDIA Riva's gRPC API (StreamingRecognize, SynthesizeOnline) on this port of --host, for "
+        "Pipecat's NvidiaSTTService / NvidiaTTSService (docs/RIVA.md; needs the [riva] extra)",
+    )
+    group.add_argument(
+        "--tts-model",
+        default=None,
+        help="host this Magpie TTS model (hub id such as nvidia/magpie_tts_multilingual_357m, or a .nemo) beside "
+        "the ASR, over Riva gRPC (--grpc-port; needs the [tts] extra)",
+    )
+    group.add_argument("--tts-codec", default=None, help="codec .nemo overriding the one the Magpie checkpoint names")
+    group.add_argument("--tts-device", default=None, help="device of the TTS model (default: --device)")
+    group.add_argument("--tts-dtype", choices=("float32", "bfloat16"), default=TTSHostConfig.dtype, help="TTS step dtype")
+    group.add_argument("--tts-max-batch", type=int, default=TTSHostConfig.max_batch, help="TTS requests decoded per step")
+    group.add_argument(
+        "--tts-max-streams",
+        type=int,
+        default=TTSHostConfig.max_streams,
+        help="synthesis calls served at once (the next gets RESOURCE_EXHAUSTED)",
+    )
+    group.add_argument(
+        "--tts-max-text-chars",
+        type=int,
+        default=TTSHostConfig.max_text_chars,
+        help="longest text of one synthesis request, characters (longer: INVALID_ARGUMENT)",
+    )
+    group.add_argument(
+        "--no-asr", action="store_true", help="host no ASR model (TTS only: needs --tts-model and --grpc-port)"
+    )
+
+
 def _network_options(group: argparse._ArgumentGroup) -> None:
     """Where the server listens, and who may use it: tokens, origins, metrics access, authentication lockout."""
     _config_flags(
@@ -220,12 +261,14 @@ _PLAIN_CONFIG_FLAGS = (
 def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "serve",
-        help="run the ASR WebSocket server",
-        description="Serve Nemotron streaming ASR to many clients over WebSockets (nemotron-asr.v1). Needs the "
-        "[server] extra: pip install 'pipecat-nemotron[server]'.",
+        help="run the model server (ASR over WebSockets; ASR and TTS over Riva gRPC)",
+        description="Serve Nemotron streaming ASR to many clients over WebSockets (nemotron-asr.v1), and with "
+        "--grpc-port the ASR and the Magpie TTS (--tts-model) over NVIDIA Riva's gRPC API. Needs the [server] extra "
+        "(pip install 'pipecat-nemotron[server]'); gRPC the [riva] extra, TTS the [tts] extra.",
         formatter_class=_DefaultsHelpFormatter,
     )
     _model_options(p.add_argument_group("model"))
+    _tts_options(p.add_argument_group("TTS and Riva gRPC"))
     _network_options(p.add_argument_group("network and security"))
     _config_flags(p.add_argument_group("limits"), _LIMIT_FLAGS)
     p.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"), help="loguru level (env LOG_LEVEL)")
@@ -236,21 +279,37 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 _SERVER_EXTRA_MODULES = ("aiohttp", "websockets", "prometheus_client")
 
 
-def _missing_server_extra() -> str | None:
-    """The message for a missing ``[server]`` extra (naming the missing module), or None when it is installed."""
+#: The modules of the ``[riva]`` extra, which ``serve --grpc-port`` needs.
+_RIVA_EXTRA_MODULES = ("grpc", "riva.client")
+
+
+def _missing_server_extra(grpc: bool = False) -> str | None:
+    """The message for a missing ``[server]`` (or, with ``grpc``, ``[riva]``) extra, or None when installed."""
     import importlib.util
 
-    missing = [m for m in _SERVER_EXTRA_MODULES if importlib.util.find_spec(m) is None]
-    if not missing:
-        return None
-    return (
-        f"pipecat-nemotron serve needs the [server] extra ({', '.join(missing)} missing): "
-        "pip install 'pipecat-nemotron[server]'"
-    )
+    def absent(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is None
+        except ModuleNotFoundError:  # a parent package is missing
+            return True
+
+    missing = [m for m in _SERVER_EXTRA_MODULES if absent(m)]
+    if missing:
+        return (
+            f"pipecat-nemotron serve needs the [server] extra ({', '.join(missing)} missing): "
+            "pip install 'pipecat-nemotron[server]'"
+        )
+    missing = [m for m in _RIVA_EXTRA_MODULES if grpc and absent(m)]
+    if missing:
+        return (
+            f"pipecat-nemotron serve --grpc-port needs the [riva] extra ({', '.join(missing)} missing): "
+            "pip install 'pipecat-nemotron[riva]'"
+        )
+    return None
 
 
 def _serve(args: argparse.Namespace) -> int:
-    if (missing := _missing_server_extra()) is not None:
+    if (missing := _missing_server_extra(grpc=args.grpc_port is not None)) is not None:
         print(missing, file=sys.stderr)
         return 2
     from loguru import logger
@@ -263,10 +322,15 @@ def _serve(args: argparse.Namespace) -> int:
     logger.add(sys.stderr, level=args.log_level.upper(), diagnose=False)
     try:
         engine_config, config = serve_configs(args)
+        tts_config = serve_tts_config(args)
     except ValueError as e:
         print(f"pipecat-nemotron serve: {e}", file=sys.stderr)
         return 2
-    return asyncio.run(run_server(engine_config, config))
+    try:
+        return asyncio.run(run_server(None if args.no_asr else engine_config, config, tts_config=tts_config))
+    except (ImportError, FileNotFoundError) as e:  # the [tts] extra, a model path: named by the message
+        print(f"pipecat-nemotron serve: {e}", file=sys.stderr)
+        return 2
 
 
 def serve_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
@@ -289,6 +353,7 @@ def serve_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
     if len(metrics_tokens) > 1:
         raise ValueError(f"give one metrics token ({METRICS_TOKEN_ENV} or the file), not several")
     config = ServerConfig(
+        grpc_port=args.grpc_port,
         tokens=tokens_from(sources),
         metrics_token=metrics_tokens[0] if metrics_tokens else None,
         allowed_origins=tuple(args.allowed_origin),
@@ -309,6 +374,32 @@ def serve_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
         cpu_threads=args.cpu_threads,
     )
     return engine_config, config
+
+
+def serve_tts_config(args: argparse.Namespace) -> TTSHostConfig | None:
+    """The TTS of parsed ``serve`` arguments (None: no ``--tts-model``), checked against the other options.
+
+    Raises:
+        ValueError: Nothing to serve, TTS without gRPC, or a TTS limit out of range (the message names the flag).
+
+    """
+    from pipecat_nemotron.server.tts_config import TTSHostConfig
+
+    if args.tts_model is None:
+        if args.no_asr:
+            raise ValueError("--no-asr leaves nothing to serve: add --tts-model (and --grpc-port) to serve TTS")
+        return None
+    if args.grpc_port is None:
+        raise ValueError("TTS is served over Riva gRPC only: add --grpc-port (e.g. --grpc-port 50051)")
+    return TTSHostConfig(
+        model=args.tts_model,
+        codec_model_path=args.tts_codec,
+        device=args.tts_device or args.device,
+        dtype=args.tts_dtype,
+        max_batch=args.tts_max_batch,
+        max_streams=args.tts_max_streams,
+        max_text_chars=args.tts_max_text_chars,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,15 +9,18 @@ counts only time spent waiting to read), and :class:`HandshakeGuard` closes conn
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 from aiohttp.http_websocket import WebSocketError
 from loguru import logger
 
 from pipecat_nemotron.asr import EngineConfig, NemotronEngine
-from pipecat_nemotron.server.config import ServerConfig
+from pipecat_nemotron.server.config import ServerConfig, metrics_tokens_for, throttle_for
 from pipecat_nemotron.server.metrics import METRICS_CONTENT_TYPE, ServerMetrics
 from pipecat_nemotron.server.protocol import (
     PROTOCOL_VERSION,
@@ -26,9 +29,15 @@ from pipecat_nemotron.server.protocol import (
     close_reason,
     dump_server_message,
 )
-from pipecat_nemotron.server.security import Secret
+from pipecat_nemotron.server.security import HttpAccess, Secret, TokenSet
 from pipecat_nemotron.server.service import ASRService
 from pipecat_nemotron.server.transport import Incoming, remote_of
+from pipecat_nemotron.server.tts_config import TTSHostConfig
+from pipecat_nemotron.server.tts_host import TTSHost
+from pipecat_nemotron.server.tts_metrics import TTSMetrics
+
+if TYPE_CHECKING:
+    from pipecat_nemotron.server.grpc_app import GrpcServer
 
 
 class _ASRWebSocketResponse(web.WebSocketResponse):
@@ -204,50 +213,90 @@ class AiohttpTransport:
 
 
 class ASRServer:
-    """The aiohttp server around an :class:`ASRService` (one engine; WebSocket and HTTP on one port).
+    """The model server: the ASR engine and/or the Magpie TTS engine, over WebSocket + HTTP and Riva gRPC.
+
+    The aiohttp server holds the WebSocket sessions (ASR, ``nemotron-asr.v1``) and the HTTP endpoints (health,
+    readiness and metrics of every hosted model) on one port; with ``config.grpc_port`` set, NVIDIA Riva's gRPC API
+    (:mod:`~pipecat_nemotron.server.grpc_app`) serves the same engines on a second port. Both models load at
+    :meth:`start`; ``/readyz`` answers 200 once every hosted model is ready.
 
     Example::
 
         server = ASRServer(EngineConfig(model="tiny.nemo", device="cpu", max_streams=8),
-                           ServerConfig(insecure=True, port=0))
-        await server.start()          # returns once the model is warm (wait_ready=True)
-        print(server.url)             # ws://127.0.0.1:PORT/v1/asr
+                           ServerConfig(insecure=True, port=0, grpc_port=0), tts=TTSHostConfig(...))
+        await server.start()          # returns once the models are warm (wait_ready=True)
+        print(server.url, server.grpc_address)   # ws://127.0.0.1:PORT/v1/asr 127.0.0.1:PORT
         ...
         await server.stop()
 
     Args:
-        engine: The engine (or its config) to serve.
-        config: Limits and security.
+        engine: The ASR engine (or its config) to serve; None: no ASR (a TTS-only server).
+        config: Limits and security (both protocols, both models).
         metrics: Metrics registry holder (default: a new one).
+        tts: The Magpie TTS to host: a :class:`TTSHost`, or the :class:`TTSHostConfig` to build one from; None: no
+            TTS. TTS is served over Riva gRPC only (``config.grpc_port``).
 
     """
 
     def __init__(
         self,
-        engine: NemotronEngine | EngineConfig,
+        engine: NemotronEngine | EngineConfig | None,
         config: ServerConfig | None = None,
         metrics: ServerMetrics | None = None,
+        tts: TTSHost | TTSHostConfig | None = None,
     ) -> None:
         self.config = config or ServerConfig(insecure=True)
-        self.service = ASRService(self.config, engine, metrics)
-        self._guard = HandshakeGuard(self.config.handshake_timeout_s, self.service.metrics)
-        self.app = web.Application(middlewares=[self._guard.middleware])
-        self.app.add_routes(
-            [
-                web.get(self.config.path, self._ws_handler),
-                web.get("/healthz", self._healthz),
-                web.get("/readyz", self._readyz),
-                web.get("/metrics", self._metrics),
-                web.get("/v1/info", self._info),
-            ]
+        if engine is None and tts is None:
+            raise ValueError("the server needs a model to serve: an ASR engine, a TTS model, or both")
+        if tts is not None and self.config.grpc_port is None:
+            raise ValueError("TTS is served over Riva gRPC only: set a gRPC port (--grpc-port, e.g. 50051)")
+        metrics = metrics or ServerMetrics()
+        self.service: ASRService | None = (
+            ASRService(self.config, engine, metrics) if engine is not None else None
         )
+        self.metrics = metrics
+        if isinstance(tts, TTSHostConfig):
+            tts = TTSHost(tts, TTSMetrics(metrics.registry))
+        self.tts: TTSHost | None = tts
+        self.grpc: GrpcServer | None = None
+        if self.config.grpc_port is not None:
+            from pipecat_nemotron.server.grpc_app import GrpcServer  # the [riva] extra: only when asked for
+
+            self.grpc = GrpcServer(self.config, self.config.grpc_port, self.service, self.tts)
+        self._guard = HandshakeGuard(self.config.handshake_timeout_s, metrics)
+        # /metrics and /v1/info: the ASR service's check (its lockout shared with the sessions), or a TTS-only one.
+        self._http_check: Callable[[Secret | None, str], tuple[int, str] | None] = (
+            self.service.http_access
+            if self.service is not None
+            else HttpAccess(metrics_tokens_for(self.config, TokenSet(self.config.tokens)), throttle_for(self.config)).check
+        )
+        self._server_id = (
+            self.service.server_id if self.service is not None else f"{socket.gethostname()}:{os.getpid()}"
+        )
+        self.app = web.Application(middlewares=[self._guard.middleware])
+        routes = [
+            web.get("/healthz", self._healthz),
+            web.get("/readyz", self._readyz),
+            web.get("/metrics", self._metrics),
+            web.get("/v1/info", self._info),
+        ]
+        if self.service is not None:
+            routes.append(web.get(self.config.path, self._ws_handler))
+        self.app.add_routes(routes)
         self._runner: web.AppRunner | None = None
         self._start_task: asyncio.Task[None] | None = None
         self.port = self.config.port
 
     @property
     def engine(self) -> NemotronEngine:
-        """The served engine."""
+        """The served ASR engine.
+
+        Raises:
+            RuntimeError: The server hosts no ASR.
+
+        """
+        if self.service is None:
+            raise RuntimeError("this server hosts no ASR engine (TTS only)")
         return self.service.engine
 
     @property
@@ -263,15 +312,24 @@ class ASRServer:
         """Base HTTP URL (after :meth:`start`)."""
         return self.url.replace("ws://", "http://", 1).removesuffix(self.config.path)
 
+    @property
+    def grpc_address(self) -> str | None:
+        """``host:port`` of the Riva gRPC API, for Pipecat's ``server=`` (after :meth:`start`); None without it."""
+        return self.grpc.address if self.grpc is not None else None
+
+    @property
+    def _parts(self) -> list[ASRService | TTSHost]:
+        return [p for p in (self.service, self.tts) if p is not None]
+
     async def start(self, wait_ready: bool = True) -> None:
-        """Bind the port (health endpoints answer at once), then load and warm up the model.
+        """Bind the ports (health endpoints answer at once), then load and warm up the models.
 
         Args:
-            wait_ready: Return only once the model is ready (else it loads in the background; ``/readyz``
+            wait_ready: Return only once every model is ready (else they load in the background; ``/readyz``
                 tells when).
 
         Raises:
-            ModelLoadError: With ``wait_ready``, when the model cannot be loaded.
+            ModelLoadError / MagpieEngineError: With ``wait_ready``, when a model cannot be loaded.
 
         """
         # keepalive_timeout: idle keep-alive connections close after it (and, from aiohttp 3.14.x, a connection
@@ -289,23 +347,43 @@ class ASRServer:
         addresses = self._runner.addresses
         if addresses:
             self.port = addresses[0][1]
-        logger.info(f"ASR server listening on {self.url} (health on {self.http_url}/healthz)")
-        self._start_task = asyncio.get_running_loop().create_task(
-            self.service.start(), name="asr-engine-start"
-        )
+        what = "ASR WebSocket" if self.service is not None else "HTTP"
+        logger.info(f"{what} server listening on {self.url} (health on {self.http_url}/healthz)")
+        if self.grpc is not None:
+            await self.grpc.start()
+        self._start_task = asyncio.get_running_loop().create_task(self._start_models(), name="model-start")
         if wait_ready:
             await self._start_task
 
+    async def _start_models(self) -> None:
+        await asyncio.gather(*(part.start() for part in self._parts))
+
     async def wait_ready(self) -> None:
-        """Wait until the model is loaded and warm (raises if loading failed)."""
+        """Wait until every model is loaded and warm (raises if loading failed)."""
         if self._start_task is not None:
             await self._start_task
 
     async def stop(self, drain_timeout_s: float | None = None) -> None:
-        """Drain sessions (see :meth:`ASRService.stop`), stop the engine if owned, and release the port."""
+        """Drain (WebSocket sessions and gRPC calls together, up to the drain timeout), stop the engines it owns.
+
+        New sessions and calls are refused from the first moment (4503 / UNAVAILABLE); running ones may finish
+        within the drain timeout, then are closed (1001) or cancelled.
+        """
         if self._start_task is not None and not self._start_task.done():
             self._start_task.cancel()
-        await self.service.stop(drain_timeout_s)
+        timeout = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        if self.tts is not None:
+            self.tts.begin_drain()
+        drains = []
+        if self.grpc is not None:
+            drains.append(self.grpc.stop(timeout))
+        if self.service is not None:
+            drains.append(self.service.stop(timeout, stop_engine=False))
+        if self.tts is not None:
+            drains.append(self.tts.stop(timeout))
+        await asyncio.gather(*drains)
+        if self.service is not None:
+            await self.service.stop_engine()  # after the gRPC calls, which use it too
         await self._guard.stop()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -331,6 +409,7 @@ class ASRServer:
         )
         ws.too_big_message = f"a message exceeded {self.config.max_message_bytes} bytes; send audio in smaller frames (e.g. 20 ms)"
         await ws.prepare(request)
+        assert self.service is not None  # the route exists only with ASR
         await self.service.serve(
             AiohttpTransport(ws, request, self.config.heartbeat_s),
             origin=request.headers.get("Origin"),
@@ -342,23 +421,25 @@ class ASRServer:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         # Unauthenticated (load balancers): the status only; the cause is in the server log.
-        if not self.service.alive:
+        if self.service is not None and not self.service.alive:
             error = "the model failed to load" if self.service.load_error else "the ASR scheduler crashed"
             return web.json_response({"status": "failed", "error": error}, status=500)
+        if self.tts is not None and not self.tts.alive:
+            return web.json_response({"status": "failed", "error": "the TTS engine is not serving"}, status=500)
         return web.json_response({"status": "ok"})
 
     async def _readyz(self, request: web.Request) -> web.Response:
         svc = self.service
-        full = self.config.unready_when_full and svc.active_sessions >= svc.max_sessions
-        if svc.ready and svc.alive and not full:
+        full = svc is not None and self.config.unready_when_full and svc.active_sessions >= svc.max_sessions
+        parts = self._parts
+        if all(p.ready and p.alive for p in parts) and not full:
             return web.json_response({"status": "ready"})  # unauthenticated: the status only (load: /v1/info)
-        status = "draining" if svc.draining else ("full" if full else "loading")
+        draining = any(p.draining for p in parts)
+        status = "draining" if draining else ("full" if full else "loading")
         return web.json_response({"status": status}, status=503)
 
     def _denied(self, request: web.Request) -> web.Response | None:
-        denied = self.service.http_access(
-            Secret.of(request.headers.get("Authorization")), request.remote or "?"
-        )
+        denied = self._http_check(Secret.of(request.headers.get("Authorization")), request.remote or "?")
         if denied is None:
             return None
         status, message = denied
@@ -369,15 +450,21 @@ class ASRServer:
         denied = self._denied(request)
         if denied is not None:
             return denied
-        return web.Response(
-            body=self.service.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE}
-        )
+        body = self.metrics.render()
+        if self.tts is not None and self.tts.metrics.registry is not self.metrics.registry:
+            body += self.tts.metrics.render()  # a TTSHost built on a registry of its own
+        return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def _info(self, request: web.Request) -> web.Response:
         denied = self._denied(request)
         if denied is not None:
             return denied
-        return web.json_response(self.service.info())
+        data = self.service.info() if self.service is not None else {"server_id": self._server_id}
+        if self.grpc is not None:
+            data["grpc_port"] = self.grpc.port
+        if self.tts is not None:
+            data["tts"] = self.tts.info()
+        return web.json_response(data)
 
 
 class HandshakeGuard:

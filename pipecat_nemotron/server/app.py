@@ -1,4 +1,7 @@
-"""The ASR server: one engine, many WebSocket sessions, health/readiness/metrics over HTTP on the same port.
+"""The model server: ASR over WebSockets, health/readiness/metrics over HTTP, optionally TTS and Riva gRPC.
+
+One process hosts the ASR engine, the Magpie TTS engine, or both; NVIDIA Riva's gRPC API (``--grpc-port``)
+serves both engines, the WebSocket protocol the ASR.
 
 :class:`ASRService` is the framework-independent core (engine lifecycle, admission control, auth, limits,
 metrics); :class:`ASRServer` puts it behind an aiohttp web server::
@@ -21,6 +24,11 @@ This module is the server's public entry point; the code lives in small modules:
 * :mod:`pipecat_nemotron.server.service` - :class:`ASRService`, the framework-independent core.
 * :mod:`pipecat_nemotron.server.aiohttp_server` - :class:`ASRServer`, :class:`AiohttpTransport`, the handshake guard.
 * :mod:`pipecat_nemotron.server.run` - :func:`run_server`, the process runner.
+* :mod:`pipecat_nemotron.server.tts_host` - :class:`TTSHost`, the Magpie TTS side (config in
+  :mod:`~pipecat_nemotron.server.tts_config`, metrics in :mod:`~pipecat_nemotron.server.tts_metrics`).
+* :mod:`pipecat_nemotron.server.grpc_app` - NVIDIA Riva's gRPC API (``--grpc-port``; docs/RIVA.md), with
+  :mod:`~pipecat_nemotron.server.riva_asr` (over :mod:`~pipecat_nemotron.server.recognition`) and
+  :mod:`~pipecat_nemotron.server.riva_tts`.
 """
 
 from __future__ import annotations
@@ -29,10 +37,15 @@ from pipecat_nemotron.server.aiohttp_server import AiohttpTransport, ASRServer, 
 from pipecat_nemotron.server.config import ServerConfig, is_loopback, tokens_from
 from pipecat_nemotron.server.run import run_server
 from pipecat_nemotron.server.service import ASRService
+from pipecat_nemotron.server.tts_config import TTSHostConfig
+from pipecat_nemotron.server.tts_host import SynthesisRequest, TTSHost
 
 __all__ = [
     "ASRServer",
     "ASRService",
+    "SynthesisRequest",
+    "TTSHost",
+    "TTSHostConfig",
     "AiohttpTransport",
     "HandshakeGuard",
     "ServerConfig",

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 
 from pipecat_nemotron.server.protocol import DEFAULT_PATH
-from pipecat_nemotron.server.security import HiddenTokens
+from pipecat_nemotron.server.security import AuthThrottle, HiddenTokens, TokenSet
 
 
 def is_loopback(host: str) -> bool:
@@ -44,7 +44,9 @@ class ServerConfig:
 
     Attributes:
         host: Address to bind. ``--insecure`` (no tokens) is only allowed on a loopback address.
-        port: TCP port (0 picks a free one; see :attr:`ASRServer.port`).
+        port: TCP port of the WebSocket and HTTP endpoints (0 picks a free one; see :attr:`ASRServer.port`).
+        grpc_port: TCP port of NVIDIA Riva's gRPC API (``RivaSpeechRecognition``, ``RivaSpeechSynthesis``;
+            docs/RIVA.md) on the same ``host``; None: no gRPC; 0 picks a free one. Needs the ``[riva]`` extra.
         path: WebSocket path of a session.
         tokens: Accepted bearer tokens (several allow rotation). Required unless ``insecure``. Stored as a
             :class:`~pipecat_nemotron.server.security.HiddenTokens` tuple.
@@ -103,6 +105,7 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     port: int = 8765
+    grpc_port: int | None = None
     path: str = DEFAULT_PATH
     tokens: tuple[str, ...] = field(default=(), repr=False)
     insecure: bool = False
@@ -138,6 +141,7 @@ class ServerConfig:
         object.__setattr__(self, "tokens", HiddenTokens(self.tokens))
         self._check_security()
         self._check_limits()
+        self._check_ports()
         if self.heartbeat_s is not None and not self.heartbeat_s > 0:  # NaN too
             raise ValueError(f"heartbeat_s must be > 0 (None: no heartbeat), got {self.heartbeat_s}")
 
@@ -196,6 +200,15 @@ class ServerConfig:
         if not self.path.startswith("/"):
             raise ValueError(f"path must start with '/', got {self.path!r}")
 
+    def _check_ports(self) -> None:
+        """Validate the gRPC port against the WebSocket port."""
+        if self.grpc_port is not None and not 0 <= self.grpc_port <= 65535:
+            raise ValueError(f"grpc_port must be a TCP port (0 to 65535; 0: any free one), got {self.grpc_port}")
+        if self.grpc_port and self.grpc_port == self.port:
+            raise ValueError(
+                f"--grpc-port {self.grpc_port} is the WebSocket/HTTP --port too; give gRPC a port of its own (e.g. 50051)"
+            )
+
     def announced_limits(self) -> dict[str, float]:
         """The limits a session's ``ready`` message announces to its client."""
         return {
@@ -211,3 +224,19 @@ class ServerConfig:
         shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
         metrics_token = "'<hidden>'" if self.metrics_token else None
         return f"ServerConfig({shown}, tokens={self.tokens!r}, metrics_token={metrics_token})"
+
+
+def throttle_for(config: ServerConfig) -> AuthThrottle:
+    """The failed-authentication lockout ``config`` asks for."""
+    return AuthThrottle(
+        config.auth_max_failures, config.auth_failure_window_s, config.auth_backoff_s, config.auth_backoff_max_s
+    )
+
+
+def metrics_tokens_for(config: ServerConfig, tokens: TokenSet) -> TokenSet | None:
+    """The tokens ``/metrics`` and ``/v1/info`` accept: the metrics token, else the session tokens (None: open)."""
+    if config.metrics_token is not None:
+        return TokenSet([config.metrics_token])
+    if config.public_metrics or not len(tokens):
+        return None  # open: asked for, or a tokenless (loopback-only) server
+    return tokens

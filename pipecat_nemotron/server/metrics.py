@@ -51,12 +51,16 @@ class ServerMetrics:
             "active_sessions", "Sessions connected now (admitted, holding a slot)."
         )
         self.engine_streams = self._gauge("engine_open_streams", "Engine streams holding a cache slot now.")
+        self.grpc_streams = self._gauge(
+            "grpc_streams", "Riva gRPC StreamingRecognize calls open now (they hold engine slots too)."
+        )
         self.sessions = self._counter("sessions", "Sessions admitted.")
         self.refused = self._counter(
             "sessions_refused",
             "Connections refused before a session opened, by reason "
             "(capacity, unauthorized, forbidden_origin, not_ready, auth_backoff: the peer is locked out after "
-            "failed authentications, pending_evicted: evicted while waiting to authenticate).",
+            "failed authentications, pending_evicted: evicted while waiting to authenticate; Riva gRPC calls: "
+            "grpc_<status>, e.g. grpc_unauthenticated, grpc_invalid_argument).",
             "reason",
         )
         self.dropped = self._counter(

@@ -19,7 +19,7 @@ import ipaddress
 import math
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -290,3 +290,45 @@ def log_safe(value: object, limit: int = 200) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+class HttpAccess:
+    """Who may read ``/metrics`` and ``/v1/info``: a bearer token, with the per-address lockout.
+
+    Args:
+        tokens: The accepted tokens (None: anyone).
+        throttle: The lockout (shared with the sessions' authentication where there are sessions).
+        on_failure: Called with the peer key after each failed authentication (else the throttle is told).
+
+    """
+
+    def __init__(
+        self, tokens: TokenSet | None, throttle: AuthThrottle, on_failure: Callable[[str], None] | None = None
+    ) -> None:
+        self._tokens = tokens
+        self._throttle = throttle
+        self._on_failure = on_failure or throttle.failed
+
+    def check(self, authorization: Secret | None, peer: str) -> tuple[int, str] | None:
+        """Whether a request with this ``Authorization`` header from ``peer`` may be answered.
+
+        Returns:
+            None to answer, else ``(http_status, message)``: 401 without a valid bearer token, 429 while the
+            peer is locked out after failed authentications.
+
+        """
+        if self._tokens is None:
+            return None
+        key = peer_key(peer)
+        locked_s = self._throttle.retry_after(key)
+        if locked_s > 0:
+            return (
+                429,
+                f"too many failed authentications from this address; retry after {round_up(locked_s)} s",
+            )
+        if self._tokens.matches_header(authorization):
+            self._throttle.succeeded(key)
+            return None
+        if authorization is not None:
+            self._on_failure(key)
+        return 401, "a bearer token is required (Authorization: Bearer <token>)"

@@ -21,7 +21,7 @@ from typing import Any
 from loguru import logger
 
 from pipecat_nemotron.asr import EngineConfig, NemotronEngine
-from pipecat_nemotron.server.config import ServerConfig
+from pipecat_nemotron.server.config import ServerConfig, metrics_tokens_for, throttle_for
 from pipecat_nemotron.server.context import SessionContext
 from pipecat_nemotron.server.engine_load import EngineLoad
 from pipecat_nemotron.server.metrics import ServerMetrics
@@ -34,7 +34,7 @@ from pipecat_nemotron.server.protocol import (
     dump_server_message,
 )
 from pipecat_nemotron.server.security import (
-    AuthThrottle,
+    HttpAccess,
     PendingAuth,
     Secret,
     TokenSet,
@@ -78,18 +78,8 @@ class ASRService:
         self.load_error: BaseException | None = None
         # Only digests of the tokens are kept (TokenSet): nothing here can print a token.
         self._tokens = TokenSet(config.tokens)
-        if config.metrics_token is not None:
-            self._metrics_tokens: TokenSet | None = TokenSet([config.metrics_token])
-        elif config.public_metrics or not len(self._tokens):
-            self._metrics_tokens = None  # open: asked for, or a tokenless (loopback-only) server
-        else:
-            self._metrics_tokens = self._tokens
-        self._throttle = AuthThrottle(
-            config.auth_max_failures,
-            config.auth_failure_window_s,
-            config.auth_backoff_s,
-            config.auth_backoff_max_s,
-        )
+        self._throttle = throttle_for(config)
+        self._http = HttpAccess(metrics_tokens_for(config, self._tokens), self._throttle, self._auth_failed)
         self._idle = asyncio.Event()
         self._idle.set()
         self._pending: PendingAuth[Session] = PendingAuth(self.max_pending_auth)
@@ -182,11 +172,13 @@ class ASRService:
         self.metrics.ready.set(1)
         logger.info(f"ASR service ready: {self.max_sessions} session slots, protocol {PROTOCOL_VERSION}")
 
-    async def stop(self, drain_timeout_s: float | None = None) -> None:
+    async def stop(self, drain_timeout_s: float | None = None, stop_engine: bool = True) -> None:
         """Stop accepting sessions, let running ones finish (up to the drain timeout), close the rest with 1001.
 
         Args:
             drain_timeout_s: Override of ``config.drain_timeout_s``, s.
+            stop_engine: Stop the engine afterwards if this service created it (False: the caller does, with
+                :meth:`stop_engine`, once the engine's other users, the Riva gRPC calls, have ended).
 
         """
         self.draining = True
@@ -211,6 +203,11 @@ class ASRService:
                 await asyncio.wait_for(self._idle.wait(), 5.0)
             except (asyncio.TimeoutError, TimeoutError):
                 logger.warning(f"{len(self.sessions)} ASR session(s) did not end within 5 s of being closed")
+        if stop_engine:
+            await self.stop_engine()
+
+    async def stop_engine(self) -> None:
+        """Stop the engine if this service created it (idempotent)."""
         if self._owns_engine:
             await self.engine.stop()
 
@@ -267,32 +264,8 @@ class ASRService:
         return self._tokens.matches_header(authorization)
 
     def http_access(self, authorization: Secret | None, peer: str) -> tuple[int, str] | None:
-        """Whether a ``/metrics`` or ``/v1/info`` request may be answered.
-
-        Args:
-            authorization: The ``Authorization`` header, if any.
-            peer: The client's address (for the failed-authentication lockout).
-
-        Returns:
-            None to answer, else ``(http_status, message)``: 401 without a valid bearer token, 429 while the
-            peer is locked out after failed authentications.
-
-        """
-        if self._metrics_tokens is None:
-            return None
-        key = peer_key(peer)
-        locked_s = self._throttle.retry_after(key)
-        if locked_s > 0:
-            return (
-                429,
-                f"too many failed authentications from this address; retry after {round_up(locked_s)} s",
-            )
-        if self._metrics_tokens.matches_header(authorization):
-            self._throttle.succeeded(key)
-            return None
-        if authorization is not None:
-            self._auth_failed(key)
-        return 401, "a bearer token is required (Authorization: Bearer <token>)"
+        """Whether a ``/metrics`` or ``/v1/info`` request may be answered (see :meth:`HttpAccess.check`)."""
+        return self._http.check(authorization, peer)
 
     def _auth_failed(self, peer: str) -> None:
         lockout_s = self._throttle.failed(peer)
