@@ -4,7 +4,8 @@ PY := $(VENV)/bin/python
 # The CPU machines this project is developed on carry torch 2.13.0 as a local CPU wheel; on a GPU
 # machine the same pin resolves to the CUDA build from PyPI.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,server,ray
+# llm-local builds llama.cpp from source on the first install (minutes; pip caches the wheel in ~/.cache/pip).
+EXTRAS ?= dev,server,ray,riva,llm-local
 
 # System packages the browser and eval tests use: Chromium (driven by Playwright, no browser download), espeak-ng
 # and sox (test speech), iproute2/util-linux (a loopback-only network namespace). Installed when root with apt.

@@ -36,6 +36,8 @@ def start_bot(args: argparse.Namespace, llm_url: str, port: int, log: Path) -> s
     env.update(dict(kv.split("=", 1) for kv in args.bot_env))
     if args.magpie:  # the whole agent; without it the bot only transcribes
         env.update(NEMOTRON_LLM_BASE_URL=llm_url, NEMOTRON_LLM_API_KEY="none", MAGPIE_TTS_MODEL=args.magpie)
+    else:
+        env.update(NEMOTRON_LLM_EMBEDDED="0")
     out = log.open("w")
     return subprocess.Popen(
         [sys.executable, str(REPO / "bots" / "bot.py"), "-t", "webrtc", "--host", "127.0.0.1", "--port", str(port)],

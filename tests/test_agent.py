@@ -81,7 +81,21 @@ def test_agent_settings_from_env_and_validation() -> None:
         }
     )
     assert settings.asr_latency_ms == 560 and settings.llm_configured and settings.tts_nim_server is None
-    assert any("TTS: not configured" in line for line in settings.describe())
+    # No TTS configured: the embedded Magpie (the AgentProcess provides it); MAGPIE_TTS_EMBEDDED=0 turns it off.
+    assert settings.tts_embedded and settings.llm_embedded is None
+    assert any("TTS: embedded Magpie" in line for line in settings.describe())
+    quiet = AgentSettings.from_env({ENV_BASE_URL: "http://127.0.0.1:9/v1", "MAGPIE_TTS_EMBEDDED": "0"})
+    assert not quiet.tts_embedded and any("TTS: not configured" in line for line in quiet.describe())
+    # Nothing configured: the embedded LLM and Magpie, started by the AgentProcess (no LLM service before).
+    bare = AgentSettings.from_env({})
+    assert bare.llm_embedded is not None and bare.tts_embedded and not bare.llm_configured
+    assert any("LLM: embedded llama.cpp server" in line for line in bare.describe())
+    started = bare.with_llm_server("http://127.0.0.1:1234/v1", "m")
+    assert started.create_llm() is not None and "at http://127.0.0.1:1234/v1" in started.describe()[1]
+    transcribe_only = AgentSettings.from_env({"NEMOTRON_LLM_EMBEDDED": "0"})
+    assert transcribe_only.llm_embedded is None and not transcribe_only.tts_embedded
+    with pytest.raises(ValueError, match="MAGPIE_TTS_EMBEDDED"):
+        AgentSettings.from_env({"MAGPIE_TTS_EMBEDDED": "maybe"})
     spanish = AgentSettings.from_env({"NEMOTRON_ASR_LATENCY_MS": "320", "NEMOTRON_ASR_LANGUAGE": "es-ES"})
     assert spanish.asr_latency_ms == 320 and spanish.create_stt().language == "es-ES"
     assert "language es-ES" in spanish.describe()[0]

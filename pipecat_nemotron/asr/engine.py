@@ -106,6 +106,16 @@ class NemotronEngine:
         """
         return self._runner.model if self._runner is not None else None
 
+    def _load(self) -> tuple[Any, int]:
+        """The model's runner and its torch CPU threads (0 on a GPU), built on the worker thread.
+
+        ``FakeEngine`` (``asr.fake_runner``) overrides it to run the scheduler on a scripted runner.
+        """
+        # NeMo's loaders are imported when a model loads, not with the engine.
+        from pipecat_nemotron.asr.loading import load_runner
+
+        return load_runner(self.config)
+
     async def start(self) -> None:
         """Load the model (off the event loop), warm it up and start the scheduler. Idempotent.
 
@@ -118,17 +128,12 @@ class NemotronEngine:
         async with self._start_lock:
             if self._scheduler is not None:
                 return
-            # NeMo's loaders are imported when a model loads, not with the engine.
-            from pipecat_nemotron.asr.loading import load_runner
-
             self._loop = asyncio.get_running_loop()
             shorten_switch_interval(self.config.gil_switch_interval_ms)
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemotron-asr")
             t0 = time.perf_counter()
             try:
-                self._runner, self._cpu_threads = await self._loop.run_in_executor(
-                    self._executor, load_runner, self.config
-                )
+                self._runner, self._cpu_threads = await self._loop.run_in_executor(self._executor, self._load)
             except BaseException:
                 self._executor.shutdown(wait=False)
                 self._executor = None

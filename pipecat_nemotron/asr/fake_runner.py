@@ -213,8 +213,8 @@ class FakeRunner:
 class FakeEngine(NemotronEngine):
     """A :class:`NemotronEngine` on a :class:`FakeRunner` (``config.max_streams`` slots; no model is loaded)."""
 
-    def _load(self) -> FakeRunner:  # type: ignore[override]
-        return FakeRunner(self.config.max_streams)
+    def _load(self) -> tuple[FakeRunner, int]:  # type: ignore[override]
+        return FakeRunner(self.config.max_streams), 0
 
     @property
     def fake(self) -> FakeRunner:

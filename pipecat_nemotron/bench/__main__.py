@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, str] = {
     "multilingual": "multilingual",
     "tts": "tts",
     "boost": "boost",
+    "embedded-llm": "embedded_llm",
     # Side by side with sherpa-onnx running the same weights (needs the bench extra).
     "peer": "peer",
     # The WebSocket server's load test (its own module and options).
