@@ -93,10 +93,11 @@ class _Session:
         self._run = asyncio.ensure_future(runner.run())
         return self
 
-    async def ask(self, question: str) -> None:
-        """Send one user message and wait until its answer ends (complete, interrupted or failed)."""
+    async def ask(self, question: str, history: list[dict[str, str]] | None = None) -> None:
+        """Send ``history`` and one user message; wait until the answer ends (complete, interrupted or failed)."""
         self.answered.clear()
-        await self.worker.queue_frame(LLMContextFrame(LLMContext(messages=[{"role": "user", "content": question}])))
+        messages = [*(history or []), {"role": "user", "content": question}]
+        await self.worker.queue_frame(LLMContextFrame(LLMContext(messages=messages)))  # type: ignore[arg-type]
         await _until(self.answered, self._run)
 
     async def __aexit__(self, *exc: object) -> None:
@@ -149,6 +150,20 @@ async def test_an_interruption_closes_the_llm_stream(llama: EmbeddedLLMServer) -
         await session.ask("Say hello.")
     second = session.log.turns[1]
     assert second.complete and second.reply_text.strip(), second
+
+
+async def test_the_turn_after_an_interruption_is_answered(llama: EmbeddedLLMServer) -> None:
+    """After an interruption Pipecat adds a "developer" message to the context; llama.cpp's server refuses that role
+    (HTTP 500), so the service sends it as a user message and the next turn is answered."""
+    history = [
+        {"role": "user", "content": "What is two plus two?"},
+        {"role": "assistant", "content": "Two plus"},
+        {"role": "developer", "content": "Your response was cut off; briefly ask the user to repeat."},
+    ]
+    async with _Session(llama) as session:
+        await session.ask("What time is it?", history)
+    [turn] = session.log.turns
+    assert turn.complete and turn.reply_text.strip() and session.log.unanswered() == [], turn
 
 
 async def test_a_server_that_dies_mid_answer_is_an_error_not_a_silent_turn(tmp_path: Path) -> None:

@@ -458,9 +458,14 @@ def create_nemotron_llm(
         llm_settings.top_p = base.top_p
 
     logger.debug(f"Creating Nemotron LLM service: {base.redacted()}")
-    return NvidiaLLMService(
+    service = NvidiaLLMService(
         api_key=base.api_key,
         base_url=base.base_url,
         settings=llm_settings,
         **dict(service_kwargs or {}),
     )
+    # Pipecat 1.14 adds a "developer" message after an interruption; llama.cpp's server refuses the role (HTTP 500,
+    # the turn goes unanswered) and Nemotron's chat template knows only system/user/assistant/tool. Pipecat's
+    # adapter then sends such messages as "user" messages, as it does for Ollama, Together and Mistral.
+    service.supports_developer_role = False
+    return service
