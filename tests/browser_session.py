@@ -34,7 +34,9 @@ CHROMIUM = "/usr/bin/chromium"
 def start_bot(args: argparse.Namespace, llm_url: str, port: int, log: Path) -> subprocess.Popen:
     env = clean_env(NEMOTRON_ASR_MODEL=args.asr_model, NEMOTRON_ASR_DEVICE="cpu", NEMOTRON_WEBRTC_LOOPBACK="1")
     env.update(dict(kv.split("=", 1) for kv in args.bot_env))
-    if args.magpie:  # the whole agent; without it the bot only transcribes
+    if args.embedded:  # nothing configured: the bot's embedded llama.cpp server and tiny Magpie
+        pass
+    elif args.magpie:  # the whole agent; without it the bot only transcribes
         env.update(NEMOTRON_LLM_BASE_URL=llm_url, NEMOTRON_LLM_API_KEY="none", MAGPIE_TTS_MODEL=args.magpie)
     else:
         env.update(NEMOTRON_LLM_EMBEDDED="0")
@@ -104,7 +106,7 @@ async def run(args: argparse.Namespace) -> int:
                 connected_at = time.monotonic()
                 try:
                     await page.wait_for_function(
-                        DONE, arg=[args.expect, bool(args.magpie)], timeout=args.timeout * 1000, polling=250
+                        DONE, arg=[args.expect, bool(args.magpie or args.embedded)], timeout=args.timeout * 1000, polling=250
                     )
                     result["ok"] = True
                 except Exception as e:  # noqa: BLE001 - reported in the result; the screenshot shows the state
@@ -144,6 +146,9 @@ def main() -> int:
     parser.add_argument("--asr-model", required=True)
     parser.add_argument(
         "--magpie", default=None, help="tiny Magpie .nemo (codec at its stored path); omit for transcription only"
+    )
+    parser.add_argument(
+        "--embedded", action="store_true", help="no LLM or TTS configured: the bot's embedded agent answers"
     )
     parser.add_argument("--expect", nargs="+", required=True, help="final transcripts the page must show")
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds the page gets, after it loads")

@@ -75,7 +75,12 @@ def spoken() -> list[str]:
 
 
 def _run_session(
-    out: Path, mic_wav: Path, spoken: list[str], magpie: Path | None, bot_env: tuple[str, ...] = ()
+    out: Path,
+    mic_wav: Path,
+    spoken: list[str],
+    magpie: Path | None,
+    bot_env: tuple[str, ...] = (),
+    embedded: bool = False,
 ) -> dict:
     cmd = [
         sys.executable, str(DRIVER), "--out", str(out), "--wav", str(mic_wav),
@@ -85,6 +90,8 @@ def _run_session(
         cmd += ["--magpie", str(magpie)]
     if bot_env:
         cmd += ["--bot-env", *bot_env]
+    if embedded:
+        cmd += ["--embedded"]
     run = subprocess.run(
         ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', *cmd],
         capture_output=True,
@@ -127,6 +134,19 @@ def test_browser_talks_to_the_whole_agent(
     for t in turns:
         assert t["ttfs_ms"] > 0 and t["llm_ttfb_ms"] > 0 and t["tts_ttfb_ms"] > 0, t
     assert page["botReady"] and page["errors"] == []
+
+
+def test_a_newcomer_speaks_to_the_embedded_agent_in_the_browser(tmp_path: Path, mic_wav: Path, spoken: list[str]) -> None:
+    """`python bots/bot.py -t webrtc` with no .env: the bot's own llama.cpp server answers and the tiny Magpie speaks;
+    the page shows every turn's voice-to-voice and plays the answers."""
+    result = _run_session(tmp_path / "session", mic_wav, spoken, None, embedded=True)
+    page = result["page"]
+    assert result["llm_user_texts"] == []  # the loopback fake was not asked: the embedded server answered
+    assert page["botAudio"]["energy"] > 0 and page["botAudio"]["bytes"] > 0
+    turns = [t for t in page["turns"] if t["v2v_ms"] > 0]
+    assert turns and all(t["llm_ttfb_ms"] > 0 and t["tts_ttfb_ms"] > 0 for t in turns), page["turns"]
+    assert page["botReady"] and page["errors"] == []
+    assert "Embedded LLM: ready" in (tmp_path / "session" / "bot.log").read_text(errors="replace")
 
 
 def test_browser_sees_live_transcripts_from_a_transcription_only_bot(
