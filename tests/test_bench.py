@@ -222,3 +222,14 @@ async def test_agent_load_asr_server_is_ready_then_stopped_or_says_why_it_failed
         async with asr_server(missing, args, ready_timeout_s=120):
             pass
     assert "missing.nemo" in str(failed.value)
+
+
+def test_embedded_llm(tmp_path: Path) -> None:
+    from pipecat_nemotron.bench import embedded_llm
+
+    embedded_llm.main(["--out", str(tmp_path)])
+    data = _load(tmp_path, embedded_llm.NAME)
+    [model] = data["ggufs"]
+    assert model["gguf"].endswith(".gguf") and len(model["answers"]) == len(embedded_llm.QUESTIONS)
+    assert all(a["answer"].strip() and a["ttft_ms"] > 0 for a in model["answers"]), model["answers"]
+    assert model["ttft_p50_ms"] > 0 and model["tokens_per_s_p50"] > 0

@@ -96,14 +96,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model["tokens_per_s_p50"] = percentile(rates, 50) if rates else None
         rows.append([Path(model["gguf"]).name, f"{model['start_s']:.1f}", f"{model['warm_up_s']:.2f}",
                      f"{model['ttft_p50_ms']:.0f}", f"{model['tokens_per_s_p50']:.0f}"])  # fmt: skip
-    result["models"] = models
+    result["ggufs"] = models
     summary = output.format_table(["gguf", "start s", "warm-up s", "TTFT p50 ms", "tok/s p50"], rows)
     for model in models:
         summary += f"\n\n{Path(model['gguf']).name}:\n" + "\n".join(
             f"  {a['ttft_ms']:.0f} ms | {a['question']} -> {a['answer'].strip()!r}" for a in model["answers"]
         )
-    output.finish(args.out, NAME, result, None, summary)
+    output.finish(args.out, NAME, result, _figure(models), summary)
     return result
+
+
+def _figure(models: list[dict[str, Any]]) -> Any:
+    """Time to first token and tokens per second per question, one bar group per GGUF."""
+    fig, axes = output.new_figure(1, 2, (11.0, 3.8))
+    width = 0.8 / len(models)
+    for i, model in enumerate(models):
+        x = [q + i * width for q in range(len(model["answers"]))]
+        label = Path(model["gguf"]).name
+        axes[0][0].bar(x, [a["ttft_ms"] or 0 for a in model["answers"]], width, label=label)
+        axes[0][1].bar(x, [a["tokens_per_s"] or 0 for a in model["answers"]], width, label=label)
+    for ax, title in ((axes[0][0], "time to first token, ms"), (axes[0][1], "tokens per second")):
+        ax.set_title(title)
+        ax.set_xlabel("question")
+    axes[0][0].legend(fontsize=7)
+    return fig
 
 
 def main(argv: Sequence[str] | None = None) -> int:
