@@ -255,7 +255,8 @@ def test_agent_load_measures_in_process_and_bot_processes_alike(tmp_path: Path) 
     assert (inproc["bots"], procs["bots"], procs["bot_processes"]) == ("in-process", "processes", 1)
     for run in (inproc, procs):
         assert (run["answered"], run["owed"]) == (1, 1)
-        assert all(_positive(run["legs_p50"][leg]) for leg in ("ttfs_ms", "llm_ttfb_ms", "tts_ttfb_ms", "v2v_ms"))
+        for stat in ("legs_p50", "legs_p90"):
+            assert all(_positive(run[stat][leg]) for leg in ("ttfs_ms", "llm_ttfb_ms", "tts_ttfb_ms", "v2v_ms"))
         assert _positive(run["cpu_s_per_conversation_minute"]["bots"])
     assert inproc["cpu_s"]["server"] is None  # the ASR ran in this process
     assert _positive(procs["cpu_s_per_conversation_minute"]["server"])

@@ -22,8 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-#: Marks the lines of the bot's protocol on stdout (anything else a library prints there is ignored).
-PREFIX = "agent-bot "
+from pipecat_nemotron.bench.agent_procs import PREFIX
 
 
 def say(event: str, **fields: Any) -> None:

@@ -217,7 +217,7 @@ def run_stats(
     """
     stats = summarize(records)
     minutes = conversation_minutes(wavs)
-    per_minute = {k: (v / minutes if v is not None else None) for k, v in cpu.items()}
+    per_minute = {k: (round(v / minutes, 3) if v is not None else None) for k, v in cpu.items()}
     return {
         "sessions": len(wavs),
         "owed": len(wavs) * args.turns,
@@ -229,7 +229,7 @@ def run_stats(
         "legs_p50": {stage: stats[stage].p50 for stage in STAGES},
         "legs_p90": {stage: stats[stage].p90 for stage in STAGES},
         "conversation_minutes": minutes,
-        "cpu_s": cpu,
+        "cpu_s": {k: (round(v, 3) if v is not None else None) for k, v in cpu.items()},
         "cpu_s_per_conversation_minute": per_minute,
         "turns": [t.to_dict() for t in records],
     }

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipecat_nemotron.bench.agent_bot import PREFIX
 from pipecat_nemotron.observers.latency_stats import TurnLatency, load_turns
+
+#: Marks the lines of a bot's protocol on its stdout (anything else a library prints there is ignored).
+PREFIX = "agent-bot "
 
 #: Clock ticks per second of ``/proc/<pid>/stat``'s times.
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
