@@ -436,10 +436,13 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
 
     Also CPU seconds per conversation-minute of the server and of the bots.
     """
-    one = {_mode(r): r["v2v_p50"] for r in runs if r["sessions"] == 1}
+    def family(run: dict[str, Any]) -> tuple[Any, ...]:  # a mode whatever its process count
+        return run.get("bots"), run.get("asr"), run["step"]
+
+    one = {family(r): r["v2v_p50"] for r in runs if r["sessions"] == 1}
     rows = []
     for r in runs:
-        base = one.get(_mode(r))
+        base = one.get(family(r))
         ratio = f"{r['v2v_p50'] / base:.2f}x" if base and r["v2v_p50"] else None
         legs = r.get("legs_p50", {})
         rows.append(
