@@ -226,10 +226,12 @@ async def test_agent_load_asr_server_is_ready_then_stopped_or_says_why_it_failed
 
 
 def test_agent_load_bot_processes_spread_sessions_and_read_cpu_time() -> None:
-    """``agent-load --bots processes``: sessions spread evenly, one process per session up to the cores, and a
-    process's CPU seconds read from /proc (what the report divides by the conversation-minutes)."""
+    """``agent-load --bots processes``: sessions spread evenly, one process per session up to the cores, a
+    process's CPU seconds read from /proc (what the report divides by the conversation-minutes), and a bad
+    ``--bot-processes`` refused before anything starts."""
     import os
 
+    from pipecat_nemotron.bench import agent_load
     from pipecat_nemotron.bench.agent_procs import available_cores, cpu_seconds, default_bot_processes, spread
 
     assert spread(5, 2) == [[0, 2, 4], [1, 3]]
@@ -237,6 +239,9 @@ def test_agent_load_bot_processes_spread_sessions_and_read_cpu_time() -> None:
     assert default_bot_processes(1) == 1
     assert default_bot_processes(10_000) == available_cores()
     assert cpu_seconds(os.getpid()) > 0
+    for wrong in (["--bot-processes", "0", "--bots", "processes"], ["--bot-processes", "2"]):
+        with pytest.raises(SystemExit, match="--bot-processes"):
+            agent_load.main(["--sessions", "2", *wrong])
     with pytest.raises(OSError):
         cpu_seconds(2**22 + 1)  # above Linux's largest pid
 

@@ -502,6 +502,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark and write ``agent-load.json`` / ``agent-load.png``."""
     from loguru import logger
 
+    if args.bot_processes is not None and (args.bot_processes < 1 or "processes" not in args.bots):
+        raise SystemExit(f"--bot-processes {args.bot_processes}: give a count >= 1, with --bots processes")
     result = output.result_header(NAME, args)
     logger.remove()  # Pipecat logs every frame decision at DEBUG: only warnings
     logger.add(sys.stderr, level="INFO" if args.verbose else "WARNING")
