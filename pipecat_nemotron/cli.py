@@ -160,6 +160,12 @@ def _tts_options(group: argparse._ArgumentGroup) -> None:
         help="synthesis calls served at once (the next gets RESOURCE_EXHAUSTED)",
     )
     group.add_argument(
+        "--tts-max-duration-s",
+        type=float,
+        default=TTSHostConfig.max_duration_s,
+        help="most audio one synthesis request may produce, s (the engine stops there)",
+    )
+    group.add_argument(
         "--tts-max-text-chars",
         type=int,
         default=TTSHostConfig.max_text_chars,
@@ -399,6 +405,7 @@ def serve_tts_config(args: argparse.Namespace) -> TTSHostConfig | None:
         max_batch=args.tts_max_batch,
         max_streams=args.tts_max_streams,
         max_text_chars=args.tts_max_text_chars,
+        max_duration_s=args.tts_max_duration_s,
     )
 
 

@@ -106,7 +106,12 @@ async def _converse(process: Any, wav: Path, realtime: bool, out: Path) -> int:
     turns_jsonl = out / "demo_turns.jsonl"
     turns_jsonl.unlink(missing_ok=True)
     agent = build_voice_agent(
-        stt=stt, llm=llm, tts=tts, observers=[collector, conversation], turns_jsonl=turns_jsonl
+        stt=stt,
+        llm=llm,
+        tts=tts,
+        observers=[collector, conversation],
+        turns_jsonl=turns_jsonl,
+        turn_end=settings.turn_end,
     )
     started: list[float] = []
     print(f"\nStreaming {wav.name} {'in real time' if realtime else 'as fast as possible'}...\n")

@@ -203,14 +203,15 @@ async def test_agent_load_asr_server_is_ready_then_stopped_or_says_why_it_failed
     import urllib.request
 
     from pipecat_nemotron import TINY_MODEL_PATH
-    from pipecat_nemotron.bench.agent_load import asr_server
+    from pipecat_nemotron.bench.agent_load import model_server
 
     def status(url: str) -> int:
         with urllib.request.urlopen(url, timeout=10) as response:
             return response.status
 
     args = argparse.Namespace(device="cpu", sessions=[1, 2], threads=1)
-    async with asr_server(Path(TINY_MODEL_PATH), args) as url:
+    async with model_server(Path(TINY_MODEL_PATH), args) as server:
+        url = server.asr_url
         assert url.startswith("ws://127.0.0.1:") and url.endswith("/v1/asr")
         ready = url.replace("ws://", "http://").replace("/v1/asr", "/readyz")
         assert await asyncio.to_thread(status, ready) == 200
@@ -219,7 +220,7 @@ async def test_agent_load_asr_server_is_ready_then_stopped_or_says_why_it_failed
 
     missing = tmp_path / "missing.nemo"
     with pytest.raises(RuntimeError, match="exited") as failed:
-        async with asr_server(missing, args, ready_timeout_s=120):
+        async with model_server(missing, args, ready_timeout_s=120):
             pass
     assert "missing.nemo" in str(failed.value)
 
@@ -233,3 +234,83 @@ def test_embedded_llm(tmp_path: Path) -> None:
     assert model["gguf"].endswith(".gguf") and len(model["answers"]) == len(embedded_llm.QUESTIONS)
     assert all(a["answer"].strip() and a["ttft_ms"] > 0 for a in model["answers"]), model["answers"]
     assert model["ttft_p50_ms"] > 0 and model["tokens_per_s_p50"] > 0
+
+def test_agent_load_bot_processes_spread_sessions_and_read_cpu_time() -> None:
+    """``agent-load --bots processes``: sessions spread evenly, one process per session up to the cores, a
+    process's CPU seconds read from /proc (what the report divides by the conversation-minutes), and a bad
+    ``--bot-processes`` refused before anything starts."""
+    import os
+
+    from pipecat_nemotron.bench import agent_load
+    from pipecat_nemotron.bench.agent_procs import available_cores, cpu_seconds, default_bot_processes, spread
+
+    assert spread(5, 2) == [[0, 2, 4], [1, 3]]
+    assert spread(1, 4) == [[0]]  # never an empty process
+    assert default_bot_processes(1) == 1
+    assert default_bot_processes(10_000) == available_cores()
+    assert cpu_seconds(os.getpid()) > 0
+    for wrong in (["--bot-processes", "0", "--bots", "processes"], ["--bot-processes", "2"]):
+        with pytest.raises(SystemExit, match="--bot-processes"):
+            agent_load.main(["--sessions", "2", *wrong])
+    with pytest.raises(OSError):
+        cpu_seconds(2**22 + 1)  # above Linux's largest pid
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_agent_load_measures_in_process_and_bot_processes_alike(tmp_path: Path) -> None:
+    """One run, both modes, the same sessions and statistics: every owed turn answered, each leg reported, and
+    CPU seconds per conversation-minute split between the model server and the bots."""
+    from pipecat_nemotron import TINY_MODEL_PATH
+    from pipecat_nemotron.bench import agent_load
+
+    options = "--sessions 1 --turns 1 --steps fast --bots in-process processes --device cpu"
+    data = _run("agent_load", str(TINY_MODEL_PATH), tmp_path, options)
+    inproc, procs = data["runs"]
+    assert (inproc["bots"], procs["bots"], procs["bot_processes"]) == ("in-process", "processes", 1)
+    for run in (inproc, procs):
+        assert (run["answered"], run["owed"]) == (1, 1)
+        for stat in ("legs_p50", "legs_p90"):
+            assert all(_positive(run[stat][leg]) for leg in ("ttfs_ms", "llm_ttfb_ms", "tts_ttfb_ms", "v2v_ms"))
+        assert _positive(run["cpu_s_per_conversation_minute"]["bots"])
+    assert inproc["cpu_s"]["server"] is None  # the ASR ran in this process
+    assert _positive(procs["cpu_s_per_conversation_minute"]["server"])
+    (bot,) = procs["bot_reports"]
+    assert (bot["returncode"], bot["failure"], bot["session_errors"], procs["bots_failed"]) == (0, None, [], 0)
+    assert "bot processes, ASR + TTS server" in agent_load.table(data["runs"])
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+async def test_a_killed_bot_process_costs_only_its_own_sessions(tmp_path: Path) -> None:
+    """Two bot processes on one model server; one is killed once the sessions start: it is reported with its
+    exit status, and the other bot's session still gets its turn answered."""
+    import argparse
+    import os
+    import signal
+
+    from pipecat_nemotron import TINY_MODEL_PATH
+    from pipecat_nemotron.bench import agent_load, agent_procs
+    from pipecat_nemotron.tts.magpie.tiny import build_tiny_magpie
+
+    parser = argparse.ArgumentParser()
+    agent_load.add_arguments(parser)
+    args = parser.parse_args(["--sessions", "2", "--turns", "1", "--device", "cpu"])
+    wavs, _ = agent_load.write_sessions(args, tmp_path)
+    magpie = build_tiny_magpie(tmp_path / "magpie")
+    killed: list[int] = []
+
+    def kill_first(bots: list[agent_procs.BotProcess]) -> None:
+        killed.append(bots[0].pid)
+        os.kill(bots[0].pid, signal.SIGKILL)
+
+    async with agent_load.model_server(Path(TINY_MODEL_PATH), args, magpie=magpie) as server:
+        spec = {"asr_url": server.asr_url, "tts_address": server.tts_address, "latency_ms": 160, "ttft_ms": 150}
+        outcome = await agent_procs.run_bots(wavs, 2, spec, tmp_path, server_pid=server.pid, on_go=kill_first)
+    dead, alive = outcome.bots
+    assert dead["pid"] == killed[0] and dead["returncode"] == -signal.SIGKILL
+    assert "exited with -9" in dead["failure"] and dead["cpu_s"] is None
+    assert (alive["failure"], alive["session_errors"], alive["returncode"]) == (None, [], 0)
+    assert outcome.failed == [dead]
+    assert len(outcome.records) == 1 and _positive(outcome.records[0].v2v_ms)
+    assert outcome.bots_cpu_s == alive["cpu_s"] and _positive(outcome.server_cpu_s)

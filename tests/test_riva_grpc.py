@@ -495,6 +495,8 @@ def test_serve_flags_name_the_fix() -> None:
         tts("--tts-model", "m.nemo", "--grpc-port", "50051", "--tts-max-streams", "0")
     with pytest.raises(ValueError, match="port of its own"):
         serve_configs(build_parser().parse_args(["serve", "--insecure", "--grpc-port", "8765"]))
-    config = tts("--tts-model", "m.nemo", "--grpc-port", "50051", "--device", "cpu")
-    assert config is not None and (config.model, config.device) == ("m.nemo", "cpu")
+    with pytest.raises(ValueError, match="--tts-max-duration-s"):
+        tts("--tts-model", "m.nemo", "--grpc-port", "50051", "--tts-max-duration-s", "0")
+    config = tts("--tts-model", "m.nemo", "--grpc-port", "50051", "--device", "cpu", "--tts-max-duration-s", "2.5")
+    assert config is not None and (config.model, config.device, config.max_duration_s) == ("m.nemo", "cpu", 2.5)
     assert tts() is None

@@ -57,7 +57,8 @@ class TTSHostConfig:
         for name in ("max_duration_s", "max_buffered_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"TTS {name} must be a positive number of seconds, got {value!r}")
+                flag = " (--tts-max-duration-s)" if name == "max_duration_s" else ""
+                raise ValueError(f"TTS {name}{flag} must be a positive number of seconds, got {value!r}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f'TTS dtype must be "float32" or "bfloat16", got {self.dtype!r} (--tts-dtype)')
         object.__setattr__(self, "default_voice", normalize_voice(self.default_voice))
