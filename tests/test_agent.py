@@ -92,6 +92,8 @@ def test_agent_settings_from_env_and_validation() -> None:
     assert any("LLM: embedded llama.cpp server" in line for line in bare.describe())
     started = bare.with_llm_server("http://127.0.0.1:1234/v1", "m")
     assert started.create_llm() is not None and "at http://127.0.0.1:1234/v1" in started.describe()[1]
+    keyed = AgentSettings.from_env({ENV_BASE_URL: "http://127.0.0.1:9/v1", "NEMOTRON_LLM_API_KEY": "sk-secret-1"})
+    assert "sk-secret-1" not in repr(keyed)
     transcribe_only = AgentSettings.from_env({"NEMOTRON_LLM_EMBEDDED": "0"})
     assert transcribe_only.llm_embedded is None and not transcribe_only.tts_embedded
     with pytest.raises(ValueError, match="MAGPIE_TTS_EMBEDDED"):

@@ -193,6 +193,52 @@ async def test_stop_ends_the_server_process(tmp_path: Path) -> None:
     await server.stop()  # twice is harmless
 
 
+def test_the_server_dies_with_an_agent_killed_outright(tmp_path: Path) -> None:
+    """SIGKILL leaves the agent no time to stop its server: the kernel ends the server (no orphan keeps the port)."""
+    import subprocess
+    import time
+
+    agent = subprocess.Popen(
+        [sys.executable, "-c", _AGENT_THAT_HANGS],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert agent.stdout is not None
+        line = agent.stdout.readline()  # the server's pid once it answers; "" if the agent died first
+        assert line.startswith("pid "), line
+        pid = int(line.split()[1])
+        agent.kill()
+        agent.wait()
+        for _ in range(600):  # hang guard: 60 s for the kernel's SIGTERM to end the server
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the embedded LLM server outlived its agent")
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+
+
+_AGENT_THAT_HANGS = """
+import asyncio
+from pipecat_nemotron.llm.embedded import EmbeddedLLMServer
+
+async def main():
+    server = EmbeddedLLMServer()
+    await server.start()
+    print("pid", server.pid, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
 def test_the_bundled_gguf_is_found_without_importing_its_package() -> None:
     path = default_gguf_path()
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 50_000_000

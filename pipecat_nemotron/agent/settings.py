@@ -104,7 +104,7 @@ class AgentSettings:
     asr_boost_phrases: tuple[str, ...] = ()
     turn_end: TurnEndMode | None = None
     llm_configured: bool = False
-    llm_env: Mapping[str, str] = field(default_factory=dict)
+    llm_env: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold an API key
     llm_embedded: EmbeddedLLMSettings | None = None
     tts_model: str | None = None
     tts_embedded: bool = False

@@ -208,13 +208,30 @@ def _check_port_free(host: str, port: int) -> None:
             ) from None
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: the kernel sends SIGTERM when the parent dies (Linux; elsewhere a no-op)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+def _libc_prctl() -> Any:
+    """The C library's ``prctl``, loaded in the parent (None off Linux): the child imports and loads nothing."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
 
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, between fork and exec: the kernel sends SIGTERM when the parent dies (Linux; else a no-op).
+
+    It only calls a function loaded before the fork: the agent's other threads (a model loading) may hold Python's
+    import lock at the fork, and an import here would wait for it forever.
+    """
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class EmbeddedLLMServer:
