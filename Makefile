@@ -20,7 +20,11 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]" || { \
+		echo "*** Installing failed. If the error above is llama-cpp-python's build (the llm-local extra builds"; \
+		echo "*** llama.cpp from source): install a C++ compiler and cmake (sudo apt-get install build-essential"; \
+		echo "*** cmake), or leave the extra out (make EXTRAS=dev,server,ray,riva ...) and point NEMOTRON_LLM_BASE_URL"; \
+		echo "*** in .env at your own OpenAI-compatible server (docs/LLM.md)."; exit 1; }
 	touch $@
 
 demo: setup
