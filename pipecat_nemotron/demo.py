@@ -60,7 +60,9 @@ async def run_demo(wav: Path, model: str, latency_ms: int, device: str, realtime
     """Start the agent's parts, run the conversation over ``wav``, report it; return a process exit code."""
     from pipecat_nemotron.agent.process import AgentProcess
     from pipecat_nemotron.agent.settings import AgentSettings
+    from pipecat_nemotron.asr.errors import ModelLoadError
     from pipecat_nemotron.llm.embedded import EmbeddedLLMError
+    from pipecat_nemotron.tts.magpie.errors import MagpieEngineError
 
     settings = replace(
         AgentSettings.from_env(os.environ), asr_model=model, asr_device=device, asr_latency_ms=latency_ms
@@ -71,6 +73,9 @@ async def run_demo(wav: Path, model: str, latency_ms: int, device: str, realtime
         await process.start()
     except EmbeddedLLMError as e:
         print(f"\nThe embedded LLM could not start: {e}")
+        return 1
+    except (ModelLoadError, MagpieEngineError) as e:
+        print(f"\nA model could not load: {e}")
         return 1
     try:
         print(f"Ready in {process.startup_s:.1f} s")

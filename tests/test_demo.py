@@ -172,3 +172,17 @@ async def test_demo_runs_the_whole_agent_configured_in_env(
     asked = " ".join(m["content"] for r in openai_server.requests for m in r["messages"] if m["role"] == "user")
     asked = normalize_text(asked)
     assert "what is two plus two" in asked and "what time is it please" in asked
+
+
+def test_demo_names_a_model_that_cannot_load(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "pipecat_nemotron.demo", "--fast", "--model", str(tmp_path / "nope.nemo"),
+         "--out", str(tmp_path / "runs")],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "A model could not load" in run.stdout and "nope.nemo" in run.stdout, run.stdout[-3000:]
