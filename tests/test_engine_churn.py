@@ -241,3 +241,24 @@ async def test_a_close_waiting_for_its_slot_returns_when_the_scheduler_crashes()
         await asyncio.wait_for(pending, HANG_S)
     with pytest.raises(RuntimeError, match="scripted"):  # stop() reports what crashed the scheduler
         await engine.stop()
+
+
+async def test_stop_ends_a_pending_final_saying_the_engine_was_stopped() -> None:
+    """A final still owed when the engine stops fails with the reason a user can act on: the engine stopped."""
+    engine = FakeEngine(EngineConfig(model="fake", device="cpu", max_streams=2, warmup=False))
+    await engine.start()
+    runner = engine.fake
+    stream = engine.open_stream()
+    runner.hold = threading.Event()
+    await stream.push(np.zeros(16000, dtype=np.float32))
+    await asyncio.to_thread(runner.entered.wait, HANG_S)  # a step is running: the final below stays owed
+    pending = stream.finalize_nowait()
+    stopping = asyncio.ensure_future(engine.stop())
+    for _ in range(100):  # loop passes, not time: stop() cancels the scheduler, which waits on the held step
+        if stopping.done() or pending.done():
+            break
+        await asyncio.sleep(0)
+    runner.hold.set()
+    await asyncio.wait_for(stopping, HANG_S)
+    with pytest.raises(StreamClosedError, match="the engine was stopped"):
+        await asyncio.wait_for(pending, HANG_S)

@@ -99,6 +99,7 @@ class Scheduler:
         #: ``close()`` futures of closed streams, resolved once a step freed their slots.
         self._close_waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False  # stop() cancelled the task: pending requests end as "stopped", not "cancelled"
 
     @property
     def streams(self) -> dict[int, StreamEntry]:
@@ -124,6 +125,7 @@ class Scheduler:
     async def stop(self) -> None:
         """Stop the task; fail whatever is still pending."""
         if self._task is not None:
+            self._stopping = True
             self._task.cancel()
             try:
                 await self._task
@@ -205,7 +207,13 @@ class Scheduler:
         except asyncio.CancelledError:
             # Cancelled without stop() (the event loop is shutting down, e.g. asyncio.run after an error):
             # streams still closing wait on releases only this task resolves.
-            self._end_all(StreamClosedError("the engine's scheduler was cancelled; the engine is not running"))
+            self._end_all(
+                StreamClosedError(
+                    "the engine was stopped"
+                    if self._stopping
+                    else "the engine's scheduler was cancelled; the engine is not running"
+                )
+            )
             raise
         except BaseException as e:  # a bug in the scheduler itself: fail every stream loudly
             logger.exception(f"ASR scheduler crashed: {e!r}")
