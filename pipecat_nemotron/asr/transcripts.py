@@ -72,6 +72,31 @@ def partial_update(state: StreamState, queue_ms: float, step_ms: float, lag_ms: 
     )
 
 
+def eou_update(state: StreamState, frame: int, hop: int, step_ms: float) -> Transcript:
+    """The stream's end-of-utterance event: the model emitted ``<EOU>`` at mel frame ``frame`` of the utterance.
+
+    Args:
+        state: The stream, with the step that emitted it applied (its text is the utterance's so far).
+        frame: The last mel frame (from the utterance's start) of the encoder frame it was emitted at.
+        hop: Samples (16 kHz) per mel frame.
+        step_ms: Duration of the step, ms.
+
+    """
+    start_ms = state.utterance_origin / SAMPLES_PER_MS
+    return Transcript(
+        text=state.text,
+        kind="eou",
+        utterance=state.utterance_index,
+        latency_ms=state.latency_ms,
+        language=state.language,
+        step_ms=step_ms,
+        words=state.words,
+        confidence=utterance_confidence(state.words),
+        start_ms=start_ms,
+        eou_ms=start_ms + max(0, frame) * hop / SAMPLES_PER_MS,
+    )
+
+
 def final_update(state: StreamState, pending: PendingFinal, ttf_ms: float, step_ms: float, text: TextModel) -> Transcript:
     """The final of the stream's utterance, which ends at ``pending.boundary``.
 
