@@ -199,8 +199,7 @@ class EngineConfig:
     eou: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.eou, bool):
-            raise ValueError(f"eou must be True or False, got {self.eou!r}")
+        _check_eou(self.eou)
         check_switch_interval(self.gil_switch_interval_ms)
         self._check_boosting()
         if not isinstance(self.model, str) or not self.model.strip():
@@ -280,3 +279,14 @@ def _check_max_utterance_s(value: float | None) -> None:
             f"max_utterance_s must be seconds from {MIN_UTTERANCE_LIMIT_S:g} to {MAX_UTTERANCE_LIMIT_S:g} "
             f"(or None for no limit), got {value!r}"
         )
+
+
+def _check_eou(value: object) -> None:
+    """Refuse an ``eou`` that is not a bool.
+
+    Raises:
+        ValueError: Naming the values allowed.
+
+    """
+    if not isinstance(value, bool):
+        raise ValueError(f"eou must be True or False, got {value!r}")

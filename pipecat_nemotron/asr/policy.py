@@ -395,7 +395,8 @@ class SchedulerPolicy:
         if out.tokens and not it.final:
             done.updates.append((entry, partial_update(state, queue_ms, step_ms, (now - it.ready_at) * 1000.0)))
         if out.eou_frame is not None and state.eou:  # the model's own end of utterance, before the step's final
-            done.updates.append((entry, eou_update(state, out.eou_frame, self.model.frontend.hop, step_ms)))
+            end = state.finals[0].boundary if it.final else None
+            done.updates.append((entry, eou_update(state, out.eou_frame, self.model.frontend.hop, step_ms, end)))
         if it.final:
             self._finish_utterance(entry, now, step_ms, done)
         return queue_ms

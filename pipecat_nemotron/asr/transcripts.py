@@ -72,7 +72,9 @@ def partial_update(state: StreamState, queue_ms: float, step_ms: float, lag_ms: 
     )
 
 
-def eou_update(state: StreamState, frame: int, hop: int, step_ms: float) -> Transcript:
+def eou_update(
+    state: StreamState, frame: int, hop: int, step_ms: float, end_sample: int | None = None
+) -> Transcript:
     """The stream's end-of-utterance event: the model emitted ``<EOU>`` at mel frame ``frame`` of the utterance.
 
     Args:
@@ -80,9 +82,14 @@ def eou_update(state: StreamState, frame: int, hop: int, step_ms: float) -> Tran
         frame: The last mel frame (from the utterance's start) of the encoder frame it was emitted at.
         hop: Samples (16 kHz) per mel frame.
         step_ms: Duration of the step, ms.
+        end_sample: Where the utterance ends (absolute stream sample), when the step was its final flush: the
+            flush's last encoder frame may reach past the audio, the time never does.
 
     """
     start_ms = state.utterance_origin / SAMPLES_PER_MS
+    at_ms = start_ms + max(0, frame) * hop / SAMPLES_PER_MS
+    if end_sample is not None:
+        at_ms = min(at_ms, end_sample / SAMPLES_PER_MS)
     return Transcript(
         text=state.text,
         kind="eou",
@@ -93,7 +100,7 @@ def eou_update(state: StreamState, frame: int, hop: int, step_ms: float) -> Tran
         words=state.words,
         confidence=utterance_confidence(state.words),
         start_ms=start_ms,
-        eou_ms=start_ms + max(0, frame) * hop / SAMPLES_PER_MS,
+        eou_ms=max(start_ms, at_ms),
     )
 
 

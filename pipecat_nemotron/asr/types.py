@@ -51,8 +51,7 @@ end-of-utterance event."""
 
 @dataclass(frozen=True)
 class Transcript:
-    """One transcript record, the same from the engine to the Pipecat frame: a partial, a final, a peek answer or
-    an end-of-utterance event.
+    """One transcript record, the same from the engine to the Pipecat frame: a partial, a final, a peek, an eou.
 
     The engine's stream yields it (:meth:`~pipecat_nemotron.asr.stream.ASRStream.updates`, ``finalize()``,
     ``peek()``), the STT services put it in ``TranscriptionFrame.result`` (the server client builds it from the
