@@ -47,7 +47,6 @@ async def test_eou_events_have_their_time_and_the_token_is_never_text(tiny_eou_m
         assert eou_id is not None and tokenizer.ids_to_tokens([eou_id]) == [EOU_PIECE]
         expected, _ = offline_decode(engine, audio, 160)
         assert eou_id in expected and any(t != eou_id for t in expected), "the fixture must emit both kinds"
-        # The offline decode's token frames (80 ms encoder frames): where the first <EOU> was emitted.
         model = engine.model
         with_events = engine.open_stream(latency_ms=160)  # the config's default: eou=True
         without = engine.open_stream(latency_ms=160, eou=False)
@@ -81,6 +80,26 @@ async def test_eou_events_have_their_time_and_the_token_is_never_text(tiny_eou_m
     assert got.index(events[-1]) < len(got) - 1, "eou records come before the final"
     first_frame = _first_eou_frame(model, audio, eou_id)
     assert times[0] == pytest.approx(first_frame * ENCODER_FRAME_MS), (first_frame, times[:3])
+
+
+async def test_a_reader_can_end_the_utterance_at_the_eou(tiny_eou_model) -> None:
+    """The README's loop: finalize when the model says the utterance ended."""
+    audio = noise_clip(2.0, seed=4)
+    async with started_engine(tiny_eou_model, one_thread=True, warmup=False) as engine:
+        stream = engine.open_stream(latency_ms=160, eou=True)
+        await stream.push(audio)
+        seen: list[Transcript] = []
+        async for update in stream.updates():
+            seen.append(update)
+            if update.kind == "eou" and not any(u.kind == "eou" for u in seen[:-1]):
+                stream.request_final()
+            if update.is_final:
+                break
+        await stream.close()
+    final = seen[-1]
+    assert final.is_final and final.utterance == 0
+    assert final.utterance_audio_ms == pytest.approx(audio.size / 16.0), "the final covers the audio pushed"
+    assert [u.kind for u in seen].index("eou") < len(seen) - 1
 
 
 def _first_eou_frame(model, audio, eou_id: int) -> int:

@@ -227,10 +227,9 @@ class ModelRunner:
         ):
             # NeMo counts a token's frame from the first frame decoded with this decoder state.
             base = it.state.decoded_frames if dec_state is not None else 0
-            # Markers leave the tokens here; the decoder state keeps them, as the model was trained.
-            tokens, frames, confidence, eou_frame = self.markers.split(
-                tokens, frames, _confidence_list(hyp, len(tokens))
-            )
+            confidence, eou_frame = _confidence_list(hyp, len(tokens)), None
+            if self.markers.markers:  # markers leave the tokens; the decoder state keeps them, as trained
+                tokens, frames, confidence, eou_frame = self.markers.split(tokens, frames, confidence)
             out = ItemOutput(
                 tokens,
                 [it.start_frame + grid + self.subsampling * (t - base) for t in frames],
