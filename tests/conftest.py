@@ -50,6 +50,17 @@ def tiny_quiet_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_eou_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight tiny model whose vocabulary has ``<EOU>`` (as ``nvidia/parakeet_realtime_eou_120m-v1``'s),
+    its joint biased so the greedy decoder emits it between ordinary tokens."""
+    from pipecat_nemotron.asr.architectures import build_random_model
+
+    return build_random_model(
+        tmp_path_factory.mktemp("models") / "tiny_eou.nemo", size="tiny", seed=3, markers=("<EOU>",), marker_bias=0.3
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_multilingual_random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight tiny model of the multilingual prompt class (en-US, es-ES, de-DE, auto; five modes)."""
     from pipecat_nemotron.asr.architectures import build_random_model

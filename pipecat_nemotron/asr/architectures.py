@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -234,13 +235,19 @@ def nemotron_600m_config(tokenizer_dir: str) -> dict[str, Any]:
     return asr_model_config(tokenizer_dir, NEMOTRON_600M)
 
 
-def train_tokenizer(out_dir: Path, vocab_size: int = 64, text: str = _TOKENIZER_TEXT) -> Path:
+def train_tokenizer(
+    out_dir: Path, vocab_size: int = 64, text: str = _TOKENIZER_TEXT, user_pieces: Sequence[str] = ()
+) -> Path:
     """Train a SentencePiece BPE tokenizer in the layout NeMo's ``tokenizer.dir`` expects.
 
     Args:
         out_dir: Folder to write ``tokenizer.model``, ``tokenizer.vocab`` and ``vocab.txt`` into.
-        vocab_size: Number of BPE pieces.
+        vocab_size: Number of pieces (``user_pieces`` included).
         text: Training text; repeated and shuffled so SentencePiece sees enough sentences.
+        user_pieces: Pieces kept whole (SentencePiece's ``user_defined_symbols``), such as the ``<EOU>``
+            marker of NVIDIA's realtime EOU models (:mod:`~pipecat_nemotron.asr.eou`). Their recipe appends
+            them after the BPE pieces; SentencePiece puts them right after ``<unk>``: the engine finds them by
+            piece, wherever they sit.
 
     Returns:
         ``out_dir``.
@@ -264,6 +271,7 @@ def train_tokenizer(out_dir: Path, vocab_size: int = 64, text: str = _TOKENIZER_
         bos_id=-1,
         eos_id=-1,
         minloglevel=2,
+        **({"user_defined_symbols": list(user_pieces)} if user_pieces else {}),
     )
     with (out_dir / "tokenizer.vocab").open() as f, (out_dir / "vocab.txt").open("w") as out:
         for line in f:
@@ -279,6 +287,8 @@ def build_random_model(
     vocab_size: int = 64,
     blank_bias: float = 0.0,
     languages: list[str] | None = None,
+    markers: Sequence[str] = (),
+    marker_bias: float = 0.0,
 ) -> Path:
     """Build a randomly initialised cache-aware FastConformer-RNNT and save it as a ``.nemo`` file.
 
@@ -292,6 +302,9 @@ def build_random_model(
         languages: Build the multilingual prompt class (``EncDecRNNTBPEModelWithPrompt``) with these locales
             (see :func:`prompt_model_defaults`) and the five attention contexts of
             :data:`MULTILINGUAL_ATT_CONTEXT_SIZES`; None builds the English class.
+        markers: Marker pieces added to the tokenizer (``("<EOU>",)`` or ``("<EOU>", "<EOB>")``: a model of
+            the realtime EOU kind, see :mod:`~pipecat_nemotron.asr.eou`).
+        marker_bias: Added to the joint's logits of the ``markers``, so a random model emits them.
 
     Returns:
         The written path.
@@ -307,7 +320,7 @@ def build_random_model(
     with tempfile.TemporaryDirectory() as tmp, quiet_nemo():
         from nemo.collections.asr.models import EncDecRNNTBPEModel, EncDecRNNTBPEModelWithPrompt
 
-        tok_dir = train_tokenizer(Path(tmp) / "tokenizer", vocab_size=vocab_size)
+        tok_dir = train_tokenizer(Path(tmp) / "tokenizer", vocab_size=vocab_size, user_pieces=markers)
         torch.manual_seed(seed)
         if languages is None:
             cfg = OmegaConf.create(asr_model_config(str(tok_dir), SIZES[size]))
@@ -318,9 +331,14 @@ def build_random_model(
             )
             config["model_defaults"].update(prompt_model_defaults(languages))
             model = EncDecRNNTBPEModelWithPrompt(cfg=OmegaConf.create(config))
-        if blank_bias:
-            with torch.no_grad():
-                model.joint.joint_net[-1].bias[-1] += blank_bias
+        with torch.no_grad():
+            bias = model.joint.joint_net[-1].bias  # one logit per token id, blank last
+            if blank_bias:
+                bias[-1] += blank_bias
+            if marker_bias:
+                pieces = model.tokenizer.ids_to_tokens(list(range(model.tokenizer.vocab_size)))
+                for piece in markers:
+                    bias[pieces.index(piece)] += marker_bias
         model.eval()
         model.save_to(str(out_path))
     return out_path

@@ -161,6 +161,10 @@ class EngineConfig:
             ``docs/BENCHMARKS.md`` section 15). 0 turns phrase boosting off: the decoder is built without it and
             ``boost_phrases`` are refused.
         max_boost_phrase_chars: Longest phrase, characters (default 64).
+        eou: End-of-utterance events on streams opened without ``eou``: a model that emits ``<EOU>``
+            (``nvidia/parakeet_realtime_eou_120m-v1``; :mod:`~pipecat_nemotron.asr.eou`) says where each
+            utterance ends, and the stream's updates carry it as an ``"eou"`` record. A model without the token
+            fails the load when this is True. The token is never part of any text, whatever this says.
         gil_switch_interval_ms: At ``start()``, lower Python's thread switch interval (process-wide, never
             raised) to this many ms (:mod:`~pipecat_nemotron.runtime.gil`): the model thread takes the GIL back
             after each torch op within this time while the event loop runs Python. CPython's 5 ms default made
@@ -192,8 +196,10 @@ class EngineConfig:
     max_boost_phrases: int = DEFAULT_MAX_BOOST_PHRASES
     max_boost_phrase_chars: int = DEFAULT_MAX_BOOST_PHRASE_CHARS
     gil_switch_interval_ms: float | None = DEFAULT_SWITCH_INTERVAL_MS
+    eou: bool = False
 
     def __post_init__(self) -> None:
+        _check_eou(self.eou)
         check_switch_interval(self.gil_switch_interval_ms)
         self._check_boosting()
         if not isinstance(self.model, str) or not self.model.strip():
@@ -273,3 +279,14 @@ def _check_max_utterance_s(value: float | None) -> None:
             f"max_utterance_s must be seconds from {MIN_UTTERANCE_LIMIT_S:g} to {MAX_UTTERANCE_LIMIT_S:g} "
             f"(or None for no limit), got {value!r}"
         )
+
+
+def _check_eou(value: object) -> None:
+    """Refuse an ``eou`` that is not a bool.
+
+    Raises:
+        ValueError: Naming the values allowed.
+
+    """
+    if not isinstance(value, bool):
+        raise ValueError(f"eou must be True or False, got {value!r}")

@@ -151,6 +151,7 @@ class NemotronEngine:
                 max_streams=self.config.max_streams,
                 load_seconds=load_s,
                 encoder_step=runner.encoder_step,
+                eou=self._rules.has_eou,
             )
             self._scheduler = Scheduler(
                 runner,
@@ -314,6 +315,7 @@ class NemotronEngine:
         language: Any = None,
         boost_phrases: Sequence[str] | None = None,
         boost_alpha: float | None = None,
+        eou: bool | None = None,
     ) -> ASRStream:
         """Open a stream.
 
@@ -328,6 +330,9 @@ class NemotronEngine:
                 ``default_boost_phrases``; an empty list: none. Streams with different lists, or none, share
                 batched steps; one stream's phrases never change another's tokens.
             boost_alpha: Weight of the boost, in (0, 10]; default: the config's ``default_boost_alpha``.
+            eou: Deliver the model's end-of-utterance events through :meth:`ASRStream.updates` (``"eou"``
+                records, :mod:`~pipecat_nemotron.asr.eou`); default: the config's ``eou``. Needs a model that
+                emits ``<EOU>`` (``info.eou``).
 
         Raises:
             CapacityError: ``max_streams`` streams are already open (existing streams are unaffected).
@@ -336,11 +341,13 @@ class NemotronEngine:
             BoostPhraseError: A list over the limits or with characters the model cannot write (``ValueError``).
             BoostingUnavailableError: Phrases given, but no per-stream biasing (NeMo < 3.0.0, or
                 ``max_boost_phrases=0``).
+            EndOfUtteranceUnavailableError: ``eou`` asked for on a model without ``<EOU>`` (``ValueError``).
 
         """
         scheduler, rules = self._require(), self._stream_rules()
         latency = rules.latency(self.config.default_latency_ms if latency_ms is None else latency_ms)
         prompt = rules.language(language)
+        wants_eou = rules.eou(eou)
         if boost_phrases is None:
             boost_phrases = self.config.default_boost_phrases
         boost = rules.boost(boost_phrases, boost_alpha)
@@ -355,6 +362,7 @@ class NemotronEngine:
             language=prompt[0],
             prompt_index=prompt[1],
             boost=None if boost.empty else boost,
+            eou=wants_eou,
         )
         stream = ASRStream(self, state)
         scheduler.add(state, stream.updates_queue.put, stream.updates_queue.close)

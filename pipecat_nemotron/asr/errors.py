@@ -45,3 +45,11 @@ class BoostingUnavailableError(NemotronEngineError):
     The installed NeMo has no per-stream biasing (it needs nemo-toolkit 3.0.0 or later), or the engine was
     configured with ``max_boost_phrases=0``.
     """
+
+
+class EndOfUtteranceUnavailableError(NemotronEngineError, ValueError):
+    """End-of-utterance events were asked for (``eou=True``), but the model has no ``<EOU>`` token.
+
+    The message names the models that have it (:data:`~pipecat_nemotron.asr.eou.EOU_MODELS`). Raised before
+    anything changes: no stream is opened.
+    """

@@ -23,6 +23,7 @@ from typing import Any
 
 from pipecat_nemotron.asr.config import validate_latency_ms
 from pipecat_nemotron.asr.engine import NemotronEngine
+from pipecat_nemotron.asr.eou import NO_MARKERS
 from pipecat_nemotron.asr.features import MelFrontend
 from pipecat_nemotron.asr.policy import SchedulerPolicy
 from pipecat_nemotron.asr.scheduler import run_plan
@@ -112,6 +113,7 @@ class FakeRunner:
         self.aligner = WordAligner(FakeTokenizer(), hop_ms=10.0, subsampling=8)
         self.modes = {ms: FakeShape(ms, chunk, first) for ms, (chunk, first) in FAKE_MODES.items()}
         self.prompts = None
+        self.markers = NO_MARKERS
         #: No phrase boosting (``boost_phrases`` are refused); any character would be writable.
         self.boost = None
         self.alphabet = None

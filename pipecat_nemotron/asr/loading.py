@@ -236,6 +236,10 @@ def _configure_decoding(model: Any, confidence: bool = True, per_stream_biasing:
         decoding_cfg.greedy.max_symbols = decoding_cfg.greedy.get("max_symbols", 10) or 10
         decoding_cfg.fused_batch_size = -1
         decoding_cfg.compute_timestamps = False
+        if decoding_cfg.get("preserve_alignments"):
+            # NeMo's EOU model class (``EncDecRNNTBPEEOUModel``) turns alignments on for its validation
+            # metrics; the engine reads none, and every step's hypotheses would carry them.
+            decoding_cfg.preserve_alignments = False
         decoding_cfg.confidence_cfg = TOKEN_CONFIDENCE_CFG if confidence else {}
         decoding_cfg.greedy.enable_per_stream_biasing = per_stream_biasing
     with quiet_nemo():
@@ -243,7 +247,7 @@ def _configure_decoding(model: Any, confidence: bool = True, per_stream_biasing:
 
 
 def check_loaded_defaults(config: EngineConfig, runner: Any) -> None:
-    """Fail the load if the config's default mode, language or boost phrases do not suit the loaded model.
+    """Fail the load if the config's default mode, language, boost phrases or eou do not suit the loaded model.
 
     Raises:
         ModelLoadError: Naming what the model offers.
@@ -258,6 +262,10 @@ def check_loaded_defaults(config: EngineConfig, runner: Any) -> None:
         resolve_prompt(runner.prompts, config.default_language, config.model)
     except ValueError as e:
         raise ModelLoadError(f"default_language: {e}") from None
+    if config.eou and runner.markers.eou is None:
+        from pipecat_nemotron.asr.eou import eou_unavailable_message
+
+        raise ModelLoadError(f"EngineConfig.eou: {eou_unavailable_message(config.model)}")
     if config.default_boost_phrases:
         if runner.boost is None:
             raise ModelLoadError(f"default_boost_phrases: {boosting_unavailable(config)}")

@@ -14,6 +14,8 @@ The rules:
 - **Finalize**: a pending final is a boundary: the chunks before it first, then one flush of the rest (or no
   model work at all when nothing is left); the next utterance starts at the boundary.
 - **Peek**: like a final that does not end the utterance (a flush on copies of the caches, answered alone).
+- **End of utterance**: a model's ``<EOU>`` (:mod:`~pipecat_nemotron.asr.eou`) becomes an ``eou`` record after
+  the step's partial, for streams that asked; it ends nothing (``finalize()`` does).
 - **Release**: a closed stream leaves at once; its slot is freed by the next step, and its ``close()``
   returns after that step (a step already running may still hold the stream's old slot).
 """
@@ -45,7 +47,7 @@ from pipecat_nemotron.asr.step_plan import (
     StepStats,
     StreamEntry,
 )
-from pipecat_nemotron.asr.transcripts import TextModel, final_update, partial_update, peek_record
+from pipecat_nemotron.asr.transcripts import TextModel, eou_update, final_update, partial_update, peek_record
 from pipecat_nemotron.asr.types import Transcript
 from pipecat_nemotron.asr.words import TokenTrace
 
@@ -392,6 +394,9 @@ class SchedulerPolicy:
         state.audio_seconds += it.num_frames * self.model.frontend.hop / MODEL_SAMPLE_RATE
         if out.tokens and not it.final:
             done.updates.append((entry, partial_update(state, queue_ms, step_ms, (now - it.ready_at) * 1000.0)))
+        if out.eou_frame is not None and state.eou:  # the model's own end of utterance, before the step's final
+            end = state.finals[0].boundary if it.final else None
+            done.updates.append((entry, eou_update(state, out.eou_frame, self.model.frontend.hop, step_ms, end)))
         if it.final:
             self._finish_utterance(entry, now, step_ms, done)
         return queue_ms

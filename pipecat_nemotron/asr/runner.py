@@ -23,6 +23,7 @@ from pipecat_nemotron.asr.boost_models import BoostModels, biasing_multi_model
 from pipecat_nemotron.asr.boosting import model_alphabet
 from pipecat_nemotron.asr.config import EncoderStep
 from pipecat_nemotron.asr.cuda_graphs import GraphedEncoderStep
+from pipecat_nemotron.asr.eou import MarkerTokens
 from pipecat_nemotron.asr.fast_step import FastEncoderStep, UnsupportedEncoderError, nemo_encoder_step
 from pipecat_nemotron.asr.features import MelFrontend
 from pipecat_nemotron.asr.language_id import UtteranceEvidence, alignment_scores
@@ -70,6 +71,8 @@ class ModelRunner:
         self.subsampling = int(getattr(model.encoder, "subsampling_factor", 8))
         #: Groups an utterance's tokens into timed words.
         self.aligner = WordAligner(model.tokenizer, self.frontend.hop / SAMPLES_PER_MS, self.subsampling)
+        #: The model's end-of-utterance markers (``<EOU>``, ``<EOB>``): taken out of every step's tokens.
+        self.markers = MarkerTokens.from_tokenizer(model.tokenizer)
         #: The model's language prompts (None: a model without them, such as the English one).
         self.prompts = LanguagePrompts.from_model(model)
         #: Detect the language of ``auto`` utterances (a model with prompts for more than one locale).
@@ -224,12 +227,16 @@ class ModelRunner:
         ):
             # NeMo counts a token's frame from the first frame decoded with this decoder state.
             base = it.state.decoded_frames if dec_state is not None else 0
+            confidence, eou_frame = _confidence_list(hyp, len(tokens)), None
+            if self.markers.markers:  # markers leave the tokens; the decoder state keeps them, as trained
+                tokens, frames, confidence, eou_frame = self.markers.split(tokens, frames, confidence)
             out = ItemOutput(
                 tokens,
                 [it.start_frame + grid + self.subsampling * (t - base) for t in frames],
-                _confidence_list(hyp, len(tokens)),
+                confidence,
                 dec_state=dec_state,  # a peek leaves its stream's decoder where it was (bar a new boost tree)
                 decoded_frames=it.state.decoded_frames,
+                eou_frame=None if eou_frame is None else it.start_frame + grid + self.subsampling * (eou_frame - base),
             )
             if not it.peek:
                 out.dec_state, out.decoded_frames = hyp.dec_state, base + int(length)

@@ -73,6 +73,7 @@ class StreamState:
         pending_language: ``(language, prompt_index)`` requested and not applied yet.
         boost: Phrase-boosting list decoded with now (None: not boosted).
         pending_boost: List requested and not applied yet (an empty list: stop boosting).
+        eou: Deliver the model's end-of-utterance events (``"eou"`` records) to the stream's updates.
         pending_utterance: The utterance the pending changes are for (finalizes requested before them come
             first).
         evidence: An ``auto`` stream's current utterance as kept for language detection.
@@ -110,6 +111,7 @@ class StreamState:
     pending_language: tuple[str | None, int | None] | None = None
     boost: BoostList | None = None
     pending_boost: BoostList | None = None
+    eou: bool = False
     pending_utterance: int = 0
     evidence: UtteranceEvidence | None = None
     detected_language: str | None = None

@@ -93,6 +93,9 @@ class ItemOutput:
         utterance: The utterance's text with the new tokens (None: no new tokens, or a peek).
         evidence: An ``auto`` stream's utterance as kept for language detection, with this chunk (None: unchanged).
         detected_language: At an ``auto`` stream's final: the locale detected (None: none).
+        eou_frame: Where the model emitted ``<EOU>`` in this step (the step's first), on the same grid as
+            ``frames``; None: it did not (or the model has no such token). Not in ``tokens``: markers never are
+            (:mod:`~pipecat_nemotron.asr.eou`).
 
     """
 
@@ -105,6 +108,7 @@ class ItemOutput:
     utterance: UtteranceText | None = None
     evidence: UtteranceEvidence | None = None
     detected_language: str | None = None
+    eou_frame: int | None = None
 
 
 @dataclass

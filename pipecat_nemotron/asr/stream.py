@@ -72,7 +72,7 @@ class StreamOwner(Protocol):
 
 
 class UpdateQueue:
-    """Transcript updates of one stream, in order. Unread partials coalesce; finals are never dropped."""
+    """Transcript updates of one stream, in order. Unread partials coalesce; finals and eou events never drop."""
 
     def __init__(self) -> None:
         self._items: deque[Transcript] = deque()
@@ -81,8 +81,8 @@ class UpdateQueue:
         self._error: BaseException | None = None
 
     def put(self, update: Transcript) -> None:
-        """Queue an update (replacing an unread partial of the same utterance)."""
-        if self._items and not self._items[-1].is_final and not update.is_final:
+        """Queue an update (a partial replaces an unread partial of the same utterance)."""
+        if self._items and self._items[-1].kind == "partial" and update.kind == "partial":
             if self._items[-1].utterance == update.utterance:
                 self._items[-1] = update
                 return
@@ -138,6 +138,11 @@ class ASRStream:
     def stream_id(self) -> int:
         """Engine-unique id of this stream."""
         return self._state.stream_id
+
+    @property
+    def eou(self) -> bool:
+        """The stream's updates carry the model's end-of-utterance events (``"eou"`` records)."""
+        return self._state.eou
 
     @property
     def latency_ms(self) -> int:
@@ -401,6 +406,9 @@ class ASRStream:
 
     async def updates(self) -> AsyncIterator[Transcript]:
         """Iterate over transcript updates (partials as the text grows, then the final of each utterance).
+
+        On a stream opened with ``eou=True``, ``"eou"`` records come in between where the model emitted its
+        end-of-utterance token (:class:`~pipecat_nemotron.asr.types.Transcript`); they end nothing.
 
         Ends when the stream is closed; raises :class:`StreamFailedError` if it failed.
         """

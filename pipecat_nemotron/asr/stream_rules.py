@@ -1,4 +1,4 @@
-"""``StreamRules``: what a stream may ask of the loaded model (latency mode, language, boost list), checked.
+"""``StreamRules``: what a stream may ask of the loaded model (latency mode, language, boost list, eou), checked.
 
 The one place a stream's requests are validated, when it opens and when it changes them: nothing here touches a
 stream or the scheduler, so a refused request changes nothing. :class:`~pipecat_nemotron.asr.NemotronEngine`
@@ -62,6 +62,29 @@ class StreamRules:
         """
         requested = self._config.default_language if language is None else language
         return resolve_prompt(self._runner.prompts, requested, self._config.model)
+
+    @property
+    def has_eou(self) -> bool:
+        """The model emits ``<EOU>``: streams may ask for end-of-utterance events."""
+        return self._runner.markers.eou is not None
+
+    def eou(self, requested: bool | None) -> bool:
+        """Whether a stream gets end-of-utterance events (None: the config's ``eou``).
+
+        Raises:
+            EndOfUtteranceUnavailableError: Asked for on a model without ``<EOU>`` (names the models with it).
+            ValueError: Neither a bool nor None.
+
+        """
+        from pipecat_nemotron.asr.eou import eou_unavailable_message
+        from pipecat_nemotron.asr.errors import EndOfUtteranceUnavailableError
+
+        eou = self._config.eou if requested is None else requested
+        if not isinstance(eou, bool):
+            raise ValueError(f"eou must be True, False or None (the engine's default), got {requested!r}")
+        if eou and not self.has_eou:
+            raise EndOfUtteranceUnavailableError(eou_unavailable_message(self._config.model))
+        return eou
 
     def boost(self, phrases: Sequence[str] | None, alpha: float | None) -> BoostList:
         """Validate a stream's list (:class:`~.boosting.BoostRules`); start building its tree off the model thread.

@@ -72,6 +72,38 @@ def partial_update(state: StreamState, queue_ms: float, step_ms: float, lag_ms: 
     )
 
 
+def eou_update(
+    state: StreamState, frame: int, hop: int, step_ms: float, end_sample: int | None = None
+) -> Transcript:
+    """The stream's end-of-utterance event: the model emitted ``<EOU>`` at mel frame ``frame`` of the utterance.
+
+    Args:
+        state: The stream, with the step that emitted it applied (its text is the utterance's so far).
+        frame: The last mel frame (from the utterance's start) of the encoder frame it was emitted at.
+        hop: Samples (16 kHz) per mel frame.
+        step_ms: Duration of the step, ms.
+        end_sample: Where the utterance ends (absolute stream sample), when the step was its final flush: the
+            flush's last encoder frame may reach past the audio, the time never does.
+
+    """
+    start_ms = state.utterance_origin / SAMPLES_PER_MS
+    at_ms = start_ms + max(0, frame) * hop / SAMPLES_PER_MS
+    if end_sample is not None:
+        at_ms = min(at_ms, end_sample / SAMPLES_PER_MS)
+    return Transcript(
+        text=state.text,
+        kind="eou",
+        utterance=state.utterance_index,
+        latency_ms=state.latency_ms,
+        language=state.language,
+        step_ms=step_ms,
+        words=state.words,
+        confidence=utterance_confidence(state.words),
+        start_ms=start_ms,
+        eou_ms=max(start_ms, at_ms),
+    )
+
+
 def final_update(state: StreamState, pending: PendingFinal, ttf_ms: float, step_ms: float, text: TextModel) -> Transcript:
     """The final of the stream's utterance, which ends at ``pending.boundary``.
 

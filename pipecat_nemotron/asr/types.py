@@ -44,22 +44,30 @@ class WordTiming:
         }
 
 
-TranscriptKind = Literal["partial", "final", "peek"]
-"""What a :class:`Transcript` is: the text so far, an utterance's final text, or a peek's answer."""
+TranscriptKind = Literal["partial", "final", "peek", "eou"]
+"""What a :class:`Transcript` is: the text so far, an utterance's final text, a peek's answer, or the model's
+end-of-utterance event."""
 
 
 @dataclass(frozen=True)
 class Transcript:
-    """One transcript record, the same from the engine to the Pipecat frame: a partial, a final or a peek answer.
+    """One transcript record, the same from the engine to the Pipecat frame: a partial, a final, a peek, an eou.
 
     The engine's stream yields it (:meth:`~pipecat_nemotron.asr.stream.ASRStream.updates`, ``finalize()``,
     ``peek()``), the STT services put it in ``TranscriptionFrame.result`` (the server client builds it from the
     ``final`` message, :func:`~pipecat_nemotron.server.protocol_server.transcript_from_final`). Fields a kind does
     not have keep their defaults (a partial has no ``ttf_ms``).
 
+    An ``"eou"`` record comes only on a stream opened with ``eou=True`` on a model that emits ``<EOU>``
+    (:mod:`~pipecat_nemotron.asr.eou`): the model says the utterance ended at ``eou_ms``. It carries the text
+    so far, as a partial does, and ends nothing: the utterance goes on until ``finalize()`` (a turn strategy
+    decides). At most one per model step of a stream, in order with the partials and before the final of the
+    step that emitted it. Peeks never report one.
+
     Attributes:
-        text: The utterance's text so far (partial), in full (final), or as it would end now (peek).
-        kind: ``"partial"``, ``"final"`` or ``"peek"``.
+        text: The utterance's text so far (partial, eou), in full (final), or as it would end now (peek). Never
+            holds a model's ``<EOU>`` or ``<EOB>`` marker.
+        kind: ``"partial"``, ``"final"``, ``"peek"`` or ``"eou"``.
         utterance: 0-based index of the utterance within the stream (a server client's: the session).
         latency_ms: Latency mode that produced it.
         language: Language prompt the model decoded with (a locale such as ``"es-ES"``, or ``"auto"``); None
@@ -82,6 +90,8 @@ class Transcript:
         lag_ms: On partials: time from the chunk's last audio sample arriving to this record, ms.
         ttf_ms: On finals: time from the ``finalize()`` call to the final text, ms.
         peek_ms: On peeks: time from the ``peek()`` call to the text, ms.
+        eou_ms: On eou events: where the model emitted ``<EOU>``, ms from the stream's first sample (the end of
+            the 80 ms encoder frame it was emitted at; ``eou_ms - start_ms`` is the utterance's audio up to it).
 
     Example (in a processor after an STT service)::
 
@@ -108,6 +118,7 @@ class Transcript:
     lag_ms: float = 0.0
     ttf_ms: float | None = None
     peek_ms: float | None = None
+    eou_ms: float | None = None
 
     @property
     def is_final(self) -> bool:
@@ -151,6 +162,7 @@ class EngineInfo:
             step does not support the loaded encoder).
         gpu_path: On CUDA, what runs there: CUDA graphs captured so far (count, failed shapes, reserved
             bytes) and whether NeMo's CUDA-graph RNNT decoder is on; ``None`` on CPU.
+        eou: The model emits ``<EOU>``: streams may ask for end-of-utterance events (``open_stream(eou=True)``).
 
     """
 
@@ -164,3 +176,4 @@ class EngineInfo:
     encoder_step: str = "fast"
     languages: tuple[str, ...] = ()
     gpu_path: dict[str, Any] | None = None
+    eou: bool = False
