@@ -28,7 +28,11 @@ def session(clips: list[bytes], lead_s: float = 3.0, tail_s: float = 1.0) -> lis
     for pcm in clips:
         frames += audio_frames(SILENCE_20MS * int(lead_s * 50))
         speech = audio_frames(pcm)
-        frames += [*speech[:VAD_START_DELAY_FRAMES], VADUserStartedSpeakingFrame(), *speech[VAD_START_DELAY_FRAMES:]]
+        frames += [
+            *speech[:VAD_START_DELAY_FRAMES],
+            VADUserStartedSpeakingFrame(),
+            *speech[VAD_START_DELAY_FRAMES:],
+        ]
         frames += [*audio_frames(SILENCE_20MS * 10), VADUserStoppedSpeakingFrame(stop_secs=0.2)]
     return frames + audio_frames(SILENCE_20MS * int(tail_s * 50))
 

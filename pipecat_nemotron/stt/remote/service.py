@@ -21,6 +21,7 @@ from pipecat.frames.frames import (
     ErrorFrame,
     Frame,
     StartFrame,
+    VADUserStartedSpeakingFrame,
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
@@ -105,7 +106,8 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
     speaking, audio is held back (:mod:`~pipecat_nemotron.stt.remote.gate`); at the speech start the service
     sends a ``gap`` message for the audio it withheld, then the last ``silence_preroll_s`` of it, then live
     audio. Transcripts and every timestamp (``session_audio_ms``, word times) stay those of the whole audio; a
-    server without the ``gap`` feature gets every sample, as with ``skip_silence=False``.
+    server without the ``gap`` feature gets every sample, as with ``skip_silence=False``, and so does any
+    server until the first VAD frame reaches the service (a pipeline without a VAD before the STT).
 
     Args:
         url: Session WebSocket URL of the server (``ws://`` or ``wss://``, path ``/v1/asr``).
@@ -230,6 +232,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
         self._skip_silence = skip_silence
         self._silence_preroll_s = silence_preroll_s
         self._gate: SilenceGate | None = None  # made at the first audio (the sample rate is known then)
+        self._vad_seen = False  # a VAD frame reached the service: its speaking state is known
 
     # ---- properties ---------------------------------------------------------------------------------------
 
@@ -440,8 +443,17 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
         return self._gate.withheld_total / self._bytes_per_ms / 1000 if self._gate is not None else 0.0
 
     def _skips_silence(self) -> bool:
-        """Whether silence is held back: asked for, and the session's server counts ``gap`` messages."""
-        return self._skip_silence and self._ready is not None and GAP_FEATURE in self._ready.features
+        """Whether silence is held back: asked for, a VAD tells speech from silence, and the server counts gaps.
+
+        Until a VAD frame arrives the service cannot tell silence from speech (a pipeline without a VAD
+        before the STT never sends one), so it sends every sample.
+        """
+        return (
+            self._skip_silence
+            and self._vad_seen
+            and self._ready is not None
+            and GAP_FEATURE in self._ready.features
+        )
 
     def _silence_gate(self) -> SilenceGate:
         """The gate, counting withheld audio in whole chunks of the current latency mode."""
@@ -480,6 +492,8 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         """Handle frames; on ``VADUserStoppedSpeakingFrame`` finalize the utterance."""
         await super().process_frame(frame, direction)
+        if isinstance(frame, (VADUserStartedSpeakingFrame, VADUserStoppedSpeakingFrame)):
+            self._vad_seen = True
         if isinstance(frame, VADUserStoppedSpeakingFrame):
             self.request_finalize()
             await self._finalize()
