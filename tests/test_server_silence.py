@@ -52,7 +52,9 @@ async def test_skipped_silence_gives_the_finals_and_positions_of_every_sample(
     sent, _ = await finals(server.url, frames, skip_silence=False)
     skipped, stt = await finals(server.url, frames, skip_silence=True)
     assert stt.ready is None or GAP_FEATURE in stt.ready.features
-    assert stt.audio_withheld_s > 2.5 * len(clips), "most of the silence never reached the server"
+    # Before the first VAD frame every sample goes (the service cannot tell silence yet); after it, only the
+    # preroll of each lead-in silence does.
+    assert stt.audio_withheld_s > 2.0 * (len(clips) - 1), "the silence between turns never reached the server"
     assert [f.text for f in skipped] == [f.text for f in sent]
     # The last word survives: each turn's final is the clip transcribed offline.
     assert [f.text for f in skipped] == [(await engine.transcribe(c)).text for c in clips]
