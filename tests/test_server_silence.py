@@ -7,13 +7,20 @@ its position in the session and its word times) is what sending every sample giv
 from __future__ import annotations
 
 import pytest
-from helpers import TOKEN, audio_frames, clip, finals_of
+from helpers import TOKEN, audio_frames, clip, finals_of, open_session
 from pipecat.frames.frames import VADUserStartedSpeakingFrame, VADUserStoppedSpeakingFrame
 from pipecat.tests.utils import run_test
+from ws_client import raw_messages
 
 from pipecat_nemotron.asr import NemotronEngine
 from pipecat_nemotron.server.app import ASRServer
-from pipecat_nemotron.server.protocol import GAP_FEATURE, GapMessage, ProtocolError, parse_client_message
+from pipecat_nemotron.server.protocol import (
+    GAP_FEATURE,
+    ConfigMessage,
+    GapMessage,
+    ProtocolError,
+    parse_client_message,
+)
 from pipecat_nemotron.stt.remote.gate import SilenceGate
 from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 
@@ -65,6 +72,38 @@ async def test_skipped_silence_gives_the_finals_and_positions_of_every_sample(
         for wa, wb in zip(a.result.words, b.result.words, strict=True):
             assert wa.start_ms == pytest.approx(wb.start_ms, abs=0.5)
             assert wa.end_ms == pytest.approx(wb.end_ms, abs=0.5)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_gap_counts_in_the_utterance_the_next_finalize_ends(server: ASRServer) -> None:
+    """A gap read while a final is still owed moves the next utterance, not the one that final ends."""
+    pcm = clip()
+    ms = len(pcm) / 32  # 16 kHz, 2 bytes a sample
+    ws, ready = await open_session(server.url, ConfigMessage(word_timings=True))
+    assert GAP_FEATURE in ready.features
+    for frame in audio_frames(pcm):
+        await ws.send(frame.audio)
+    await ws.send('{"type": "finalize"}')
+    await ws.send(GapMessage(ms=4000.0).to_json())  # before the first final is ready, most likely
+    for frame in audio_frames(pcm):
+        await ws.send(frame.audio)
+    await ws.send('{"type": "finalize"}')
+    await ws.send('{"type": "close"}')
+    finals = [m for m in await raw_messages(ws) if m["type"] == "final"]
+    assert [f["utterance_audio_ms"] for f in finals] == pytest.approx([ms, ms + 4000.0], abs=0.5)
+    assert [f["session_audio_ms"] for f in finals] == pytest.approx([ms, 2 * ms + 4000.0], abs=0.5)
+    first, second = ([w["start_ms"] for w in f["words"]] for f in finals)
+    assert first and len(second) == len(first)
+    assert all(b - a == pytest.approx(ms + 4000.0, abs=80.0) for a, b in zip(first, second, strict=True))
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_without_a_vad_before_it_every_sample_is_sent(server: ASRServer, engine: NemotronEngine) -> None:
+    pcm = bytes(640 * 100) + clip()
+    stt = NemotronServerSTTService(url=server.url, token=TOKEN)
+    down, _ = await run_test(stt, frames_to_send=audio_frames(pcm), start_timeout=5.0)
+    assert stt.audio_withheld_s == 0.0
+    assert [f.text for f in finals_of(down) if f.text] == [(await engine.transcribe(pcm)).text]
 
 
 def test_gate_holds_a_preroll_and_counts_withheld_audio_in_whole_chunks() -> None:
