@@ -43,7 +43,7 @@ async def run_bot(spec: dict[str, Any]) -> None:
     from pipecat_nemotron.llm.fake_server import FakeOpenAIServer
 
     async def session(wav: str, llm_url: str) -> None:
-        stt = session_stt(spec["asr_url"], spec["latency_ms"])  # NemotronServerSTTService
+        stt = session_stt(spec["asr_url"], spec["latency_ms"], spec.get("skip_silence", True))  # server client
         tts = NvidiaTTSService(server=spec["tts_address"], use_ssl=False)
         await run_session(stt, tts, llm_url, Path(wav), jsonl=Path(spec["jsonl"]))
 

@@ -120,6 +120,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "use: each process is a GIL of its own; more processes than cores only add memory and context switches)",
     )
     parser.add_argument(
+        "--silence",
+        nargs="+",
+        choices=["skip", "send"],
+        default=["skip"],
+        help="with --bots processes: the bots' STT holds silence back between turns (skip: only speech and its "
+        "preroll reach the ASR server, NemotronServerSTTService's default) or sends every sample (send); several "
+        "are measured in one run (default: skip)",
+    )
+    parser.add_argument(
         "--gil-switch-ms",
         type=float,
         default=DEFAULT_SWITCH_INTERVAL_MS,
@@ -156,11 +165,12 @@ def write_sessions(args: argparse.Namespace, folder: Path) -> tuple[list[Path], 
 # ---- the agent --------------------------------------------------------------------------------------------------
 
 
-def session_stt(asr: Any, latency_ms: int) -> Any:
+def session_stt(asr: Any, latency_ms: int, skip_silence: bool = True) -> Any:
     """A session's STT: on the shared in-process engine, or a client of the ASR server at the URL ``asr``.
 
     As the eager benchmark's ``off``: the STT owns turn detection (committed by the VAD stop) and never predicts,
     so Smart Turn's wait on clips it judges unfinished (up to 3 s) does not hide the TTS's share of the latency.
+    ``skip_silence``: the server client's (audio between turns held back, ``NemotronServerSTTService``).
     """
     from pipecat_nemotron.stt.eager import EagerSettings
 
@@ -168,7 +178,9 @@ def session_stt(asr: Any, latency_ms: int) -> Any:
     if isinstance(asr, str):
         from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 
-        return NemotronServerSTTService(url=asr, token=None, latency_ms=latency_ms, eager=never)
+        return NemotronServerSTTService(
+            url=asr, token=None, latency_ms=latency_ms, eager=never, skip_silence=skip_silence
+        )
     from pipecat_nemotron.stt.local import NemotronSTTService
 
     return NemotronSTTService(engine=asr, latency_ms=latency_ms, eager=never)
@@ -326,24 +338,38 @@ async def run_processes(
     args: argparse.Namespace, wavs: list[Path], server: ModelServer, tmp: Path, runs: list[dict[str, Any]]
 ) -> None:
     """Every session count with the sessions in bot processes, ASR and TTS on ``server``; appends to ``runs``."""
+    for silence in args.silence:
+        spec = {"asr_url": server.asr_url, "tts_address": server.tts_address, "latency_ms": args.latency,
+                "ttft_ms": args.ttft_ms, "skip_silence": silence == "skip"}  # fmt: skip
+        await _run_processes(args, wavs, server, tmp / f"silence-{silence}", runs, spec, silence)
+
+
+async def _run_processes(
+    args: argparse.Namespace,
+    wavs: list[Path],
+    server: ModelServer,
+    tmp: Path,
+    runs: list[dict[str, Any]],
+    spec: dict[str, Any],
+    silence: str,
+) -> None:
+    """Every session count with the bots' ``spec`` (``silence``: skip or send); appends to ``runs``."""
     from pipecat_nemotron.bench import agent_procs
 
-    spec = {"asr_url": server.asr_url, "tts_address": server.tts_address, "latency_ms": args.latency,
-            "ttft_ms": args.ttft_ms}  # fmt: skip
     for count in args.sessions:
         processes = args.bot_processes or agent_procs.default_bot_processes(count)
         processes = min(processes, count)
-        print(f"[bench] agent-load: {count} sessions in {processes} bot processes, ASR and TTS on one server ...",
-              flush=True)  # fmt: skip
+        print(f"[bench] agent-load: {count} sessions in {processes} bot processes, ASR and TTS on one server, "
+              f"silence {silence} ...", flush=True)  # fmt: skip
         folder = tmp / f"bots-{count}"
-        folder.mkdir()
+        folder.mkdir(parents=True)
         outcome = await agent_procs.run_bots(wavs[:count], processes, spec, folder, server_pid=server.pid)
         for bot in outcome.failed:
             print(f"[bench] agent-load: bot process {bot['bot']} (sessions {bot['sessions']}) failed: "
                   f"{bot['failure'] or bot['session_errors']}", file=sys.stderr, flush=True)  # fmt: skip
         cpu = {"server": outcome.server_cpu_s, "bots": outcome.bots_cpu_s}
         runs.append({
-            "bots": "processes", "bot_processes": processes, "asr": "server", "step": "fast",
+            "bots": "processes", "bot_processes": processes, "asr": "server", "step": "fast", "silence": silence,
             **run_stats(outcome.records, wavs[:count], args, cpu),
             "bot_reports": outcome.bots, "bots_failed": len(outcome.failed),
         })  # fmt: skip
@@ -422,7 +448,7 @@ async def model_server(
 def _mode(run: dict[str, Any]) -> str:
     """Where a run's sessions and models ran, for the table and the figure."""
     if run.get("bots") == "processes":
-        return f"{run['bot_processes']} bot processes, ASR + TTS server"
+        return f"{run['bot_processes']} bot processes, ASR + TTS server, silence {run.get('silence', 'send')}"
     step = "nemo (FIFO)" if run["step"] == "nemo" else "fast (batched)"
     return f"in-process, ASR {run.get('asr', 'in-process')}, Magpie {step}"
 
@@ -437,7 +463,7 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
     Also CPU seconds per conversation-minute of the server and of the bots.
     """
     def family(run: dict[str, Any]) -> tuple[Any, ...]:  # a mode whatever its process count
-        return run.get("bots"), run.get("asr"), run["step"]
+        return run.get("bots"), run.get("asr"), run["step"], run.get("silence")
 
     one = {family(r): r["v2v_p50"] for r in runs if r["sessions"] == 1}
     rows = []

@@ -7,7 +7,7 @@ specification. Every message is a JSON object with a ``"type"`` field; unknown f
 can be added within a version), unknown types are a protocol error. Optional messages added within v1 are used
 only when the server lists them in ``ready.features`` (:data:`SERVER_FEATURES`): ``peek`` / ``peek_result``,
 the ``words`` of ``final`` messages (``word_timings``), ``set_language`` / ``language`` (``language``) and
-``config.boost_phrases``, ``set_boost_phrases`` / ``boost`` (``boost``).
+``config.boost_phrases``, ``set_boost_phrases`` / ``boost`` (``boost``), and ``gap`` (``gap``).
 
 This module is shared by the server (:mod:`pipecat_nemotron.server.app`), the Pipecat client
 (:mod:`pipecat_nemotron.stt.remote.service`) and the load generator (:mod:`pipecat_nemotron.bench.load`). It imports
@@ -31,6 +31,7 @@ from pipecat_nemotron.server.close_codes import is_permanent as is_permanent
 from pipecat_nemotron.server.protocol_common import BOOST_FEATURE as BOOST_FEATURE
 from pipecat_nemotron.server.protocol_common import DEFAULT_PATH as DEFAULT_PATH
 from pipecat_nemotron.server.protocol_common import ENCODING_PCM_S16LE as ENCODING_PCM_S16LE
+from pipecat_nemotron.server.protocol_common import GAP_FEATURE as GAP_FEATURE
 from pipecat_nemotron.server.protocol_common import LANGUAGE_FEATURE as LANGUAGE_FEATURE
 from pipecat_nemotron.server.protocol_common import LATENCY_STEP_MS as LATENCY_STEP_MS
 from pipecat_nemotron.server.protocol_common import MAX_LANGUAGE_CHARS as MAX_LANGUAGE_CHARS
@@ -260,6 +261,31 @@ class PeekMessage(_BareMessage):
     type: ClassVar[str] = "peek"
 
 
+#: Longest ``gap`` one message may report, ms (an hour; a client reports a long silence in several).
+MAX_GAP_MS = 3_600_000.0
+
+
+@dataclass(frozen=True)
+class GapMessage:
+    """Audio the client withheld here (silence between turns), client to server.
+
+    Only when ``ready.features`` lists ``"gap"`` (added within v1; older servers close with 4400). The server
+    counts ``ms`` in every position it reports (``session_audio_ms``, ``utterance_audio_ms``, word times) as if
+    that audio had been sent at this point, but decodes none of it. Like any message it resets the idle timer.
+
+    Attributes:
+        ms: Audio withheld, ms, in [0, :data:`MAX_GAP_MS`].
+
+    """
+
+    type: ClassVar[str] = "gap"
+    ms: float = 0.0
+
+    def to_json(self) -> str:
+        """Serialize."""
+        return json.dumps({"type": self.type, "ms": self.ms})
+
+
 ClientMessage = (
     ConfigMessage
     | FinalizeMessage
@@ -269,7 +295,15 @@ ClientMessage = (
     | KeepaliveMessage
     | CloseMessage
     | PeekMessage
+    | GapMessage
 )
+
+
+def _check_gap_ms(ms: object) -> float:
+    """A ``gap``'s ``ms``: a number from 0 to :data:`MAX_GAP_MS`."""
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms <= MAX_GAP_MS:
+        raise ProtocolError(f"gap needs ms, a number of milliseconds from 0 to {MAX_GAP_MS:g}, got {ms!r:.60}")
+    return float(ms)
 
 
 def parse_client_message(text: str | bytes) -> ClientMessage:
@@ -311,10 +345,12 @@ def parse_client_message(text: str | bytes) -> ClientMessage:
             raise ProtocolError('set_boost_phrases needs phrases (a list of strings; [] boosts nothing)')
         phrases = check_boost_phrases(data["phrases"], "phrases")
         return SetBoostPhrasesMessage(phrases=phrases, alpha=check_boost_alpha(data.get("alpha"), "alpha"))
+    if kind == "gap":
+        return GapMessage(ms=_check_gap_ms(data.get("ms")))
     bare = {cls.type: cls for cls in (FinalizeMessage, KeepaliveMessage, CloseMessage, PeekMessage)}
     if isinstance(kind, str) and kind in bare:
         return bare[kind]()
     raise ProtocolError(
         f"unknown message type {kind!r}; expected one of config, finalize, set_latency, set_language, "
-        "set_boost_phrases, keepalive, close, peek"
+        "set_boost_phrases, keepalive, close, peek, gap"
     )

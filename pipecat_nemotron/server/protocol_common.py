@@ -51,9 +51,15 @@ LANGUAGE_FEATURE = "language"
 #: (``max_boost_phrases``, ``max_boost_phrase_chars``). Added within v1.
 BOOST_FEATURE = "boost"
 
+#: Optional feature: the ``gap`` message (audio the client withheld, counted in positions, never decoded).
+#: Added within v1.
+GAP_FEATURE = "gap"
+
 #: The optional features this server supports, announced in ``ready.features`` (a client uses a feature only
 #: when it is listed there, so old clients and old servers keep working with new ones).
-SERVER_FEATURES: tuple[str, ...] = (PEEK_FEATURE, WORD_TIMINGS_FEATURE, LANGUAGE_FEATURE, BOOST_FEATURE)
+SERVER_FEATURES: tuple[str, ...] = (
+    PEEK_FEATURE, WORD_TIMINGS_FEATURE, LANGUAGE_FEATURE, BOOST_FEATURE, GAP_FEATURE
+)
 
 
 class ProtocolError(ValueError):

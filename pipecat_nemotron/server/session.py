@@ -42,6 +42,7 @@ from pipecat_nemotron.server.protocol import (
     ConfigMessage,
     ErrorMessage,
     FinalizeMessage,
+    GapMessage,
     KeepaliveMessage,
     PeekMessage,
     ProtocolError,
@@ -103,6 +104,8 @@ class Session:
         self.stream: ASRStream | None = None
         self.opened_at = time.monotonic()
         self.audio_received_ms = 0.0
+        #: Audio the client withheld (``gap`` messages): counted in positions, never decoded, ms.
+        self.audio_skipped_ms = 0.0
         self._audio_bytes = 0
         self.finals_requested = 0
         self.finals_sent = 0
@@ -329,6 +332,9 @@ class Session:
         elif isinstance(msg, SetBoostPhrasesMessage):
             self._pacer.control_credit -= BOOST_CONTROL_COST - 1.0
             await self._send(await boost_reply(self.stream, msg, self._boost_limits))  # type: ignore[arg-type]
+        elif isinstance(msg, GapMessage):
+            self.audio_skipped_ms += msg.ms
+            self._positions.gap(self.finals_requested, self.audio_received_ms, msg.ms)
         elif isinstance(msg, PeekMessage):
             self._pacer.control_credit -= PEEK_CONTROL_COST - 1.0
             self._peeks.request(self.stream, (self._audio_bytes, self.finals_requested))  # type: ignore[arg-type]
@@ -498,6 +504,8 @@ class Session:
             f"ASR session {self.session_id} ended ({self.end_how}, "
             + ("client's " if self.end_how == "disconnect" else "")
             + f"code {self.close_code}) after {duration:.1f} s, "
-            f"{self.audio_received_ms / 1000.0:.1f} s of audio, {self.finals_sent} final(s)"
+            f"{self.audio_received_ms / 1000.0:.1f} s of audio"
+            + (f" (+{self.audio_skipped_ms / 1000.0:.1f} s withheld)" if self.audio_skipped_ms else "")
+            + f", {self.finals_sent} final(s)"
             + (f", dropped {dropped_ms / 1000.0:.1f} s of undecoded audio" if dropped_ms >= 50.0 else "")
         )

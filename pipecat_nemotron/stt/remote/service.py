@@ -21,6 +21,7 @@ from pipecat.frames.frames import (
     ErrorFrame,
     Frame,
     StartFrame,
+    VADUserStartedSpeakingFrame,
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
@@ -31,11 +32,13 @@ from websockets.protocol import State
 from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.server.protocol import (
     BOOST_FEATURE,
+    GAP_FEATURE,
     LANGUAGE_FEATURE,
     BoostMessage,
     ErrorMessage,
     FinalizeMessage,
     FinalMessage,
+    GapMessage,
     KeepaliveMessage,
     LanguageMessage,
     LatencyMessage,
@@ -53,6 +56,7 @@ from pipecat_nemotron.stt.base import NemotronSTTBase, NemotronSTTSettings
 from pipecat_nemotron.stt.eager import EagerSettings
 from pipecat_nemotron.stt.remote.boost import BoostRequests, BoostSetting, boost_problem
 from pipecat_nemotron.stt.remote.finals import OwedServerFinals
+from pipecat_nemotron.stt.remote.gate import SilenceGate
 from pipecat_nemotron.stt.remote.handshake import (
     DEFAULT_URL,
     MAX_AUDIO_MESSAGE_BYTES,
@@ -68,6 +72,10 @@ from pipecat_nemotron.stt.remote.handshake import (
 from pipecat_nemotron.stt.remote.peeks import PeekRequests
 from pipecat_nemotron.stt.remote.reconnect import ReconnectPolicy, ReconnectRecord, SessionKeeper, session_end
 from pipecat_nemotron.stt.remote.replay import pieces
+
+#: With ``skip_silence``, a long silence is reported in ``gap`` messages about this often, s (they keep the session
+#: alive: the server closes one without a message for its idle timeout, 30 s by default).
+_GAP_REPORT_S = 5.0
 
 __all__ = [
     "DEFAULT_URL",
@@ -93,6 +101,13 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
     as the pipeline runs by default; not after a permanent refusal such as a wrong token, 4001) and replays the
     audio of every utterance whose final has not arrived, so no finalized text is lost. Between turns (user
     not speaking) only the last ``replay_preroll_s`` of audio is kept; audio the bound drops is reported.
+
+    With ``skip_silence`` (the default) the server encodes only speech: while the VAD says the user is not
+    speaking, audio is held back (:mod:`~pipecat_nemotron.stt.remote.gate`); at the speech start the service
+    sends a ``gap`` message for the audio it withheld, then the last ``silence_preroll_s`` of it, then live
+    audio. Transcripts and every timestamp (``session_audio_ms``, word times) stay those of the whole audio; a
+    server without the ``gap`` feature gets every sample, as with ``skip_silence=False``, and so does any
+    server until the first VAD frame reaches the service (a pipeline without a VAD before the STT).
 
     Args:
         url: Session WebSocket URL of the server (``ws://`` or ``wss://``, path ``/v1/asr``).
@@ -123,6 +138,10 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
         eager: The eager end of turn (:class:`~pipecat_nemotron.stt.eager.EagerSettings`); None: off.
         boost_phrases: Phrases to boost, cased as the server's model writes them; None: none. Updatable like
             ``language``. A server without the ``boost`` feature: an ``ErrorFrame`` says they are not boosted.
+        skip_silence: Send no audio while the VAD says the user is not speaking, only a ``gap`` message
+            for it (the server then encodes only speech and its preroll); False: send every sample.
+        silence_preroll_s: With ``skip_silence``, audio sent before the speech start, s (covers the VAD's
+            start delay, 0.2 s with Pipecat's defaults, and gives the encoder context before the first word).
         **kwargs: ``boost_alpha`` (weight in (0, 10]; None: the server's default), then Pipecat's
             :class:`~pipecat.services.stt_service.WebsocketSTTService`'s.
 
@@ -153,11 +172,18 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
         settings: NemotronSTTSettings | None = None,
         eager: EagerSettings | None = None,
         boost_phrases: Sequence[str] | None = None,
+        skip_silence: bool = True,
+        silence_preroll_s: float = 0.5,
         **kwargs: Any,
     ) -> None:
         """Create the service. It connects at ``StartFrame``. Arguments: see the class."""
         if "max_reconnect_attempts" in kwargs:
             raise ValueError("max_reconnect_attempts is gone: pass reconnect=ReconnectPolicy(timeout_s=...)")
+        if not 0 <= silence_preroll_s <= replay_preroll_s:
+            raise ValueError(
+                f"silence_preroll_s must be in [0, replay_preroll_s = {replay_preroll_s:g}] s (the audio held for "
+                f"a reconnect covers it), got {silence_preroll_s}"
+            )
         policy = (reconnect or ReconnectPolicy()).with_waits(reconnect_backoff_min_wait, reconnect_backoff_max_wait)
         super().__init__(
             latency_ms=latency_ms,
@@ -203,6 +229,10 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
         self._peeks = PeekRequests()
         self._boosts = BoostRequests()
         self.sessions_opened = 0
+        self._skip_silence = skip_silence
+        self._silence_preroll_s = silence_preroll_s
+        self._gate: SilenceGate | None = None  # made at the first audio (the sample rate is known then)
+        self._vad_seen = False  # a VAD frame reached the service: its speaking state is known
 
     # ---- properties ---------------------------------------------------------------------------------------
 
@@ -325,6 +355,8 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
             self._replayed_ms = self.pending_replay_ms
             self._dropped_ms = self._replay.take_dropped() / self._bytes_per_ms
             await self._replay.replay(ws.send, max_bytes, FinalizeMessage().to_json())
+            if self._gate is not None:  # the replay sent the audio it held
+                self._gate.clear()
             self._ready = ready
             self._settings.model = ready.model
             self._fatal_error = None
@@ -395,11 +427,57 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
                 logger.debug(f"{self}: replay buffer full ({self._owed.replay_max_s:g} s) while disconnected")
             if self._ready is not None and self._websocket is not None:
                 try:
-                    for piece in pieces(audio, self._max_send_bytes):
-                        await self._websocket.send(piece)
+                    if self._skips_silence() and not self._user_speaking:
+                        withheld = self._silence_gate().hold(audio)
+                        if withheld:
+                            await self._websocket.send(GapMessage(ms=withheld / self._bytes_per_ms).to_json())
+                    else:
+                        await self._send_held(audio)
                 except Exception as e:  # the receive loop notices the drop and reconnects
                     logger.debug(f"{self}: audio send failed: {e!r}")
         yield None
+
+    @property
+    def audio_withheld_s(self) -> float:
+        """Audio held back from the server while the user was silent (``skip_silence``), s."""
+        return self._gate.withheld_total / self._bytes_per_ms / 1000 if self._gate is not None else 0.0
+
+    def _skips_silence(self) -> bool:
+        """Whether silence is held back: asked for, a VAD tells speech from silence, and the server counts gaps.
+
+        Until a VAD frame arrives the service cannot tell silence from speech (a pipeline without a VAD
+        before the STT never sends one), so it sends every sample.
+        """
+        return (
+            self._skip_silence
+            and self._vad_seen
+            and self._ready is not None
+            and GAP_FEATURE in self._ready.features
+        )
+
+    def _silence_gate(self) -> SilenceGate:
+        """The gate, counting withheld audio in whole chunks of the current latency mode."""
+        quantum = 2 * max(1, round(self.latency_ms * self._bytes_per_ms / 2))
+        report_every = quantum * max(1, round(_GAP_REPORT_S * 1000 / self.latency_ms))
+        if self._gate is None:
+            preroll = 2 * round(self._silence_preroll_s * 1000 * self._bytes_per_ms / 2)
+            self._gate = SilenceGate(preroll_bytes=preroll, quantum_bytes=quantum, report_every=report_every)
+        else:  # a new latency mode counts in its own chunks from here on
+            self._gate.set_quantum(quantum, report_every)
+        return self._gate
+
+    async def _send_held(self, audio: bytes = b"") -> None:
+        """Send the gap and the held preroll (if any), then ``audio``; call holding the send lock."""
+        ws = self._websocket
+        withheld, held = self._gate.release() if self._gate is not None else (0, [])
+        if ws is None:
+            return
+        if withheld:
+            await ws.send(GapMessage(ms=withheld / self._bytes_per_ms).to_json())
+        data = b"".join([*held, audio]) if held else audio
+        if data:
+            for piece in pieces(data, self._max_send_bytes):
+                await ws.send(piece)
 
     async def _send_keepalive(self, silence: bytes) -> None:
         """Keep a session alive while no audio flows (muted user) with a keepalive message, not silence."""
@@ -414,6 +492,8 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         """Handle frames; on ``VADUserStoppedSpeakingFrame`` finalize the utterance."""
         await super().process_frame(frame, direction)
+        if isinstance(frame, (VADUserStartedSpeakingFrame, VADUserStoppedSpeakingFrame)):
+            self._vad_seen = True
         if isinstance(frame, VADUserStoppedSpeakingFrame):
             self.request_finalize()
             await self._finalize()
@@ -424,6 +504,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
             if self._ready is not None and self._websocket is not None:
                 seg.finalize_sent_at = time.monotonic()
                 try:
+                    await self._send_held()  # audio held back belongs to the utterance this ends
                     await self._websocket.send(FinalizeMessage().to_json())
                 except Exception as e:  # replayed after the reconnect
                     logger.debug(f"{self}: finalize send failed: {e!r}")
