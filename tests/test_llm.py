@@ -104,9 +104,15 @@ def test_env_keys_are_the_documented_ones() -> None:
     rows = dict(re.findall(r"^\| `([A-Z_]+)` \|(.*)$", table, flags=re.MULTILINE))
     assert set(rows) == code_keys
     assert f"`{llm_env.ENV_NVIDIA_API_KEY}`" in rows[llm_env.ENV_API_KEY]  # the hosted API's fallback key
+    # The embedded server's keys (pipecat_nemotron.llm.embedded) have their own table in its section.
+    from pipecat_nemotron.llm import embedded
+
+    embedded_keys = {embedded.ENV_EMBEDDED, embedded.ENV_EMBEDDED_GGUF, embedded.ENV_EMBEDDED_THREADS}
+    section = (repo / "docs" / "LLM.md").read_text().split("## The embedded default", 1)[1].split("\n## ", 1)[0]
+    assert set(re.findall(r"^\| `([A-Z_]+)` \|", section, flags=re.MULTILINE)) == embedded_keys
     docs = [repo / "README.md", repo / "bots" / ".env.example", *sorted((repo / "docs").glob("*.md"))]
     named = {key for doc in docs for key in re.findall(r"NEMOTRON_LLM_[A-Z_]*[A-Z]", doc.read_text())}
-    assert named <= code_keys, named - code_keys
+    assert named <= code_keys | embedded_keys, named - code_keys - embedded_keys
 
 
 def test_from_env() -> None:
