@@ -282,6 +282,17 @@ class EmbeddedLLMServer:
         """The server's exit code, or None while it runs (or before start)."""
         return self._process.returncode if self._process is not None else None
 
+    async def wait(self) -> int:
+        """Wait until the server process has exited; return its exit code (negative: the signal that ended it).
+
+        Raises:
+            EmbeddedLLMError: It was never started.
+
+        """
+        if self._process is None:
+            raise EmbeddedLLMError("the embedded LLM server has not started: await start() first")
+        return await self._process.wait()
+
     def log_tail(self, chars: int = _LOG_TAIL_CHARS) -> str:
         """The end of the server's output (empty before start)."""
         if self._log_path is None or not self._log_path.exists():
