@@ -19,8 +19,8 @@ what the agent answered and the voice-to-voice latency with its legs; then the p
 latencies (JSONL), their plot (PNG) and the whole conversation, both sides, as a WAV under ``--out``.
 
 Exit status: 0 when every utterance was transcribed and every turn answered; 1 when something failed (the ASR
-reported an error, the LLM server could not start or died, a turn got no answer: each is named); 2 for bad
-arguments.
+reported an error, the LLM server could not start or died, a turn got no answer, the conversation did not end
+within ``--timeout-s``: each is named); 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -39,6 +39,11 @@ from loguru import logger
 
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, default_asr_model
 
+#: Time the conversation may take after the audio's own length before the demo gives up, s. The last answer
+#: is made after the audio ends; a CPU-only first run answers within seconds, so this is only met by a part that
+#: stopped answering (an LLM server that accepts the request and never replies).
+DEMO_END_SLACK_S = 300.0
+
 
 def _default_wav() -> Path | None:
     wavs = sorted(DEMO_AUDIO_DIR.glob("*.wav"))
@@ -56,8 +61,14 @@ def _script_turns(wav: Path) -> list[str] | None:
     return [text] if text else None
 
 
-async def run_demo(wav: Path, model: str, latency_ms: int, device: str, realtime: bool, out: Path) -> int:
-    """Start the agent's parts, run the conversation over ``wav``, report it; return a process exit code."""
+async def run_demo(
+    wav: Path, model: str, latency_ms: int, device: str, realtime: bool, out: Path, *, timeout_s: float | None = None
+) -> int:
+    """Start the agent's parts, run the conversation over ``wav``, report it; return a process exit code.
+
+    ``timeout_s`` bounds the conversation from the pipeline's start to its end, s (None: the audio's length plus
+    :data:`DEMO_END_SLACK_S`); past it the pipeline is torn down and the run reports what it got and fails.
+    """
     from pipecat_nemotron.agent.process import AgentProcess
     from pipecat_nemotron.agent.settings import AgentSettings
     from pipecat_nemotron.asr.errors import ModelLoadError
@@ -82,13 +93,13 @@ async def run_demo(wav: Path, model: str, latency_ms: int, device: str, realtime
         if process.llm_server is not None:
             server = process.llm_server
             print(f"LLM server: llama.cpp (pid {server.pid}) at {server.base_url}, stopped when the demo ends")
-        status = await _converse(process, wav, realtime, out)
+        status = await _converse(process, wav, realtime, out, timeout_s)
     finally:
         await process.stop()
     return status
 
 
-async def _converse(process: Any, wav: Path, realtime: bool, out: Path) -> int:
+async def _converse(process: Any, wav: Path, realtime: bool, out: Path, timeout_s: float | None) -> int:
     """One conversation over ``wav`` with the started parts; prints as it goes and reports at the end."""
     from pipecat_nemotron.agent.assembly import build_voice_agent
     from pipecat_nemotron.agent.wav_input import read_pcm16, run_worker_on_wav
@@ -119,20 +130,30 @@ async def _converse(process: Any, wav: Path, realtime: bool, out: Path) -> int:
         turn_end=settings.turn_end,
     )
     started: list[float] = []
+    problems: list[str] = []
+    if timeout_s is None:
+        timeout_s = len(read_pcm16(wav, convert=True)) / 16000 + DEMO_END_SLACK_S
     print(f"\nStreaming {wav.name} {'in real time' if realtime else 'as fast as possible'}...\n")
-    await run_worker_on_wav(
-        agent.worker,
-        stt,
-        wav,
-        realtime=realtime,
-        trailing_silence_s=4.0 if llm else 1.5,
-        on_start=lambda: started.append(time.time()),
-    )
+    try:
+        await run_worker_on_wav(
+            agent.worker,
+            stt,
+            wav,
+            realtime=realtime,
+            trailing_silence_s=4.0 if llm else 1.5,
+            timeout_s=timeout_s,
+            on_start=lambda: started.append(time.time()),
+        )
+    except TimeoutError:
+        problems.append(
+            f"the conversation had not ended {timeout_s:g} s after it started, so it was stopped: a part stopped "
+            "answering (run with --verbose to see which)"
+        )
 
     print("\nPer utterance (speech end → final transcript; finalize call → final text), ms:")
     print_latency_summary(collector.utterances)
     _print_segmentation(wav, [u.text for u in collector.utterances], conversation)
-    problems = [f"the ASR reported: {e}" for e in collector.errors]
+    problems += [f"the ASR reported: {e}" for e in collector.errors]
     if llm is not None:
         _print_turns(conversation, agent.observer.turns)
         problems += conversation.unanswered()
@@ -234,6 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=Path("runs"), help="folder for the turns JSONL, plot, WAV and LLM server log"
     )
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=None,
+        help=f"stop and fail when the conversation has not ended this long after it started, s (default: the "
+        f"audio's length + {DEMO_END_SLACK_S:g})",
+    )
     parser.add_argument("--verbose", action="store_true", help="DEBUG logs")
     args = parser.parse_args(argv)
 
@@ -249,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or os.environ.get("NEMOTRON_ASR_MODEL") or default_asr_model(args.device)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        return asyncio.run(run_demo(Path(wav), model, args.latency_ms, args.device, not args.fast, args.out))
+        return asyncio.run(
+            run_demo(Path(wav), model, args.latency_ms, args.device, not args.fast, args.out, timeout_s=args.timeout_s)
+        )
     except KeyboardInterrupt:
         print("\nStopped (Ctrl-C); the LLM server was stopped with the demo.")
         return 130

@@ -186,3 +186,33 @@ def test_demo_names_a_model_that_cannot_load(tmp_path: Path) -> None:
     )  # fmt: skip
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     assert "A model could not load" in run.stdout and "nope.nemo" in run.stdout, run.stdout[-3000:]
+
+
+async def test_demo_stops_and_names_an_llm_that_never_answers(
+    openai_server, bot_magpie: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    """An LLM server that takes the request and never replies cannot hang the demo: past ``--timeout-s`` the
+    conversation is torn down, the demo says so and exits 1. Pipecat runs a ``CancelFrame`` only after an
+    ``EndFrame`` queued before it, and that waits for the LLM: the LLM's stall timeout (30 s here) ends the
+    request, then the cancel goes through. Only the bounds can end this run: the server never answers, and every
+    VAD stop ends a turn (``NEMOTRON_TURN_END=vad``), so the last words always wait for an answer."""
+    import asyncio
+
+    openai_server.first_token_delay_s = 3600.0
+    env = clean_env(
+        NEMOTRON_LLM_BASE_URL=openai_server.base_url,
+        NEMOTRON_LLM_API_KEY="none",
+        NEMOTRON_LLM_STALL_TIMEOUT_S="30",
+        NEMOTRON_TURN_END="vad",
+        MAGPIE_TTS_MODEL=str(bot_magpie),
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pipecat_nemotron.demo", "--wav", str(DEMO_AUDIO_DIR / "two_turns.wav"),
+        "--out", str(tmp_path), "--fast", "--timeout-s", "10",
+        cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=300)
+    out = stdout.decode()
+    assert proc.returncode == 1, out[-3000:] + stderr.decode()[-3000:]
+    assert "the conversation had not ended 10 s after it started" in out, out[-3000:]
+    assert openai_server.requests, "the LLM was never asked, so the bound was not what ended the run"

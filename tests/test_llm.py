@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 from openai_server import FakeOpenAIServer, openai_server  # noqa: F401  (fixture)
 from pipecat.frames.frames import (
+    ErrorFrame,
     LLMContextFrame,
     LLMFullResponseEndFrame,
     LLMFullResponseStartFrame,
@@ -65,6 +66,8 @@ def test_defaults_are_voice_defaults() -> None:
         ("max_tokens", 0, "at least 1"),
         ("max_tokens", 2.5, "integer"),
         ("enable_thinking", "no", "True or False"),
+        ("stall_timeout_s", 0, "> 0"),
+        ("stall_timeout_s", float("inf"), llm_env.ENV_STALL_TIMEOUT_S),
     ],
 )
 def test_validation_names_the_fix(field: str, value: object, fix: str) -> None:
@@ -199,6 +202,24 @@ async def test_streams_reply_through_pipeline(openai_server: FakeOpenAIServer) -
     ttfb = _ttfb(down)
     assert len(ttfb) == 1 and ttfb[0].processor == llm.name
     assert ttfb[0].value >= 0.3  # the server delay is the floor; a loaded machine only adds to it
+
+
+async def test_a_server_that_never_answers_ends_the_turn_with_an_error(
+    openai_server: FakeOpenAIServer,  # noqa: F811
+) -> None:
+    """A server that takes the request and sends nothing: after ``stall_timeout_s`` the turn fails with Pipecat's
+    timeout error and the ``EndFrame`` behind it gets through (the OpenAI client alone would wait 600 s, and the
+    pipeline with it). Only the timeout can end this run: the server never answers."""
+    openai_server.first_token_delay_s = 3600.0
+    llm = create_nemotron_llm(base_url=openai_server.base_url, stall_timeout_s=1.0)
+    context = LLMContext(messages=[{"role": "user", "content": "Are you there?"}])
+
+    down, up = await run_test(llm, frames_to_send=[LLMContextFrame(context=context)])
+
+    assert openai_server.requests, "the request never reached the server"
+    errors = [f.error for f in up if isinstance(f, ErrorFrame)]
+    assert errors and "timed out" in errors[0], errors
+    assert not _texts(down)
 
 
 async def test_aggregator_pair_and_reasoning_kept_out(openai_server: FakeOpenAIServer) -> None:  # noqa: F811

@@ -20,6 +20,7 @@ __all__ = [
     "ENV_MAX_TOKENS",
     "ENV_ENABLE_THINKING",
     "ENV_SYSTEM_PROMPT",
+    "ENV_STALL_TIMEOUT_S",
     "ENV_NVIDIA_API_KEY",
     "ENV_PREFIX",
     "env_text",
@@ -36,6 +37,7 @@ ENV_TOP_P = "NEMOTRON_LLM_TOP_P"
 ENV_MAX_TOKENS = "NEMOTRON_LLM_MAX_TOKENS"
 ENV_ENABLE_THINKING = "NEMOTRON_LLM_ENABLE_THINKING"
 ENV_SYSTEM_PROMPT = "NEMOTRON_LLM_SYSTEM_PROMPT"
+ENV_STALL_TIMEOUT_S = "NEMOTRON_LLM_STALL_TIMEOUT_S"
 
 ENV_NVIDIA_API_KEY = "NVIDIA_API_KEY"
 """The hosted API's key, read when ``NEMOTRON_LLM_API_KEY`` is unset."""
@@ -111,6 +113,7 @@ _ENV_FIELDS: tuple[tuple[str, str, Callable[[str, str], Any]], ...] = (
     (ENV_MAX_TOKENS, "max_tokens", _parse_int),
     (ENV_ENABLE_THINKING, "enable_thinking", _parse_bool),
     (ENV_SYSTEM_PROMPT, "system_prompt", _parse_text),
+    (ENV_STALL_TIMEOUT_S, "stall_timeout_s", _parse_float),
 )
 
 

@@ -48,6 +48,7 @@ from pipecat_nemotron.llm.env import (
     ENV_MODEL,
     ENV_NVIDIA_API_KEY,
     ENV_PREFIX,
+    ENV_STALL_TIMEOUT_S,
     ENV_SYSTEM_PROMPT,
     ENV_TEMPERATURE,
     ENV_TOP_P,
@@ -58,6 +59,7 @@ from pipecat_nemotron.llm.env import (
 __all__ = [
     "DEFAULT_LLAMA_CPP_BASE_URL",
     "DEFAULT_LOCAL_BASE_URL",
+    "DEFAULT_STALL_TIMEOUT_S",
     "ENV_API_KEY",
     "ENV_BACKEND",
     "ENV_BASE_URL",
@@ -66,6 +68,7 @@ __all__ = [
     "ENV_MODEL",
     "ENV_NVIDIA_API_KEY",
     "ENV_PREFIX",
+    "ENV_STALL_TIMEOUT_S",
     "ENV_SYSTEM_PROMPT",
     "ENV_TEMPERATURE",
     "ENV_TOP_P",
@@ -80,6 +83,7 @@ __all__ = [
     "VOICE_SYSTEM_PROMPT",
     "VOICE_TEMPERATURE",
     "NemotronLLMBackend",
+    "NemotronLLMService",
     "NemotronLLMSettings",
     "create_nemotron_llm",
     "thinking_extra_body",
@@ -137,6 +141,10 @@ VOICE_TEMPERATURE = 0.6
 
 VOICE_MAX_TOKENS = 256
 """Completion cap (tokens); a few spoken sentences, and a bound on runaway replies."""
+
+DEFAULT_STALL_TIMEOUT_S = 60.0
+"""Longest silence of the LLM server within a completion, s: far past any first token of a voice reply (vLLM and
+llama.cpp stream within a second on a GPU), and a bound on a server that never answers."""
 
 class NemotronLLMBackend(str, Enum):
     """Kinds of OpenAI-compatible server that serve Nemotron 3 Nano.
@@ -209,6 +217,11 @@ class NemotronLLMSettings:
         system_prompt: System instruction prepended to every request, or None to
             rely on the bot's own context messages. Defaults to
             :data:`VOICE_SYSTEM_PROMPT`.
+        stall_timeout_s: Longest wait for the server's next bytes, the first token
+            included, s. Past it the turn ends with an ``ErrorFrame`` ("Request timed
+            out") and the pipeline goes on; without it (the OpenAI client waits 600 s)
+            a server that takes a request and never answers holds every later frame,
+            the ``EndFrame`` included.
 
     """
 
@@ -220,6 +233,7 @@ class NemotronLLMSettings:
     enable_thinking: bool = False
     top_p: float | None = None
     system_prompt: str | None = VOICE_SYSTEM_PROMPT
+    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
 
     def __post_init__(self) -> None:
         """Validate every field.
@@ -307,6 +321,12 @@ class NemotronLLMSettings:
         if not isinstance(self.enable_thinking, bool):
             raise ValueError(
                 f"Nemotron LLM enable_thinking must be True or False, got {self.enable_thinking!r}."
+            )
+        stall = self.stall_timeout_s
+        if isinstance(stall, bool) or not isinstance(stall, (int, float)) or not math.isfinite(stall) or stall <= 0:
+            raise ValueError(
+                f"Nemotron LLM stall_timeout_s must be a number of seconds > 0, got {stall!r}: use about "
+                f"{DEFAULT_STALL_TIMEOUT_S:g} ({ENV_STALL_TIMEOUT_S})."
             )
 
     @classmethod
@@ -404,6 +424,33 @@ def thinking_extra_body(enable_thinking: bool) -> dict[str, Any]:
     return {"chat_template_kwargs": {"enable_thinking": bool(enable_thinking)}}
 
 
+class NemotronLLMService(NvidiaLLMService):
+    """Pipecat's ``NvidiaLLMService`` whose OpenAI client gives up on a server that goes silent.
+
+    Pipecat's OpenAI client keeps the OpenAI library's 600 s timeout. While a completion waits, the LLM's frames
+    queue behind it, the ``EndFrame`` too, and a ``CancelFrame`` queued after that ``EndFrame`` never runs: a
+    server that accepts a request and never answers holds the whole pipeline for ten minutes. Here the client's
+    read timeout is ``stall_timeout_s``, so such a turn ends with an ``ErrorFrame`` ("Request timed out").
+
+    Args:
+        stall_timeout_s: Longest wait for the server's next bytes, s (connecting: at most 10 s).
+        **kwargs: ``NvidiaLLMService`` arguments.
+
+    """
+
+    def __init__(self, *, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S, **kwargs: Any) -> None:
+        # Read by create_client, which the base constructor calls.
+        self.stall_timeout_s = stall_timeout_s
+        super().__init__(**kwargs)
+
+    def create_client(self, api_key: Any = None, base_url: Any = None, **kwargs: Any) -> Any:
+        """Pipecat's client, with ``stall_timeout_s`` as its read timeout."""
+        import httpx
+
+        client = super().create_client(api_key=api_key, base_url=base_url, **kwargs)
+        return client.with_options(timeout=httpx.Timeout(self.stall_timeout_s, connect=min(10.0, self.stall_timeout_s)))
+
+
 def create_nemotron_llm(
     settings: NemotronLLMSettings | None = None,
     /,
@@ -458,10 +505,11 @@ def create_nemotron_llm(
         llm_settings.top_p = base.top_p
 
     logger.debug(f"Creating Nemotron LLM service: {base.redacted()}")
-    service = NvidiaLLMService(
+    service = NemotronLLMService(
         api_key=base.api_key,
         base_url=base.base_url,
         settings=llm_settings,
+        stall_timeout_s=base.stall_timeout_s,
         **dict(service_kwargs or {}),
     )
     # Pipecat 1.14 adds a "developer" message after an interruption; llama.cpp's server refuses the role (HTTP 500,
