@@ -8,7 +8,7 @@ reply's call open between sentences: a call holds its replica slot until the cli
 ``id`` names the replica that spoke (``ServeRivaTTS``).
 
 Every wait is on an event (first audio, a status, Serve's replica states), each bounded by a generous timeout
-that names what never came. Most of the time is Ray starting replicas (six over the run: 86 s on the 2-core
+that names what never came. Most of the time is Ray starting replicas (five over the run: 86 s on the 2-core
 development machine beside other jobs).
 """
 
