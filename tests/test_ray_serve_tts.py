@@ -141,26 +141,17 @@ def spoke_after(frames: list[Frame], starts: int) -> bool:
 
 
 def app(tiny_magpie: tuple[Path, Path], replicas: int) -> Any:
-    from pipecat_nemotron.server.ray_tts import build_tts_app
+    """The application as ``serve run``'s config file builds it (``app_builder`` with string arguments)."""
+    from pipecat_nemotron.server.ray_tts import app_builder
 
     magpie, codec = tiny_magpie
-    return build_tts_app(
-        TTSHostConfig(
-            model=str(magpie),
-            codec_model_path=str(codec),
-            device="cpu",
-            max_batch=1,
-            max_streams=2,
-            max_duration_s=(FRAMES - 0.5) * MAGPIE_SAMPLES_PER_FRAME / MAGPIE_CODEC_RATE,
-        ),
-        ServerConfig(insecure=True, drain_timeout_s=HANG_S),
-        num_replicas=replicas,
-        gpus_per_replica=0,
-        cpus_per_replica=0.5,
-        cpu_threads=1,
-        max_queued_requests=4,
-        name=DEPLOYMENT,
-    )
+    args = {
+        "model": magpie, "codec": codec, "device": "cpu", "max_batch": 1, "max_streams": 2,
+        "max_duration_s": (FRAMES - 0.5) * MAGPIE_SAMPLES_PER_FRAME / MAGPIE_CODEC_RATE, "num_replicas": replicas,
+        "gpus_per_replica": 0, "cpus_per_replica": 0.5, "cpu_threads": 1, "max_queued_requests": 4,
+        "drain_timeout_s": HANG_S, "insecure": "true",
+    }  # fmt: skip
+    return app_builder({key: str(value) for key, value in args.items()})
 
 
 @SYNC
