@@ -123,10 +123,18 @@ def build_tts_app(
 
     Raises:
         ValueError: No GPU in the cluster and ``gpus_per_replica`` not given, or a value out of range.
+        RuntimeError: This Ray Serve cannot stream requests into a deployment (``SynthesizeOnline``).
 
     """
     from ray import serve
 
+    try:
+        from ray.serve.grpc_util import gRPCInputStream  # noqa: F401 - Serve's client/bidirectional gRPC streams
+    except ImportError:
+        raise RuntimeError(
+            "this Ray Serve cannot stream gRPC requests into a deployment, which Riva's SynthesizeOnline needs: "
+            'install ray[serve]>=2.60 (pip install -U "ray[serve]>=2.60")'
+        ) from None
     gpus = resolve_gpus_per_replica(gpus_per_replica, tts_config.device)
     threads = replica_threads(cpu_threads, cpus_per_replica)
     streams = tts_config.max_streams
