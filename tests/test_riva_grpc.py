@@ -405,22 +405,32 @@ def test_a_client_that_stops_reading_is_cancelled_alone(long_tts: ServerThread) 
 
 
 def test_drain_refuses_new_calls_and_lets_running_ones_finish(asr_model: Path, magpie: MagpieEngine) -> None:
+    """A running reply is spoken to its end, its sentences sent after the drain began included (Pipecat sends a
+    reply's sentences on one call as the LLM writes them); a new call is refused."""
     server = ServerThread(asr_model, magpie, tts={"max_duration_s": 3.0}).__enter__()
+    next_sentence = threading.Event()
+
+    def reply() -> Iterator[rtts.SynthesizeSpeechRequest]:
+        yield _tts_request("Finish me.")
+        next_sentence.wait(120)
+        yield _tts_request("And my next sentence.")
+
     try:
         with channel(server) as ch:
             stub = rtts_grpc.RivaSpeechSynthesisStub(ch)
-            running = stub.SynthesizeOnline(iter([_tts_request("Finish me.")]), metadata=_metadata())
+            running = stub.SynthesizeOnline(reply(), metadata=_metadata())
             first = next(running).audio
             assert server.server is not None
             stopping = asyncio.run_coroutine_threadsafe(server.server.stop(drain_timeout_s=60), server._loop)
             server.call(wait_for(lambda: server.tts.draining, 30, "the drain to begin"))
             with pytest.raises(grpc.RpcError) as refused:
                 _synthesize_online(ch, _tts_request("Too late."))
+            next_sentence.set()
             rest = b"".join(r.audio for r in running)
             stopping.result(120)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         frames = round(3.0 * MAGPIE_CODEC_RATE / MAGPIE_SAMPLES_PER_FRAME + 0.5)
-        assert len(first + rest) == 2 * frames * MAGPIE_SAMPLES_PER_FRAME, "the running call got all its audio"
+        assert len(first + rest) == 2 * 2 * frames * MAGPIE_SAMPLES_PER_FRAME, "the running reply got all its audio"
     finally:
         server.__exit__()
 

@@ -13,6 +13,7 @@
   language checked against the loaded model) and :mod:`~pipecat_nemotron.server.errors`.
 * :mod:`pipecat_nemotron.server.metrics` - Prometheus metrics.
 * :mod:`pipecat_nemotron.server.ray_serve` - the Ray Serve deployment (one replica per GPU).
+* :mod:`pipecat_nemotron.server.ray_tts` - the Magpie TTS as a Ray Serve deployment (Riva gRPC through Serve's proxy).
 
 The Pipecat client is :class:`pipecat_nemotron.stt.remote.service.NemotronServerSTTService`.
 """

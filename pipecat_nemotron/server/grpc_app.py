@@ -4,8 +4,8 @@ Pipecat's ``NvidiaSTTService`` and ``NvidiaTTSService`` (and any ``nvidia-riva-c
 point them at ``server="host:PORT", use_ssl=False`` (docs/RIVA.md). The server shares the event loop of the
 engines' schedulers; its services are :mod:`~pipecat_nemotron.server.riva_asr`
 (``RivaSpeechRecognition``) and :mod:`~pipecat_nemotron.server.riva_tts` (``RivaSpeechSynthesis``). This module
-and those two (with :mod:`~pipecat_nemotron.server.grpc_common`) are the only ones that import ``grpc`` or
-Riva's protos.
+and those two (with :mod:`~pipecat_nemotron.server.grpc_common` and, for Ray Serve's gRPC proxy,
+:mod:`~pipecat_nemotron.server.riva_serve`) are the only ones that import ``grpc`` or Riva's protos.
 
 Authentication (:mod:`~pipecat_nemotron.server.grpc_common`): the WebSocket side's bearer tokens, as gRPC
 metadata ``authorization: Bearer <token>`` (what Pipecat's services send for ``api_key=``).

@@ -18,7 +18,7 @@ from pipecat_nemotron.server.config import ServerConfig, throttle_for
 from pipecat_nemotron.server.errors import RequestError, RequestStatus
 from pipecat_nemotron.server.security import Secret, TokenSet, log_safe, peer_key, round_up
 
-__all__ = ["GrpcAccess", "abort_with", "peer_host", "write_unless"]
+__all__ = ["GrpcAccess", "abort_with", "peer_host", "set_status", "write_unless"]
 
 
 def peer_host(peer: str) -> str:
@@ -35,6 +35,16 @@ async def abort_with(context: grpc.aio.ServicerContext, error: RequestError) -> 
     """End the call with ``error``'s status and message."""
     await context.abort(grpc.StatusCode[error.status.name], error.message)
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+
+def set_status(context: Any, error: RequestError) -> None:
+    """Set ``error``'s status and message on a context that ends the call when an exception follows.
+
+    That is Ray Serve's ``RayServegRPCContext``: its proxy sends the status set before the deployment's method
+    raised.
+    """
+    context.set_code(grpc.StatusCode[error.status.name])
+    context.set_details(error.message)
 
 
 async def write_unless(context: grpc.aio.ServicerContext, message: Any, abandoned: asyncio.Event) -> bool:
@@ -73,8 +83,11 @@ class GrpcAccess:
         self._tokens = TokenSet(config.tokens)  # digests only: nothing here prints a token
         self._throttle = throttle_for(config)
 
-    def check(self, context: grpc.aio.ServicerContext) -> None:
+    def check(self, context: Any) -> None:
         """Admit a call whose metadata holds a valid bearer token (any call on an insecure server).
+
+        ``context``: a ``grpc.aio.ServicerContext``, or anything with its ``peer()`` and ``invocation_metadata()``
+        (Ray Serve's ``RayServegRPCContext``).
 
         Raises:
             RequestError: UNAUTHENTICATED without a valid token; RESOURCE_EXHAUSTED while the address is locked

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from pipecat_nemotron.asr import EngineConfig
@@ -136,7 +136,8 @@ class StarletteTransport:
         await self.ws.close(code=code, reason=reason[:123])
 
 
-def _replica_id() -> str:
+def replica_id() -> str:
+    """The id of this Serve replica (outside a replica: ``pid-<process id>``)."""
     try:
         from ray import serve
 
@@ -147,18 +148,28 @@ def _replica_id() -> str:
         return f"pid-{os.getpid()}"
 
 
-async def drain_watcher(service: ASRService, probe: Callable[[], bool], period_s: float = 0.25) -> None:
-    """Drain ``service`` once ``probe`` says Serve is shutting the replica down.
+async def drain_watcher(
+    drain: Callable[[], Awaitable[None]], probe: Callable[[], bool], what: Callable[[], str], period_s: float = 0.25
+) -> None:
+    """Run ``drain`` once ``probe`` says Serve is shutting the replica down (ASR and TTS replicas alike).
 
-    New sessions get 4503; running ones get ``drain_timeout_s`` to end, then the ``going_away`` error and 1001,
-    inside Serve's ``graceful_shutdown_timeout_s`` (set ``DRAIN_MARGIN_S`` above the drain).
+    ASR: new sessions get 4503; running ones get ``drain_timeout_s`` to end, then the ``going_away`` error and
+    1001. TTS: calls already running finish their replies for up to ``drain_timeout_s``. Both inside Serve's
+    ``graceful_shutdown_timeout_s`` (``DRAIN_MARGIN_S`` above the drain).
+
+    Args:
+        drain: Drains the replica's server and stops its engine.
+        probe: Serve's shutdown flag (:func:`~pipecat_nemotron.server._ray_private.serve_shutdown_probe`).
+        what: What is being drained, for the log line (read when the drain starts).
+        period_s: How often the flag is read, s.
+
     """
     while not probe():  # noqa: ASYNC110 - Serve sets the flag on its own loop: nothing to await here
         await asyncio.sleep(period_s)
     from loguru import logger
 
-    logger.info(f"Serve is shutting replica {service.server_id} down: draining its {len(service.sessions)} session(s)")
-    await service.stop()
+    logger.info(f"Serve is shutting {what()} down: draining")
+    await drain()
 
 
 #: ``drain_timeout_s`` of a replica started by :func:`app_builder`, s (``ServerConfig``'s default).
@@ -273,9 +284,12 @@ def build_app(
             from loguru import logger
 
             torch.set_num_threads(threads)
-            self.service = ASRService(server_config, engine_config, server_id=_replica_id())
+            self.service = ASRService(server_config, engine_config, server_id=replica_id())
             await self.service.start()
-            self._drain = start_drain_watcher(self.service)
+            self._drain = start_drain_watcher(
+                self.service.stop,
+                lambda: f"ASR replica {self.service.server_id} (its {len(self.service.sessions)} session(s))",
+            )
             logger.info(
                 f"Nemotron ASR replica {self.service.server_id} ready ({max_sessions} sessions, "
                 f"{threads} CPU thread(s))"
@@ -291,7 +305,7 @@ def build_app(
                 raise RuntimeError(f"ASR engine failed: {self.service.load_error or 'scheduler crashed'}")
 
         async def __del__(self) -> None:
-            await stop_replica(self.service, self._drain)
+            await stop_replica(self._drain, self.service.draining, lambda: self.service.stop(drain_timeout_s=0))
 
     return NemotronASRDeployment.bind(engine_config, server_config)
 
@@ -306,60 +320,114 @@ def deployment_options(
     cpu_threads: int | None,
     max_queued_requests: int | None,
 ) -> tuple[int, int, dict[str, Any]]:
-    """The replica's torch threads, its session capacity, and ``serve.deployment``'s options (see :func:`build_app`).
+    """The ASR replica's torch threads, its session capacity, and ``serve.deployment``'s options (see :func:`build_app`).
 
     Raises:
         ValueError: No GPU in the cluster and ``gpus_per_replica`` not given, or ``cpu_threads`` below 1.
 
     """
     gpus = resolve_gpus_per_replica(gpus_per_replica, engine_config.device)
-    threads = cpu_threads if cpu_threads is not None else max(1, int(cpus_per_replica))
-    if threads < 1:
-        raise ValueError(f"cpu_threads must be >= 1, got {threads}")
+    threads = replica_threads(cpu_threads, cpus_per_replica)
     max_sessions = min(server_config.max_sessions or engine_config.max_streams, engine_config.max_streams)
     # Each replica admits or refuses for itself (4013 when full, 4503 while draining): Serve's per-replica cap
     # only needs room for them plus the connections still authenticating or being refused.
     headroom = server_config.max_pending_auth or max(16, max_sessions)
-    queued = max_queued_requests if max_queued_requests is not None else num_replicas * max_sessions
-    options = {
-        "num_replicas": num_replicas,
-        "ray_actor_options": {
-            "num_gpus": gpus,
-            "num_cpus": cpus_per_replica,
-            "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(threads)}},
-        },
-        "max_ongoing_requests": max_sessions + headroom,
-        "max_queued_requests": queued,
-        "health_check_period_s": 10,
-        "health_check_timeout_s": 30,
-        "graceful_shutdown_timeout_s": server_config.drain_timeout_s + DRAIN_MARGIN_S,
-        "graceful_shutdown_wait_loop_s": 1,
-    }
+    options = replica_options(
+        num_replicas=num_replicas,
+        gpus=gpus,
+        cpus=cpus_per_replica,
+        threads=threads,
+        max_ongoing=max_sessions + headroom,
+        max_queued=max_queued_requests if max_queued_requests is not None else num_replicas * max_sessions,
+        drain_timeout_s=server_config.drain_timeout_s,
+    )
     return threads, max_sessions, options
 
 
-def start_drain_watcher(service: ASRService) -> asyncio.Task[None] | None:
-    """Watch Serve's shutdown flag and drain ``service`` when it rises (None, with a warning, without the flag)."""
+def replica_threads(cpu_threads: int | None, cpus_per_replica: float) -> int:
+    """Intra-op torch threads of a replica: as given, or ``cpus_per_replica`` rounded down, at least 1.
+
+    Raises:
+        ValueError: ``cpu_threads`` below 1.
+
+    """
+    threads = cpu_threads if cpu_threads is not None else max(1, int(cpus_per_replica))
+    if threads < 1:
+        raise ValueError(f"cpu_threads must be >= 1, got {threads}")
+    return threads
+
+
+def replica_options(
+    *,
+    num_replicas: int,
+    gpus: float,
+    cpus: float,
+    threads: int,
+    max_ongoing: int,
+    max_queued: int,
+    drain_timeout_s: float,
+) -> dict[str, Any]:
+    """``serve.deployment``'s options for a model replica (ASR or TTS): resources, admission and drain.
+
+    Args:
+        num_replicas: Replicas (one per GPU).
+        gpus: GPUs Ray reserves per replica.
+        cpus: CPUs Ray reserves per replica.
+        threads: ``OMP_NUM_THREADS`` of the replica's process.
+        max_ongoing: Requests Serve routes to one replica at once; the router holds the rest.
+        max_queued: Requests the router holds while every replica is at ``max_ongoing`` (-1: unlimited); beyond
+            it Serve refuses (backpressure).
+        drain_timeout_s: The replica's drain, s; Serve's ``graceful_shutdown_timeout_s`` is ``DRAIN_MARGIN_S``
+            longer, so the drain ends before Serve would kill the replica.
+
+    """
+    return {
+        "num_replicas": num_replicas,
+        "ray_actor_options": {
+            "num_gpus": gpus,
+            "num_cpus": cpus,
+            "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+        },
+        "max_ongoing_requests": max_ongoing,
+        "max_queued_requests": max_queued,
+        "health_check_period_s": 10,
+        "health_check_timeout_s": 30,
+        "graceful_shutdown_timeout_s": drain_timeout_s + DRAIN_MARGIN_S,
+        "graceful_shutdown_wait_loop_s": 1,
+    }
+
+
+def start_drain_watcher(drain: Callable[[], Awaitable[None]], what: Callable[[], str]) -> asyncio.Task[None] | None:
+    """Watch Serve's shutdown flag and run ``drain`` when it rises (None, with a warning, without the flag)."""
     from loguru import logger
 
     probe = serve_shutdown_probe()
     if probe is None:
         logger.warning(
-            "this Ray version has no replica shutdown flag: on redeploy or downscale, sessions get no "
+            "this Ray version has no replica shutdown flag: on redeploy or downscale, sessions and calls get no "
             "drain, only a lost connection when Serve's graceful_shutdown_timeout_s ends"
         )
         return None
-    return asyncio.get_running_loop().create_task(drain_watcher(service, probe))
+    return asyncio.get_running_loop().create_task(drain_watcher(drain, probe, what))
 
 
-async def stop_replica(service: ASRService, drain: asyncio.Task[None] | None) -> None:
-    """Serve is stopping the replica: let a drain that began finish (it stops the engine), else stop now."""
-    if drain is not None and (drain.done() or service.draining):
+async def stop_replica(
+    drain: asyncio.Task[None] | None, draining: bool, stop_now: Callable[[], Awaitable[None]]
+) -> None:
+    """Serve is stopping the replica: let a drain that began finish (it stops the engine), else ``stop_now``.
+
+    Args:
+        drain: The replica's drain watcher (None: none runs).
+        draining: Whether the replica's server has begun draining.
+        stop_now: Stops the server and its engine at once.
+
+    """
+    if drain is not None and (drain.done() or draining):
         await drain  # drained, or draining with its sessions gone: it ends with the engine stopped
         return
     if drain is not None:
         drain.cancel()
-    await service.stop(drain_timeout_s=0)
+    await stop_now()
 
 
 def starlette_app(service: ASRService) -> Any:

@@ -3,6 +3,9 @@
 ``SynthesizeOnline`` streams each request's audio as the engine makes it; a call may carry several requests
 (Pipecat's stitched mode), spoken in order. ``Synthesize`` returns one request's audio whole.
 ``GetRivaSynthesisConfig`` lists the voices (Pipecat's ``NvidiaTTSService`` calls it at setup).
+:class:`RivaTTSServicer` serves them on a ``grpc.aio`` server; :class:`ServeRivaTTS` is the same three methods as
+Ray Serve's gRPC proxy calls a deployment's (:mod:`~pipecat_nemotron.server.ray_tts`). Both speak a call's
+requests through :func:`reply_audio`.
 
 Honoured per request: ``text``, ``language_code`` (en, es, de, fr, it, vi, zh; regional codes map to them),
 ``voice_name`` (``Magpie-Multilingual.EN-US.Aria`` or a bare ``aria``; the locale in the name is not checked
@@ -16,6 +19,7 @@ unknown voices and languages (INVALID_ARGUMENT).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import riva.client.proto.riva_audio_pb2 as raudio
@@ -24,12 +28,12 @@ import riva.client.proto.riva_tts_pb2_grpc as rtts_grpc
 from loguru import logger
 
 from pipecat_nemotron.server.errors import RequestError, RequestStatus
-from pipecat_nemotron.server.grpc_common import GrpcAccess, abort_with, write_unless
+from pipecat_nemotron.server.grpc_common import GrpcAccess, abort_with, set_status, write_unless
 from pipecat_nemotron.server.security import log_safe
-from pipecat_nemotron.server.tts_host import SynthesisRequest, TTSHost
+from pipecat_nemotron.server.tts_host import SynthesisCall, SynthesisRequest, TTSHost
 from pipecat_nemotron.tts.magpie import LANGUAGES, VOICES
 
-__all__ = ["RivaTTSServicer", "riva_voice_name", "synthesis_request"]
+__all__ = ["RivaTTSServicer", "ServeRivaTTS", "reply_audio", "riva_voice_name", "synthesis_request"]
 
 #: The family name NVIDIA's Magpie NIM gives its voices (``Magpie-Multilingual.EN-US.Aria``).
 VOICE_FAMILY = "Magpie-Multilingual"
@@ -117,6 +121,55 @@ def synthesis_request(request: rtts.SynthesizeSpeechRequest) -> SynthesisRequest
     )
 
 
+def counted_request(host: TTSHost, request: rtts.SynthesizeSpeechRequest) -> SynthesisRequest:
+    """:func:`synthesis_request`, counting a refusal on ``host``'s metrics."""
+    try:
+        return synthesis_request(request)
+    except RequestError as e:
+        host.refused(e)
+        raise
+
+
+async def reply_audio(
+    host: TTSHost, requests: AsyncIterator[rtts.SynthesizeSpeechRequest], server_id: str | None = None
+) -> AsyncIterator[tuple[SynthesisCall, rtts.SynthesizeSpeechResponse]]:
+    """The responses of one ``SynthesizeOnline`` call: each request's audio as it is made, requests in order.
+
+    The call is one :meth:`TTSHost.reply`, so a drain lets it finish. Close the generator (``aclose``) to end the
+    call early: the running request's engine row is freed at once. With ``server_id`` (a Serve replica's), each
+    response's ``id`` names the replica and the request (``<server_id>/<request number>``): which replica spoke.
+
+    Yields:
+        ``(the request's call, a response)``: the call's :attr:`~SynthesisCall.abandoned` tells a writer when to
+        stop waiting on its client.
+
+    Raises:
+        RequestError: A request was refused, or its synthesis failed or was abandoned.
+
+    """
+    async with host.reply() as reply:
+        async for request in requests:
+            async with host.synthesize(counted_request(host, request), reply=reply) as call:
+                async for audio in call.audio():
+                    response = rtts.SynthesizeSpeechResponse(audio=audio)
+                    if server_id is not None:
+                        response.id.value = f"{server_id}/{call.stream.id}"
+                    yield call, response
+
+
+def synthesis_config(host: TTSHost) -> rtts.RivaSynthesisConfigResponse:
+    """``GetRivaSynthesisConfig``'s answer: one entry per voice, with the languages it speaks and the codec's rate."""
+    response = rtts.RivaSynthesisConfigResponse()
+    for voice in VOICES:
+        config = response.model_config.add()
+        config.model_name = host.model_name
+        config.parameters["voice_name"] = riva_voice_name(voice)
+        config.parameters["subvoices"] = voice
+        config.parameters["language_code"] = ",".join(LANGUAGES)
+        config.parameters["sample_rate"] = str(host.sample_rate)
+    return response
+
+
 class RivaTTSServicer(rtts_grpc.RivaSpeechSynthesisServicer):
     """``RivaSpeechSynthesis`` on a :class:`TTSHost`.
 
@@ -145,13 +198,6 @@ class RivaTTSServicer(rtts_grpc.RivaSpeechSynthesisServicer):
             self.host.refused(e)
             await abort_with(context, e)
 
-    def _request(self, request: rtts.SynthesizeSpeechRequest) -> SynthesisRequest:
-        try:
-            return synthesis_request(request)
-        except RequestError as e:
-            self.host.refused(e)
-            raise
-
     async def SynthesizeOnline(  # noqa: N802 - the Riva proto's method name
         self,
         request_iterator: AsyncIterator[rtts.SynthesizeSpeechRequest],
@@ -163,18 +209,19 @@ class RivaTTSServicer(rtts_grpc.RivaSpeechSynthesisServicer):
         the request's engine row is freed at once; a client that stops reading ends its call alone.
         """
         await self._admit(context)
+        responses = reply_audio(self.host, request_iterator)
         try:
-            async for request in request_iterator:
-                async with self.host.synthesize(self._request(request)) as call:
-                    async for audio in call.audio():
-                        response = rtts.SynthesizeSpeechResponse(audio=audio)
-                        if not await write_unless(context, response, call.abandoned):
-                            break
-                    if call.error is not None:
-                        raise call.error
+            async for call, response in responses:
+                if not await write_unless(context, response, call.abandoned):
+                    raise call.error or RequestError(RequestStatus.UNAVAILABLE, "the call was abandoned")
         except RequestError as e:
+            # The request ends (its row freed, its outcome counted) before the abort, which waits for a client
+            # that stopped reading.
+            await responses.aclose()
             logger.debug(f"Riva TTS call ended with {e.status.name}: {log_safe(e.message)}")
             await abort_with(context, e)
+        finally:
+            await responses.aclose()
 
     async def Synthesize(  # noqa: N802 - the Riva proto's method name
         self, request: rtts.SynthesizeSpeechRequest, context: grpc.aio.ServicerContext
@@ -182,7 +229,7 @@ class RivaTTSServicer(rtts_grpc.RivaSpeechSynthesisServicer):
         """One request's audio, whole."""
         await self._admit(context)
         try:
-            async with self.host.synthesize(self._request(request)) as call:
+            async with self.host.synthesize(counted_request(self.host, request)) as call:
                 audio = b"".join([piece async for piece in call.audio()])
         except RequestError as e:
             await abort_with(context, e)
@@ -197,12 +244,76 @@ class RivaTTSServicer(rtts_grpc.RivaSpeechSynthesisServicer):
         plaintext channel its ``api_key`` travels only with the synthesis calls). It shows the model's file name
         and the voices, nothing of the host.
         """
-        response = rtts.RivaSynthesisConfigResponse()
-        for voice in VOICES:
-            config = response.model_config.add()
-            config.model_name = self.host.model_name
-            config.parameters["voice_name"] = riva_voice_name(voice)
-            config.parameters["subvoices"] = voice
-            config.parameters["language_code"] = ",".join(LANGUAGES)
-            config.parameters["sample_rate"] = str(self.host.sample_rate)
-        return response
+        return synthesis_config(self.host)
+
+
+class ServeRivaTTS:
+    """``RivaSpeechSynthesis`` as Ray Serve's gRPC proxy calls a deployment: the replica's methods delegate here.
+
+    Serve hands each method the request (or, for ``SynthesizeOnline``, an async iterator of requests) and a
+    ``RayServegRPCContext`` (metadata, peer; a status set on it before an exception reaches the client). A
+    streaming method is an async generator; Serve closes it when the client goes away, which frees the running
+    request's engine row. The client's own pace does not reach the replica (Serve reads every response into its
+    queues), so a client that stops reading is not detected here, unlike on :class:`RivaTTSServicer`.
+
+    Args:
+        host: The replica's TTS host.
+        access: Who may call.
+        server_id: The replica's id, which each response's ``id`` carries (:func:`reply_audio`).
+
+    """
+
+    def __init__(self, host: TTSHost, access: GrpcAccess, server_id: str) -> None:
+        self.host = host
+        self.access = access
+        self.server_id = server_id
+
+    def _refuse(self, context: Any, error: RequestError) -> RequestError:
+        set_status(context, error)
+        return error
+
+    def _admit(self, context: Any) -> None:
+        try:
+            self.access.check(context)
+        except RequestError as e:
+            self.host.refused(e)
+            raise self._refuse(context, e) from None
+
+    async def synthesize_online(
+        self, requests: AsyncIterator[rtts.SynthesizeSpeechRequest], context: Any
+    ) -> AsyncIterator[rtts.SynthesizeSpeechResponse]:
+        """``SynthesizeOnline``: each request's audio as it is made; requests of one call in order.
+
+        Raises:
+            RequestError: Refused or failed (its status set on ``context``).
+
+        """
+        self._admit(context)
+        responses = reply_audio(self.host, requests, self.server_id)
+        try:
+            async for _call, response in responses:
+                yield response
+        except RequestError as e:
+            logger.debug(f"Riva TTS call ended with {e.status.name}: {log_safe(e.message)}")
+            raise self._refuse(context, e) from None
+        finally:
+            await responses.aclose()
+
+    async def synthesize(self, request: rtts.SynthesizeSpeechRequest, context: Any) -> rtts.SynthesizeSpeechResponse:
+        """``Synthesize``: one request's audio, whole.
+
+        Raises:
+            RequestError: Refused or failed (its status set on ``context``).
+
+        """
+        self._admit(context)
+        try:
+            async with self.host.synthesize(counted_request(self.host, request)) as call:
+                audio = b"".join([piece async for piece in call.audio()])
+        except RequestError as e:
+            raise self._refuse(context, e) from None
+        return rtts.SynthesizeSpeechResponse(audio=audio)
+
+    def config(self) -> rtts.RivaSynthesisConfigResponse:
+        """``GetRivaSynthesisConfig``: the voices (answered without a token, as on :class:`RivaTTSServicer`)."""
+        return synthesis_config(self.host)

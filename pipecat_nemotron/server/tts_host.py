@@ -41,7 +41,7 @@ from pipecat_nemotron.tts.magpie import (
     normalize_voice,
 )
 
-__all__ = ["SynthesisCall", "SynthesisRequest", "TTSHost"]
+__all__ = ["Reply", "SynthesisCall", "SynthesisRequest", "TTSHost"]
 
 
 @dataclass(frozen=True)
@@ -176,6 +176,21 @@ class SynthesisCall:
         self.outcome = self.outcome or self.stream.status
 
 
+class Reply:
+    """One client call that may carry several requests, spoken in order.
+
+    A Riva ``SynthesizeOnline`` stream: one bot reply, sentence by sentence. Opened with :meth:`TTSHost.reply`.
+
+    Attributes:
+        requests: Requests of the call admitted so far. Once one is, the rest are admitted while the host drains:
+            a drain ends replies, not sentences.
+
+    """
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+
 class TTSHost:
     """The server's Magpie engine and its synthesis calls: admission, limits, metrics, drain.
 
@@ -208,7 +223,9 @@ class TTSHost:
         )
         self.ready = False
         self.draining = False
+        self._stopped = False
         self._calls: set[SynthesisCall] = set()
+        self._replies = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self.metrics.capacity.set(self.config.max_streams)
@@ -251,8 +268,30 @@ class TTSHost:
         )
 
     async def wait_idle(self) -> None:
-        """Return once no synthesis call runs (at once if none does)."""
+        """Return once no synthesis call runs and no client call (:meth:`reply`) is open (at once if none is)."""
         await self._idle.wait()
+
+    def _update_idle(self) -> None:
+        if self._calls or self._replies:
+            self._idle.clear()
+        else:
+            self._idle.set()
+
+    @contextlib.asynccontextmanager
+    async def reply(self) -> AsyncIterator[Reply]:
+        """A client call whose requests (:meth:`synthesize` with ``reply=``) are spoken in order.
+
+        A drain waits for open replies as for running requests, and admits a reply's later requests, so the
+        sentences of a reply that began before the drain are all spoken (within ``drain_timeout_s``).
+        """
+        reply = Reply()
+        self._replies += 1
+        self._update_idle()
+        try:
+            yield reply
+        finally:
+            self._replies -= 1
+            self._update_idle()
 
     def begin_drain(self) -> None:
         """Refuse new calls (UNAVAILABLE) from now on; running ones go on."""
@@ -261,19 +300,25 @@ class TTSHost:
         self.metrics.ready.set(0)
 
     async def stop(self, drain_timeout_s: float = 0.0) -> None:
-        """Refuse new calls, let running ones finish for up to ``drain_timeout_s``, end the rest, close the engine.
+        """Refuse new calls; let running ones and open replies finish for up to ``drain_timeout_s``; end the rest.
+
+        Then close the engine (when the host created it).
 
         Args:
             drain_timeout_s: How long running calls may go on, s.
 
         """
         self.begin_drain()
-        if self._calls and drain_timeout_s > 0:
-            logger.info(f"TTS draining: {len(self._calls)} call(s), up to {drain_timeout_s:g} s")
+        if (self._calls or self._replies) and drain_timeout_s > 0:
+            logger.info(
+                f"TTS draining: {len(self._calls)} request(s) running, {self._replies} reply call(s) open, up to "
+                f"{drain_timeout_s:g} s"
+            )
             try:
                 await asyncio.wait_for(self._idle.wait(), drain_timeout_s)
             except (asyncio.TimeoutError, TimeoutError):
                 pass
+        self._stopped = True
         for call in list(self._calls):
             call.abandon(RequestError(RequestStatus.UNAVAILABLE, "the server is shutting down"), "shutdown")
         if self._owns_engine:
@@ -339,8 +384,9 @@ class TTSHost:
         """Count a refusal (also the protocol layer's own: bad fields, authentication)."""
         self.metrics.refused.labels(error.status.value).inc()
 
-    def _admit(self) -> None:
-        if not self.ready:
+    def _admit(self, reply: Reply | None) -> None:
+        continuing = reply is not None and reply.requests > 0 and self.draining and not self._stopped
+        if not self.ready and not continuing:
             what = "draining for shutdown" if self.draining else "still loading the Magpie model"
             raise RequestError(RequestStatus.UNAVAILABLE, f"the server is {what}; retry shortly or use another replica")
         if len(self._calls) >= self.config.max_streams:
@@ -350,8 +396,13 @@ class TTSHost:
             )
 
     @contextlib.asynccontextmanager
-    async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[SynthesisCall]:
+    async def synthesize(self, request: SynthesisRequest, reply: Reply | None = None) -> AsyncIterator[SynthesisCall]:
         """Admit one request and start it; the call ends (its engine row freed) when the block exits.
+
+        Args:
+            request: What to speak.
+            reply: The client call it belongs to (:meth:`reply`): its requests after the first are admitted while
+                the host drains.
 
         Example::
 
@@ -366,7 +417,7 @@ class TTSHost:
         """
         try:
             voice, language, options = self.check(request)
-            self._admit()
+            self._admit(reply)
             stream = self.engine.submit(request.text, voice=voice, language=language, options=options)
         except RequestError as e:
             self.refused(e)
@@ -376,8 +427,10 @@ class TTSHost:
             self.refused(error)
             raise error from None
         call = SynthesisCall(stream, request.sample_rate_hz or self.sample_rate, self.sample_rate, self.config.max_buffered_s)
+        if reply is not None:
+            reply.requests += 1
         self._calls.add(call)
-        self._idle.clear()
+        self._update_idle()
         pump = asyncio.get_running_loop().create_task(call.pump(), name=f"tts-call-{stream.id}")
         try:
             yield call
@@ -390,8 +443,7 @@ class TTSHost:
     def _finish(self, call: SynthesisCall) -> None:
         audio_s = call.sent_bytes / 2 / call.out_rate
         self._calls.discard(call)
-        if not self._calls:
-            self._idle.set()
+        self._update_idle()
         stats = call.stream.stats
         self.metrics.requests.labels(call.outcome or "cancelled").inc()
         self.metrics.audio_seconds.inc(audio_s)
