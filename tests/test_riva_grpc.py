@@ -370,7 +370,8 @@ def _outcomes(server: ServerThread, outcome: str) -> float:
 
 @pytest.fixture(scope="module")
 def long_tts(asr_model: Path, magpie: MagpieEngine) -> Iterator[ServerThread]:
-    """A server whose (never-ending) tiny Magpie runs each request to 20 s of audio, with 0.5 s of it buffered."""
+    """A server whose (never-ending) tiny Magpie runs each request to 20 s of audio, with 0.5 s of it buffered: a
+    client that takes nothing for ``stall_timeout_s`` (5 s) while its buffer is full has stopped reading."""
     with ServerThread(asr_model, magpie, tts={"max_duration_s": 20.0, "max_buffered_s": 0.5}) as server:
         yield server
 
@@ -402,6 +403,21 @@ def test_a_client_that_stops_reading_is_cancelled_alone(long_tts: ServerThread) 
                 pass
     assert ended.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "stopped reading" in ended.value.details()
     assert len(heard) == 2 * round(20.0 * MAGPIE_CODEC_RATE / MAGPIE_SAMPLES_PER_FRAME + 0.5) * MAGPIE_SAMPLES_PER_FRAME
+
+
+def test_a_client_that_reads_slowly_gets_all_its_audio(asr_model: Path, magpie: MagpieEngine) -> None:
+    """A client that takes one message, then nothing until the engine has made the whole reply (its buffer far
+    past ``max_buffered_s`` all along), is slow, not gone: it gets every sample."""
+    tts = {"max_duration_s": 20.0, "max_buffered_s": 0.5, "stall_timeout_s": 600.0}
+    with ServerThread(asr_model, magpie, tts=tts) as server, channel(server, SMALL_WINDOW) as ch:
+        call = rtts_grpc.RivaSpeechSynthesisStub(ch).SynthesizeOnline(
+            iter([_tts_request("I read slowly.")]), metadata=_metadata()
+        )
+        first = next(call).audio
+        server.call(wait_for(lambda: not magpie.busy, 120, "the engine to make the whole reply"))
+        rest = b"".join(r.audio for r in call)
+        assert _outcomes(server, "client_stalled") == 0
+    assert len(first + rest) == 2 * round(20.0 * MAGPIE_CODEC_RATE / MAGPIE_SAMPLES_PER_FRAME + 0.5) * MAGPIE_SAMPLES_PER_FRAME
 
 
 def test_drain_refuses_new_calls_and_lets_running_ones_finish(asr_model: Path, magpie: MagpieEngine) -> None:

@@ -28,9 +28,12 @@ class TTSHostConfig:
         max_text_chars: Longest text of one request, characters (longer: INVALID_ARGUMENT). Pipecat's
             ``NvidiaTTSService`` sends at most 200 per request.
         max_duration_s: Most audio one request may produce, s (the engine stops there: ``truncated``).
-        max_buffered_s: Audio made for a call but not yet taken by its client, s. Past it the client has stopped
-            reading: its call is cancelled (RESOURCE_EXHAUSTED), its engine row freed, and it is logged. The engine
-            never waits for a client, so no other call slows.
+        max_buffered_s: Audio made for a call but not yet taken by its client, s. Past it the call's audio
+            waits in its engine stream until the client takes some (the engine never waits for a client, so no
+            other call slows).
+        stall_timeout_s: How long a call's client may take nothing while its buffer is past ``max_buffered_s``,
+            s. Then it has stopped reading: its call is cancelled (RESOURCE_EXHAUSTED), its engine row freed, and
+            it is logged. A client that reads slowly is never cancelled.
         default_voice: Voice of a request that names none.
         warmup: Synthesise a short sentence after loading.
 
@@ -45,6 +48,7 @@ class TTSHostConfig:
     max_text_chars: int = 2000
     max_duration_s: float = 20.0
     max_buffered_s: float = 30.0
+    stall_timeout_s: float = 5.0
     default_voice: str = "aria"
     warmup: bool = True
 
@@ -54,7 +58,7 @@ class TTSHostConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 flag = "--tts-" + name.replace("_", "-")
                 raise ValueError(f"TTS {name} ({flag}) must be an integer >= 1, got {value!r}")
-        for name in ("max_duration_s", "max_buffered_s"):
+        for name in ("max_duration_s", "max_buffered_s", "stall_timeout_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 flag = " (--tts-max-duration-s)" if name == "max_duration_s" else ""

@@ -6,9 +6,11 @@ sends what the :class:`SynthesisCall` that :meth:`TTSHost.synthesize` opens yiel
 :class:`~pipecat_nemotron.server.errors.RequestError` with a gRPC status name.
 
 The engine is driven directly (:meth:`MagpieEngine.submit`, one :class:`SynthesisStream` per request). Its worker
-never waits for a client: each call's chunks go into a buffer of its own, bounded by
-``TTSHostConfig.max_buffered_s`` of audio; a client that stops reading fills only its own buffer, and is then
-cancelled (its engine row freed) and logged.
+never waits for a client: each call's chunks go into a buffer of its own. Past ``TTSHostConfig.max_buffered_s``
+of audio the call stops moving chunks into it (they wait in the call's engine stream) until its client takes
+some; a client that takes nothing for ``TTSHostConfig.stall_timeout_s`` meanwhile has stopped reading and is
+cancelled (its engine row freed) and logged. A client that reads slowly (a busy event loop, a slow network) is
+never mistaken for one that stopped.
 """
 
 from __future__ import annotations
@@ -94,10 +96,19 @@ class SynthesisCall:
     waits on it too, and then raises :attr:`error`.
     """
 
-    def __init__(self, stream: SynthesisStream, out_rate: int, codec_rate: int, max_buffered_s: float) -> None:
+    def __init__(
+        self,
+        stream: SynthesisStream,
+        out_rate: int,
+        codec_rate: int,
+        max_buffered_s: float,
+        stall_timeout_s: float = TTSHostConfig.stall_timeout_s,
+    ) -> None:
         self.stream = stream
         self.out_rate = out_rate
         self.max_buffered_s = max_buffered_s
+        self.stall_timeout_s = stall_timeout_s
+        self._taken = asyncio.Event()
         self.abandoned = asyncio.Event()
         self.error: RequestError | None = None
         self.outcome: str | None = None
@@ -124,20 +135,23 @@ class SynthesisCall:
         self.abandoned.set()
 
     async def pump(self) -> None:
-        """Move the engine's chunks into the buffer; past ``max_buffered_s`` the client has stopped reading."""
+        """Move the engine's chunks into the buffer, up to ``max_buffered_s``; past it, wait for the client.
+
+        A client that takes nothing for ``stall_timeout_s`` while the buffer is full has stopped reading.
+        """
         try:
             async for chunk in self.stream:
                 self._put(chunk)
-                if self._buffered_s > self.max_buffered_s:
+                if self._buffered_s > self.max_buffered_s and not await self._drained():
                     logger.warning(
                         f"TTS call #{self.stream.id} cancelled: its client stopped reading "
-                        f"({self._buffered_s:.1f} s of audio unsent)"
+                        f"({self._buffered_s:.1f} s of audio unsent for {self.stall_timeout_s:g} s)"
                     )
                     self.abandon(
                         RequestError(
                             RequestStatus.RESOURCE_EXHAUSTED,
-                            f"the client stopped reading: {self._buffered_s:.1f} s of audio waited for it (limit "
-                            f"{self.max_buffered_s:g} s); the call was cancelled",
+                            f"the client stopped reading: {self._buffered_s:.1f} s of audio waited for it "
+                            f"{self.stall_timeout_s:g} s (limit {self.max_buffered_s:g} s); the call was cancelled",
                         ),
                         "client_stalled",
                     )
@@ -145,6 +159,21 @@ class SynthesisCall:
             self._put(None)
         except MagpieSynthesisError as e:
             self._put(RequestError(RequestStatus.INTERNAL, f"synthesis failed: {e}"))
+
+    async def _drained(self) -> bool:
+        """Wait until the buffer is back within ``max_buffered_s``.
+
+        Returns:
+            False if the client took nothing for ``stall_timeout_s`` meanwhile (it stopped reading), else True.
+
+        """
+        while self._buffered_s > self.max_buffered_s:
+            self._taken.clear()
+            try:
+                await asyncio.wait_for(self._taken.wait(), self.stall_timeout_s)
+            except TimeoutError:
+                return False
+        return True
 
     async def audio(self) -> AsyncIterator[bytes]:
         """int16 mono PCM at the requested rate, each piece as soon as it is made.
@@ -165,6 +194,7 @@ class SynthesisCall:
             if item is None:
                 break
             self._buffered_s -= item.duration_s
+            self._taken.set()
             audio = self._resampler.push(item.audio)
             if audio:
                 self.sent_bytes += len(audio)
@@ -426,7 +456,13 @@ class TTSHost:
             error = RequestError(RequestStatus.UNAVAILABLE, f"the TTS engine is not serving: {e}")
             self.refused(error)
             raise error from None
-        call = SynthesisCall(stream, request.sample_rate_hz or self.sample_rate, self.sample_rate, self.config.max_buffered_s)
+        call = SynthesisCall(
+            stream,
+            request.sample_rate_hz or self.sample_rate,
+            self.sample_rate,
+            self.config.max_buffered_s,
+            self.config.stall_timeout_s,
+        )
         if reply is not None:
             reply.requests += 1
         self._calls.add(call)
