@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from loguru import logger
 from pipecat.frames.frames import (
     EndFrame,
     Frame,
@@ -174,9 +175,16 @@ async def test_a_server_that_dies_mid_answer_is_an_error_not_a_silent_turn(tmp_p
         async def kill() -> None:
             os.kill(pid, signal.SIGKILL)
 
-        async with _Session(server, kill) as session:
-            await session.ask(LONG_ANSWER)
-        assert await asyncio.wait_for(server.wait(), 60) == -signal.SIGKILL  # reaped (hang guard only)
+        logged: list[str] = []
+        sink = logger.add(lambda m: logged.append(m.record["message"]), level="ERROR")
+        try:
+            async with _Session(server, kill) as session:
+                await session.ask(LONG_ANSWER)
+            assert await asyncio.wait_for(server.wait(), 60) == -signal.SIGKILL  # reaped (hang guard only)
+        finally:
+            logger.remove(sink)
+    # The operator is told at once, with the server's own last words, not only at the next turn.
+    assert any(f"(pid {pid}) exited with code {-signal.SIGKILL}" in m for m in logged), logged
     [problem] = session.log.unanswered()
     assert "turn 1" in problem and "the LLM failed" in problem and "Connection error" in problem, problem
 

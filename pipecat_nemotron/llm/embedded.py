@@ -285,13 +285,18 @@ class EmbeddedLLMServer:
     async def wait(self) -> int:
         """Wait until the server process has exited; return its exit code (negative: the signal that ended it).
 
+        An exit the agent did not ask for has been logged by then.
+
         Raises:
             EmbeddedLLMError: It was never started.
 
         """
         if self._process is None:
             raise EmbeddedLLMError("the embedded LLM server has not started: await start() first")
-        return await self._process.wait()
+        code = await self._process.wait()
+        if self._watch is not None:
+            await asyncio.wait({self._watch})
+        return code
 
     def log_tail(self, chars: int = _LOG_TAIL_CHARS) -> str:
         """The end of the server's output (empty before start)."""
