@@ -18,10 +18,13 @@ Stages (each alone or in order; ``all`` = tokenizer data train export)::
 
 The clips (labels are the cased sentences of :func:`make_tiny_model.punctuate`, each turn followed by ``<EOU>``)::
 
-    single    one utterance after 0-3 s of silence, then 0.2-1.5 s of silence: "What time is it?<EOU>"
+    single    one utterance after 0-3 s of silence: "What time is it?<EOU>"
     paused    one utterance of 3+ words with one or two 0.3-1.2 s pauses at word gaps (the bench's 300-900 ms
               and more), label unchanged: no <EOU> at a pause inside a sentence
-    turns     2-3 utterances, a third of them paused, each followed by 0.4-2.5 s of silence: one <EOU> per turn
+    turns     2-3 utterances, a third of them paused, 0.4-2.5 s of silence between them: one <EOU> per turn
+
+Each clip ends 0-0.15 s after its last utterance (60%, :data:`SHORT_TAIL_SHARE`) or 0.2-1.5 s after it (each
+utterance has 0.1-0.4 s of its own tail too).
 
 Silences are digital zeros or white noise at the level of the utterance's lead-in (half each). Reproduce
 docs/TINY_MODEL.md, *End of utterance*::
@@ -138,6 +141,12 @@ def _paused(rng: random.Random, x: np.ndarray, pauses: int) -> np.ndarray | None
     return np.concatenate([*pieces, x[at:]])
 
 
+#: Share of clips that end 0-0.15 s after their last utterance (plus its own 0.1-0.4 s tail): RNNT emits a label
+#: anywhere before the clip ends, so without short tails the model learns to say <EOU> late (~0.8 s after the
+#: speech in the first run); with them it must say it within ~0.1-0.55 s.
+SHORT_TAIL_SHARE = 0.6
+
+
 def stage_data(args: argparse.Namespace) -> None:
     """Training utterances (training sentences, voices and augmentation; a fifth accent-mixed), the three clip
     kinds of the module docstring, and a small validation set (validation sentences, same clip kinds)."""
@@ -149,11 +158,26 @@ def stage_data(args: argparse.Namespace) -> None:
     )
     accents = mtm.make_accent_specs(rng, n_accent, "eacc")
     val = mtm.make_specs(rng, args.n_val, "val", "eval", mtm.TRAIN_BASES, mtm.TRAIN_VARIANTS, "light")
-    rows = mtm.render_set(specs, work / "utt", work / "utt_manifest.json", args.workers)
-    rows += mtm.render_set(accents, work / "utt_accent", work / "utt_accent_manifest.json", args.workers)
-    val_rows = mtm.render_set(val, work / "utt_val", work / "utt_val_manifest.json", args.workers)
+    sets = (("utt", specs), ("utt_accent", accents), ("utt_val", val))
+    rendered: dict[str, list[dict[str, Any]]] = {}
+    for name, set_specs in sets:
+        manifest = work / f"{name}_manifest.json"
+        if manifest.exists() and sum(1 for _ in manifest.open()) == len(set_specs):  # same seed: same audio
+            rendered[name] = [json.loads(line) for line in manifest.open()]
+        else:
+            rendered[name] = mtm.render_set(set_specs, work / name, manifest, args.workers)
+    rows, val_rows = rendered["utt"] + rendered["utt_accent"], rendered["utt_val"]
     _clips(rng, rows, args.n_clips, work / "clips", work / "train_eou_manifest.json")
     _clips(rng, val_rows, args.n_val, work / "clips_val", work / "val_eou_manifest.json")
+
+
+def _tail_s(rng: random.Random, last: bool) -> float:
+    """Silence after an utterance of a clip, s: a live pause between turns, or the clip's end."""
+    if not last:  # between turns: the next one starts after a live pause
+        return rng.uniform(0.4, 2.5)
+    if rng.random() < SHORT_TAIL_SHARE:  # the clip ends soon after the speech: <EOU> must come by then
+        return rng.uniform(0.0, 0.15)
+    return rng.uniform(0.2, 1.5)
 
 
 def _clips(rng: random.Random, rows: Sequence[dict[str, Any]], n: int, out_dir: Path, manifest: Path) -> None:
@@ -188,9 +212,8 @@ def _clips(rng: random.Random, rows: Sequence[dict[str, Any]], n: int, out_dir: 
                         audio[j] = audio[j] if x is None else x
             lead = rng.uniform(0.0, 3.0) if kind == "single" else rng.uniform(0.0, 1.5)
             pieces = [_silence(rng, lead, audio[0])]
-            for a in audio:
-                tail = rng.uniform(0.2, 1.5) if kind != "turns" else rng.uniform(0.4, 2.5)
-                pieces += [a, _silence(rng, tail, a)]
+            for j, a in enumerate(audio):
+                pieces += [a, _silence(rng, _tail_s(rng, last=j + 1 == len(audio)), a)]
             x = np.concatenate(pieces)
             path = out_dir / f"{kind}_{i:06d}.wav"
             mtm.write_wav(path, x)
@@ -222,12 +245,12 @@ def _mtm_args(args: argparse.Namespace, stage: str) -> argparse.Namespace:
         "--tokenizer-dir", str(work / "tokenizer_eou"),
         "--run-dir", str(work / "runs" / args.run_name),
         "--seed", str(args.seed),
+        "--train-manifest", str(work / "train_eou_manifest.json"),
+        "--val-manifest", str(work / "val_eou_manifest.json"),
     ]  # fmt: skip
     if stage == "train":
         argv += [
             "--init-from-nemo", str(args.base_model),
-            "--train-manifest", str(work / "train_eou_manifest.json"),
-            "--val-manifest", str(work / "val_eou_manifest.json"),
             "--no-spec-augment",
             "--lr", str(args.lr), "--warmup-steps", "20", "--batch-size", "8", "--max-steps", "20000",
             "--max-minutes", str(args.max_minutes), "--val-every", "100000", "--threads", str(args.threads),
@@ -236,7 +259,7 @@ def _mtm_args(args: argparse.Namespace, stage: str) -> argparse.Namespace:
         if args.resume:
             argv.append("--resume")
     else:
-        argv += ["--out", str(args.out)]
+        argv += ["--out", str(args.out)] + (["--checkpoint", args.checkpoint] if args.checkpoint else [])
     return mtm.parse_args(argv)
 
 
@@ -324,7 +347,13 @@ def stage_eval(args: argparse.Namespace) -> None:
             for split, clips in sets.items():
                 rng = random.Random(args.seed)
                 sessions = [build_session(clips[i : i + 5], rng) for i in range(0, len(clips), 5)]
-                times = await asyncio.gather(*(eou_times(engine, audio, args.latency_ms) for audio, _ in sessions))
+                slots = asyncio.Semaphore(config.max_streams)
+
+                async def one(audio: np.ndarray, slots: asyncio.Semaphore = slots) -> list[float]:
+                    async with slots:
+                        return await eou_times(engine, audio, args.latency_ms)
+
+                times = await asyncio.gather(*(one(audio) for audio, _ in sessions))
                 placements = [p for (_, spans), t in zip(sessions, times, strict=True) for p in place(spans, t)]
                 report[split] = summarize(placements)
                 print(f"[eval] {split}: {report[split]}", flush=True)
@@ -361,6 +390,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--resume", action="store_true", help="continue <run>/checkpoints/last.ckpt if there is one")
     p.add_argument("--out", type=Path, default=EOU_MODEL_PATH, help="export: the .nemo written; eval: the model")
+    p.add_argument("--checkpoint", default=None, help="export this checkpoint instead of the run's best")
     p.add_argument("--n-heldout", type=int, default=16, help="heldout: clips written")
     p.add_argument("--latency-ms", type=int, default=160, help="eval: latency mode")
     return p.parse_args(argv)

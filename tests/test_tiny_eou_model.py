@@ -1,0 +1,154 @@
+"""The bundled tiny EOU model (``tiny_nemotron_asr_eou.nemo``): its ``<EOU>`` ends the user's turn.
+
+Golden: on held-out sentences (never in training; training voices), in sessions with a pause inside some
+sentences, the model emits ``<EOU>`` after every utterance and never inside one. In a Pipecat pipeline (the STT
+with ``turn_commit_for("eou")`` and Pipecat's user aggregator with the external strategies), a VAD stop at a pause
+inside a sentence does not end the turn and the one after the sentence does, in process and through the server's
+protocol. Every wait is on an event.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import pytest_asyncio
+from helpers import (
+    TOKEN,
+    Then,
+    Until,
+    audio_frames,
+    expect_close,
+    of,
+    open_session,
+    own_server,
+    run_steps,
+    started_engine,
+)
+from helpers import to_pcm16 as pcm16
+from pipecat.frames.frames import (
+    UserStartedSpeakingFrame,
+    UserStoppedSpeakingFrame,
+    VADUserStartedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.aggregators.llm_response_universal import (
+    LLMContextAggregatorPair,
+    LLMUserAggregatorParams,
+)
+from word_clips import spoken_word
+
+from pipecat_nemotron.agent.turn_end import TurnEndLog, turn_commit_for, user_turn_strategies_for
+from pipecat_nemotron.agent.wav_input import read_pcm16
+from pipecat_nemotron.bench.audio import HELDOUT_DIR
+from pipecat_nemotron.bench.eou import build_session, eou_times, place
+from pipecat_nemotron.models import TINY_EOU_MODEL_PATH
+from pipecat_nemotron.server.protocol import EOU_FEATURE, CloseCode, ConfigMessage
+from pipecat_nemotron.stt import NemotronServerSTTService, NemotronSTTService
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+#: A training voice of the tiny models (the pipeline tests' words; the golden test uses held-out sentences).
+VOICE = "en-us+aunty"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def eou_engine():
+    """The EOU model on one torch thread, shared by the module."""
+    async with started_engine(TINY_EOU_MODEL_PATH, one_thread=True, max_streams=6, max_batch_size=6) as engine:
+        assert engine.info.eou
+        yield engine
+
+
+def _heldout(split: str, n: int) -> list[tuple[np.ndarray, str]]:
+    import json
+
+    rows = [r for r in json.loads((HELDOUT_DIR / "manifest.json").read_text()) if r["split"] == split][:n]
+    return [(read_pcm16(HELDOUT_DIR / r["audio"], convert=True), r["text"]) for r in rows]
+
+
+async def test_eou_after_every_heldout_utterance_and_never_inside_one(eou_engine) -> None:
+    clips = _heldout("seen_voice", 10)
+    rng = random.Random(0)
+    sessions = [build_session(clips[i : i + 5], rng) for i in (0, 5)]
+    placements = []
+    for audio, spans in sessions:
+        placements += place(spans, await eou_times(eou_engine, audio))
+    assert sum(p.span.paused for p in placements) >= 3, "the sessions hold sentences with a pause inside"
+    cut = [(p.span.text, p.inside) for p in placements if p.inside]
+    assert not cut, f"<EOU> inside an utterance: {cut}"
+    missed = [p.span.text for p in placements if p.delay_ms is None]
+    assert not missed, f"no <EOU> after: {missed}"
+    delays = [p.delay_ms for p in placements if p.delay_ms is not None]
+    assert max(delays) < 1000.0, delays  # audio time after the last sound, not wall clock
+
+
+def _words(text: str) -> bytes:
+    """``text`` spoken in one go by espeak-ng, -6 dBFS peak, 16-bit PCM."""
+    audio = spoken_word(text, VOICE)
+    return pcm16(audio * 0.5 / max(float(abs(audio).max()), 1e-9))
+
+
+def _paused_question_steps(stt, log: TurnEndLog) -> list:
+    """A question with a VAD stop at a pause inside it ("what is nine" ... "plus four please"), then its end."""
+    silence = audio_frames(bytes(2 * 8000))  # 0.5 s
+    return [
+        Then(stt.wait_until_ready),
+        VADUserStartedSpeakingFrame(),
+        *audio_frames(_words("what is nine")),
+        *silence,
+        VADUserStoppedSpeakingFrame(stop_secs=0.2),
+        Until("the turn commit's decision on the first final", lambda *_: len(log.decisions) >= 1),
+        VADUserStartedSpeakingFrame(),
+        *audio_frames(_words("plus four please")),
+        *silence,
+        VADUserStoppedSpeakingFrame(stop_secs=0.2),
+        Until("the user turn's end", lambda down, _: bool(of(down, UserStoppedSpeakingFrame))),
+    ]
+
+
+async def _assert_the_eou_ends_the_turn(stt, log: TurnEndLog) -> None:
+    context = LLMContext()
+    user = LLMContextAggregatorPair(
+        context, user_params=LLMUserAggregatorParams(user_turn_strategies=user_turn_strategies_for("eou"))
+    ).user()
+    down, _ = await run_steps(Pipeline([stt, user]), _paused_question_steps(stt, log))
+    decisions = [(d.commit, d.by) for _, d in log.decisions]
+    assert decisions == [(False, "eou"), (True, "eou")], decisions  # held at the pause, ended by the <EOU>
+    # One user turn, opened and closed by Pipecat's external strategies on the STT's proposals.
+    (start,) = of(down, UserStartedSpeakingFrame)
+    (stop,) = of(down, UserStoppedSpeakingFrame)
+    assert down.index(start) < down.index(stop)
+    # The turn the LLM answers is the whole question, both finals of it.
+    (message,) = [m for m in context.get_messages() if m.get("role") == "user"]
+    text = str(message["content"]).lower()
+    assert "nine" in text and "four" in text, text
+
+
+async def test_the_models_eou_ends_the_user_turn_in_process(eou_engine) -> None:
+    log = TurnEndLog()
+    stt = NemotronSTTService(engine=eou_engine, turn_commit=turn_commit_for("eou", log=log))
+    assert stt.owns_turn_detection and stt.wants_eou and not stt.eager_end_of_turn_enabled
+    await _assert_the_eou_ends_the_turn(stt, log)
+
+
+async def test_the_models_eou_ends_the_user_turn_through_the_server(eou_engine) -> None:
+    async with own_server(eou_engine, tokens=(TOKEN,)) as server:
+        ws, ready = await open_session(server.url, ConfigMessage(eou=True))
+        assert EOU_FEATURE in ready.features
+        await ws.close()
+        log = TurnEndLog()
+        stt = NemotronServerSTTService(url=server.url, token=TOKEN, turn_commit=turn_commit_for("eou", log=log))
+        await _assert_the_eou_ends_the_turn(stt, log)
+
+
+async def test_a_server_without_the_token_refuses_eou_and_does_not_offer_it(server) -> None:
+    ws, ready = await open_session(server.url)
+    assert EOU_FEATURE not in ready.features  # the bundled tiny model has no <EOU>
+    await ws.close()
+    ws, first = await open_session(server.url, ConfigMessage(eou=True))
+    assert "<EOU>" in first.message
+    await expect_close(ws, CloseCode.PROTOCOL_ERROR)
