@@ -109,7 +109,8 @@ async def test_an_eou_that_never_comes_ends_the_turn_after_the_fallback_silence(
         frames += 1
         assert frames < 1000, "a held turn must end"
     assert frames + 1 == 140  # 2.8 s of 20 ms frames
-    assert [(d.commit, d.by) for _, d in log.decisions] == [(False, "eou"), (True, "timeout")]
+    # (The session's end finalizes the words the random model wrote on the silence: a third decision.)
+    assert [(d.commit, d.by) for _, d in log.decisions][:2] == [(False, "eou"), (True, "timeout")]
 
 
 async def test_speech_ends_a_hold_and_the_turn_goes_on() -> None:
@@ -200,3 +201,34 @@ def test_the_protocol_carries_the_eou_request_and_event() -> None:
     msg = EouMessage(utterance=2, text="What time is it?", latency_ms=160, eou_ms=5120.0, session_audio_ms=5280.0)
     assert parse_server_message(dump_server_message(msg)) == msg
     assert EOU_FEATURE == "eou"
+
+
+async def test_a_turn_whose_eou_never_comes_ends_after_the_fallback_silence(tmp_path) -> None:
+    from helpers import Then, Until, audio_frames, noise_clip, of, run_steps, started_engine, to_pcm16
+    from pipecat.frames.frames import (
+        ProposedUserStoppedSpeakingFrame,
+        TranscriptionFrame,
+        VADUserStartedSpeakingFrame,
+        VADUserStoppedSpeakingFrame,
+    )
+
+    from pipecat_nemotron.asr.architectures import build_random_model
+
+    # A model that has the token and never emits it (its joint pushed far from <EOU>), but emits words.
+    model = build_random_model(tmp_path / "no_eou.nemo", seed=5, markers=(EOU_PIECE,), marker_bias=-50.0)
+    async with started_engine(model, one_thread=True) as engine:
+        log = TurnEndLog()
+        stt = NemotronSTTService(engine=engine, turn_commit=turn_commit_for("eou", log=log))
+        steps = [
+            Then(stt.wait_until_ready),
+            VADUserStartedSpeakingFrame(),
+            *audio_frames(to_pcm16(noise_clip(1.0, seed=2))),
+            VADUserStoppedSpeakingFrame(stop_secs=0.2),
+            Until("the held final", lambda *_: bool(log.decisions)),
+            *audio_frames(bytes(2 * 16000 * 3)),  # 3 s of silence: the fallback (2.8 s after the VAD stop)
+            Until("the turn's end", lambda down, _: bool(of(down, ProposedUserStoppedSpeakingFrame))),
+        ]
+        down, _ = await run_steps(stt, steps)
+    assert [f.text for f in down if type(f) is TranscriptionFrame], "the random model wrote words"
+    # (The session's end finalizes the words the random model wrote on the silence: a third decision.)
+    assert [(d.commit, d.by) for _, d in log.decisions][:2] == [(False, "eou"), (True, "timeout")]

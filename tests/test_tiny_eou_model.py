@@ -18,6 +18,7 @@ from helpers import (
     TOKEN,
     Then,
     Until,
+    WatchedSTTService,
     audio_frames,
     expect_close,
     of,
@@ -28,6 +29,10 @@ from helpers import (
 )
 from helpers import to_pcm16 as pcm16
 from pipecat.frames.frames import (
+    EagerEndOfTurnCancelFrame,
+    EagerTranscriptionFrame,
+    ProposedUserStoppedSpeakingFrame,
+    TranscriptionFrame,
     UserStartedSpeakingFrame,
     UserStoppedSpeakingFrame,
     VADUserStartedSpeakingFrame,
@@ -47,7 +52,7 @@ from pipecat_nemotron.bench.audio import HELDOUT_DIR
 from pipecat_nemotron.bench.eou import build_session, eou_times, place
 from pipecat_nemotron.models import TINY_EOU_MODEL_PATH
 from pipecat_nemotron.server.protocol import EOU_FEATURE, CloseCode, ConfigMessage
-from pipecat_nemotron.stt import NemotronServerSTTService, NemotronSTTService
+from pipecat_nemotron.stt import EagerSettings, NemotronServerSTTService, NemotronSTTService
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -152,3 +157,30 @@ async def test_a_server_without_the_token_refuses_eou_and_does_not_offer_it(serv
     ws, first = await open_session(server.url, ConfigMessage(eou=True))
     assert "<EOU>" in first.message
     await expect_close(ws, CloseCode.PROTOCOL_ERROR)
+
+
+async def test_the_eager_end_of_turn_predicts_on_the_eou_not_at_the_pause(eou_engine) -> None:
+    log = TurnEndLog()
+    stt = WatchedSTTService(engine=eou_engine, eager=EagerSettings(turn_commit=turn_commit_for("eou", log=log)))
+    pause = audio_frames(bytes(2 * 6400))  # 0.4 s
+    steps = [
+        Then(stt.wait_until_ready),
+        VADUserStartedSpeakingFrame(),
+        *audio_frames(_words("what is nine")),
+        *pause,
+        Until("the eager peek at the pause", lambda *_: stt.peeks_settled(1)),
+        *audio_frames(_words("plus four please")),
+        *pause,
+        *pause,
+        *pause,
+        *pause,
+        Until("the prediction after the <EOU>", lambda down, _: bool(of(down, EagerTranscriptionFrame))),
+        VADUserStoppedSpeakingFrame(stop_secs=0.2),
+        Until("the committed turn", lambda down, _: bool(of(down, ProposedUserStoppedSpeakingFrame))),
+    ]
+    down, _ = await run_steps(stt, steps)
+    (prediction,) = of(down, EagerTranscriptionFrame)  # none at the pause inside the question: no <EOU> there
+    assert not of(down, EagerEndOfTurnCancelFrame)
+    (final,) = [f for f in down if type(f) is TranscriptionFrame]
+    assert prediction.text == final.text and "four" in final.text.lower()
+    assert [(d.commit, d.by) for _, d in log.decisions] == [(True, "eou")]
