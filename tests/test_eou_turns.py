@@ -185,6 +185,8 @@ def test_build_voice_agent_needs_an_stt_that_reads_the_eou(tiny_eou_model) -> No
     with pytest.raises(ValueError, match="turn_commit_for"):
         build_voice_agent(stt=NemotronSTTService(model=str(TINY_MODEL_PATH)), turn_end="eou")
     stt = NemotronSTTService(model=str(tiny_eou_model), turn_commit=turn_commit_for("eou"))
+    # The STT owns turn detection without eager predictions: it recommends Pipecat's external strategies.
+    assert isinstance(stt.service_metadata_frame().user_turn_strategies, ExternalUserTurnStrategies)
     agent = build_voice_agent(stt=stt, turn_end="eou")
     assert agent.turn_end_log is not None and agent.turn_end_log is stt.turn_commit.log  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="eou_smart"):
