@@ -357,6 +357,12 @@ def stage_eval(args: argparse.Namespace) -> None:
                 placements = [p for (_, spans), t in zip(sessions, times, strict=True) for p in place(spans, t)]
                 report[split] = summarize(placements)
                 print(f"[eval] {split}: {report[split]}", flush=True)
+                report[split]["cut_inside"] = [
+                    {"text": p.span.text, "paused": p.span.paused, "at_ms": [round(t - p.span.start_ms) for t in p.inside]}
+                    for p in placements
+                    if p.inside
+                ]
+                report[split]["missed_texts"] = [p.span.text for p in placements if p.delay_ms is None]
         return report
 
     report = asyncio.run(run())
