@@ -234,3 +234,15 @@ async def test_a_turn_whose_eou_never_comes_ends_after_the_fallback_silence(tmp_
     assert [f.text for f in down if type(f) is TranscriptionFrame], "the random model wrote words"
     # (The session's end finalizes the words the random model wrote on the silence: a third decision.)
     assert [(d.commit, d.by) for _, d in log.decisions][:2] == [(False, "eou"), (True, "timeout")]
+
+
+def test_bench_turns_runs_the_eou_modes_on_their_own_model() -> None:
+    import argparse
+
+    from pipecat_nemotron.bench import turns
+
+    parser = argparse.ArgumentParser()
+    turns.add_arguments(parser)
+    args = parser.parse_args(["--modes", "smart", "text", "eou", "eou_smart", "--eou-model", "m.nemo"])
+    assert args.modes == ["smart", "text", "eou", "eou_smart"] and args.eou_model == "m.nemo"
+    assert parser.parse_args([]).modes == list(turns.MODES) and set(turns.EOU_MODES) <= set(turns.MODES)

@@ -143,7 +143,7 @@ class AgentSettings:
         to turn it on) and ``NEMOTRON_ASR_EAGER_SILENCE_MS``, ``NEMOTRON_CPU_THREADS`` (torch threads of the ASR
         model on CPU), ``NEMOTRON_ASR_FINAL_TIMEOUT_S`` (seconds), ``NEMOTRON_ASR_BOOST_PHRASES`` (phrases separated
         by commas: ``Okafor, Zyrtec, Dr. Mbeki``), ``NEMOTRON_TURN_END`` (``smart``, ``vad``,
-        ``text``), ``NEMOTRON_LLM_*`` (see ``docs/LLM.md``; with neither ``NEMOTRON_LLM_BASE_URL`` nor
+        ``text``, ``eou``, ``eou_smart``), ``NEMOTRON_LLM_*`` (see ``docs/LLM.md``; with neither ``NEMOTRON_LLM_BASE_URL`` nor
         ``_BACKEND`` set, the embedded llama.cpp server: ``NEMOTRON_LLM_EMBEDDED``/``_EMBEDDED_GGUF``/
         ``_EMBEDDED_THREADS``), ``MAGPIE_TTS_MODEL``/``_VOICE``, ``MAGPIE_NIM_SERVER``/``_VOICE`` (with neither
         model nor NIM set, the embedded Magpie; ``MAGPIE_TTS_EMBEDDED=0`` turns it off). Empty values count as unset.
