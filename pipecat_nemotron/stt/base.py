@@ -305,7 +305,8 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         """Push ``text`` as an ``InterimTranscriptionFrame`` (``result``: its words so far) if it is new."""
         if text and text != self._last_interim:
             self._last_interim = text
-            self._commit.on_words()  # an end of utterance before these words did not end it
+            if self._commit.wants_eou:  # an end of utterance before these words did not end it
+                self._commit.on_words()
             if result is not None:
                 self._decoded_language = result.language
             frame = InterimTranscriptionFrame(
