@@ -211,3 +211,19 @@ async def test_the_eou_model_transcribes_as_well_as_the_bundled_one() -> None:
     wer = {split: count.percent for split, count in errors.items()}
     # docs/TINY_MODEL.md: 1.44% / 4.13% here, against the bundled model's 1.72% / 4.41%; its bounds are 3% / 8%.
     assert wer["seen_voice"] <= 3.0 and wer["unseen_voice"] <= 8.0, json.dumps(wer)
+
+
+def test_the_eou_models_vocabulary_is_the_bundled_one_plus_eou() -> None:
+    import tarfile
+
+    from pipecat_nemotron.asr.eou import EOU_PIECE, nemo_file_has_eou
+    from pipecat_nemotron.models import TINY_MODEL_PATH
+
+    def pieces(path) -> list[str]:
+        with tarfile.open(path) as tar:
+            member = next(m for m in tar.getmembers() if m.name.endswith("tokenizer.vocab"))
+            return [line.split("\t")[0] for line in tar.extractfile(member).read().decode().splitlines()]  # type: ignore[union-attr]
+
+    bundled, eou = pieces(TINY_MODEL_PATH), pieces(TINY_EOU_MODEL_PATH)
+    assert eou == [*bundled, EOU_PIECE]  # every old piece keeps its id; <EOU> is the new last one
+    assert nemo_file_has_eou(TINY_EOU_MODEL_PATH) is True
