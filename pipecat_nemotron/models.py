@@ -16,6 +16,10 @@ TINY_MODEL_PATH = ASSETS_DIR / "tiny_nemotron_asr.nemo"
 #: ``docs/TINY_MULTILINGUAL_MODEL.md``).
 TINY_MULTILINGUAL_MODEL_PATH = ASSETS_DIR / "tiny_nemotron_asr_multilingual.nemo"
 
+#: The tiny model fine-tuned to emit ``<EOU>`` at the end of each utterance (``turn_end="eou"``; see
+#: ``docs/TINY_MODEL.md``, *End of utterance*).
+TINY_EOU_MODEL_PATH = ASSETS_DIR / "tiny_nemotron_asr_eou.nemo"
+
 #: Bundled demo audio (held-out sentences of the tiny model) and its ``transcripts.json``.
 DEMO_AUDIO_DIR = ASSETS_DIR / "demo"
 

@@ -1072,6 +1072,15 @@ class StepOrClockCosine:
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.t0 = time.perf_counter() - self.elapsed_s
 
+    def state_dict(self) -> dict[str, float]:
+        """The schedule's clock, s trained so far: kept in every checkpoint, so ``--resume`` continues it."""
+        return {"elapsed_s": time.perf_counter() - self.t0}
+
+    def load_state_dict(self, state_dict: dict[str, float]) -> None:
+        """Continue the clock of the checkpoint a resumed run starts from (``--elapsed-minutes`` overrides)."""
+        if not self.elapsed_s:
+            self.elapsed_s = float(state_dict.get("elapsed_s", 0.0))
+
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
         by_step = step / self.max_steps
@@ -1196,6 +1205,9 @@ def _training_model(args: argparse.Namespace, trainer: Any) -> Any:
 
 #: SentencePiece's word-start mark.
 WORD_MARK = "\u2581"
+#: New marker pieces and the old piece whose rows (output, embedding) they start from: ``<EOU>`` ends an
+#: utterance where the cased model writes its end mark, so it starts as a copy of the full stop.
+MARKER_ROWS: dict[str, str] = {"<EOU>": "."}
 #: Parameters with one row per output token (blank last) of the hybrid RNNT+CTC model.
 _TOKEN_ROWS = (
     "decoder.prediction.embed.weight",
@@ -1228,7 +1240,9 @@ def init_from_other_vocabulary(model: Any, source: Path) -> None:
     first: dict[int, int] = {len(new_pieces): old.tokenizer.vocab_size}  # blank
     last = dict(first)
     for i, piece in enumerate(new_pieces):
-        if piece in old_ids or piece.lower() in old_ids:
+        if piece in MARKER_ROWS and MARKER_ROWS[piece] in old_ids:
+            first[i] = last[i] = old_ids[MARKER_ROWS[piece]]
+        elif piece in old_ids or piece.lower() in old_ids:
             first[i] = last[i] = old_ids.get(piece, old_ids.get(piece.lower()))
         elif any(c.isalpha() for c in piece):
             text = piece.replace(WORD_MARK, " ").strip()
@@ -1246,9 +1260,11 @@ def init_from_other_vocabulary(model: Any, source: Path) -> None:
                 state[name][new_id] = value[old_id]
     exact = sum(p in old_ids or p.lower() in old_ids for p in new_pieces)
     fresh = [p for i, p in enumerate(new_pieces) if i not in first]
+    markers = [f"{p} from {MARKER_ROWS[p]!r}" for p in new_pieces if p in MARKER_ROWS and p not in old_ids]
     print(
         f"[train] initialised from {source}: of {len(new_pieces)} tokens {exact} copied, "
-        f"{len(new_pieces) - exact - len(fresh)} from their old pieces, new: {' '.join(fresh)}",
+        f"{len(new_pieces) - exact - len(fresh) - len(markers)} from their old pieces, "
+        f"markers: {' '.join(markers) or 'none'}, new: {' '.join(fresh)}",
         flush=True,
     )
 
@@ -1271,7 +1287,7 @@ def stage_train(args: argparse.Namespace) -> None:
         monitor="val_wer",
         mode="min",
         save_top_k=1,
-        save_last=True,
+        save_last=args.checkpoint_minutes <= 0,  # else the periodic checkpoint below owns last.ckpt
     )
     schedule = lightning_callback(StepOrClockCosine)(
         args.lr,
@@ -1282,7 +1298,19 @@ def stage_train(args: argparse.Namespace) -> None:
         args.stop_step,
         args.elapsed_minutes * 60,
     )
-    trainer = _trainer(args, run_dir, [ckpt, lightning_callback(Progress)(args.print_every), schedule])
+    callbacks = [ckpt, lightning_callback(Progress)(args.print_every), schedule]
+    if args.checkpoint_minutes > 0:  # last.ckpt every few minutes, so a killed run loses little (--resume)
+        from datetime import timedelta
+
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=str(run_dir / "checkpoints"),
+                filename="periodic",
+                save_last=True,
+                train_time_interval=timedelta(minutes=args.checkpoint_minutes),
+            )
+        )
+    trainer = _trainer(args, run_dir, callbacks)
     model = _training_model(args, trainer)
     n_params = sum(p.numel() for p in model.parameters())
     print(
@@ -1291,7 +1319,10 @@ def stage_train(args: argparse.Namespace) -> None:
         flush=True,
     )
     t0 = time.perf_counter()
-    resume = str(run_dir / "checkpoints" / "last.ckpt") if args.resume else None
+    last = run_dir / "checkpoints" / "last.ckpt"
+    resume = str(last) if args.resume and last.exists() else None  # nothing saved yet: start afresh
+    if resume:
+        print(f"[train] resuming from {resume}", flush=True)
     trainer.fit(model, ckpt_path=resume)
     minutes = (time.perf_counter() - t0) / 60
     # The schedule can stop between validations: validate and keep the final weights too.
@@ -1537,6 +1568,7 @@ TRAINING_OPTIONS: dict[str, tuple[Any, str | None]] = {
         "with --resume: minutes the interrupted run had already trained (continues the clock-driven schedule)",
     ),
     "stop_step": (0, "stop at this step, before the schedule ends"),
+    "checkpoint_minutes": (0.0, "also write last.ckpt every this many minutes of training (0: at validations only)"),
 }
 
 

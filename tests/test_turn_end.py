@@ -117,7 +117,7 @@ def test_decide_combines_the_words_and_smart_turn() -> None:
 
 
 def test_modes_are_validated() -> None:
-    with pytest.raises(ValueError, match=r"turn_end must be one of \['smart', 'vad', 'text'\]"):
+    with pytest.raises(ValueError, match=r"turn_end must be one of \['smart', 'vad', 'text', 'eou', 'eou_smart'\]"):
         user_turn_strategies_for("words")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="turn_end must be one of"):
         turn_commit_for("audio")  # type: ignore[arg-type]

@@ -38,6 +38,8 @@ from pipecat.transports.base_transport import BaseTransport
 
 from pipecat_nemotron.agent.settings import AgentSettings
 from pipecat_nemotron.agent.turn_end import (
+    EOU_TURN_END_MODES,
+    EouTurnCommit,
     TextTurnCommit,
     TurnEndLog,
     TurnEndMode,
@@ -140,7 +142,7 @@ def build_voice_agent(
         observers: More observers for the worker.
         pipeline_params: Defaults to ``PipelineParams(enable_metrics=True, enable_usage_metrics=True)``.
         idle_timeout_secs: Worker idle timeout, seconds (None: never).
-        turn_end: How a VAD stop ends the user's turn (``"smart"``, ``"vad"``, ``"text"``; see
+        turn_end: How a VAD stop ends the user's turn (``"smart"``, ``"vad"``, ``"text"``, ``"eou"``, ``"eou_smart"``; see
             :mod:`pipecat_nemotron.agent.turn_end`); None: Pipecat's default (Smart Turn), or the STT's own commit
             when it owns turn detection (eager end of turn). With the eager end of turn on, the STT decides:
             build it with ``eager=EagerSettings(turn_commit=turn_commit_for(turn_end))``
@@ -230,6 +232,21 @@ def _turn_end_setup(
                 "does)"
             )
         return None, None
+    if isinstance(commit, EouTurnCommit) and getattr(stt, "owns_turn_detection", False):
+        # An EOU commit without predictions: the STT still owns turn detection, Pipecat follows its frames.
+        if turn_end is not None and commit.mode != turn_end:
+            raise ValueError(
+                f"turn_end={turn_end!r} but the STT's turn_commit is {commit.mode!r}; build the STT with "
+                f"turn_commit=turn_commit_for({turn_end!r})"
+            )
+        commit.log = commit.log or TurnEndLog()
+        return commit.log, LLMUserAggregatorParams(user_turn_strategies=user_turn_strategies_for(commit.mode))
+    if turn_end in EOU_TURN_END_MODES:
+        raise ValueError(
+            f"turn_end={turn_end!r} ends turns on the STT's end-of-utterance events: build the STT with "
+            f"turn_commit=turn_commit_for({turn_end!r}) and a model that emits <EOU> "
+            "(AgentSettings(turn_end=...).create_stt() does)"
+        )
     if turn_end is None:
         return None, None
     log = TurnEndLog()

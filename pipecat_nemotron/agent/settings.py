@@ -20,12 +20,14 @@ from pipecat.services.stt_service import STTService
 from pipecat.services.tts_service import TTSService
 
 from pipecat_nemotron.agent.turn_end import (
+    EOU_TURN_END_MODES,
     TURN_END_MODES,
     TurnEndMode,
     turn_commit_for,
     validate_turn_end,
 )
-from pipecat_nemotron.asr.config import EngineConfig, validate_latency_ms
+from pipecat_nemotron.asr.config import DEFAULT_MODEL, EngineConfig, validate_latency_ms
+from pipecat_nemotron.asr.eou import EOU_MODELS, EOU_PIECE, nemo_file_has_eou
 from pipecat_nemotron.llm.embedded import EmbeddedLLMSettings
 from pipecat_nemotron.llm.env import (
     ENV_API_KEY,
@@ -75,8 +77,11 @@ class AgentSettings:
         asr_boost_phrases: Phrases to boost in every session (``NemotronSTTService(boost_phrases=...)``), spelled
             and cased as the model writes them; empty: none.
         turn_end: How a VAD stop ends the user's turn: ``"smart"`` (Smart Turn on the audio), ``"vad"`` (every
-            VAD stop) or ``"text"`` (the final's words with Smart Turn, :mod:`pipecat_nemotron.agent.turn_end`).
-            None: ``"smart"`` with the eager end of turn off (Pipecat's default), ``"vad"`` with it on.
+            VAD stop), ``"text"`` (the final's words with Smart Turn), ``"eou"`` (the recogniser's own ``<EOU>``)
+            or ``"eou_smart"`` (``<EOU>``, else Smart Turn); :mod:`pipecat_nemotron.agent.turn_end`.
+            None: ``"smart"`` with the eager end of turn off (Pipecat's default), ``"vad"`` with it on. The EOU
+            modes need a model that emits ``<EOU>``: without ``asr_model`` on CPU they use the bundled
+            ``tiny_nemotron_asr_eou.nemo``; a model without the token is refused here.
         llm_configured: Whether an LLM endpoint was configured (``NEMOTRON_LLM_BASE_URL`` or ``_BACKEND``).
         llm_env: The environment the LLM settings are read from (see ``NemotronLLMSettings.from_env``).
         llm_embedded: The llama.cpp server an :class:`~pipecat_nemotron.agent.process.AgentProcess` starts when
@@ -117,6 +122,16 @@ class AgentSettings:
         validate_latency_ms(self.asr_latency_ms)
         if self.turn_end is not None:
             validate_turn_end(self.turn_end)
+        if self.turn_end in EOU_TURN_END_MODES:
+            model = self.asr_model_name()
+            if model == DEFAULT_MODEL or nemo_file_has_eou(model) is False:
+                raise ValueError(
+                    f"turn_end={self.turn_end!r} ends turns on the recogniser's {EOU_PIECE} token, and the ASR model "
+                    f"{model!r} has none: set asr_model (NEMOTRON_ASR_MODEL) to one that emits it "
+                    f"({', '.join(EOU_MODELS)}; the tiny one is pipecat_nemotron/assets/tiny_nemotron_asr_eou.nemo), "
+                    "or choose turn_end 'smart', "
+                    "'vad' or 'text'"
+                )
         if not self.asr_eager_silence_ms > 0:
             raise ValueError(f"asr_eager_silence_ms must be > 0 (ms), got {self.asr_eager_silence_ms!r}")
 
@@ -128,7 +143,7 @@ class AgentSettings:
         to turn it on) and ``NEMOTRON_ASR_EAGER_SILENCE_MS``, ``NEMOTRON_CPU_THREADS`` (torch threads of the ASR
         model on CPU), ``NEMOTRON_ASR_FINAL_TIMEOUT_S`` (seconds), ``NEMOTRON_ASR_BOOST_PHRASES`` (phrases separated
         by commas: ``Okafor, Zyrtec, Dr. Mbeki``), ``NEMOTRON_TURN_END`` (``smart``, ``vad``,
-        ``text``), ``NEMOTRON_LLM_*`` (see ``docs/LLM.md``; with neither ``NEMOTRON_LLM_BASE_URL`` nor
+        ``text``, ``eou``, ``eou_smart``), ``NEMOTRON_LLM_*`` (see ``docs/LLM.md``; with neither ``NEMOTRON_LLM_BASE_URL`` nor
         ``_BACKEND`` set, the embedded llama.cpp server: ``NEMOTRON_LLM_EMBEDDED``/``_EMBEDDED_GGUF``/
         ``_EMBEDDED_THREADS``), ``MAGPIE_TTS_MODEL``/``_VOICE``, ``MAGPIE_NIM_SERVER``/``_VOICE`` (with neither
         model nor NIM set, the embedded Magpie; ``MAGPIE_TTS_EMBEDDED=0`` turns it off). Empty values count as unset.
@@ -215,12 +230,25 @@ class AgentSettings:
         """
         return replace(self, tts_model=model, tts_max_duration_s=max_duration_s)
 
+    def asr_model_name(self) -> str:
+        """The ASR model these settings load.
+
+        ``asr_model``, else the device's default (the bundled tiny model on CPU; its EOU fine-tune with an EOU
+        ``turn_end``).
+        """
+        from pipecat_nemotron.models import TINY_EOU_MODEL_PATH, TINY_MODEL_PATH, default_asr_model
+
+        if self.asr_model:
+            return self.asr_model
+        model = default_asr_model(self.asr_device)
+        if self.turn_end in EOU_TURN_END_MODES and model == str(TINY_MODEL_PATH) and TINY_EOU_MODEL_PATH.exists():
+            return str(TINY_EOU_MODEL_PATH)
+        return model
+
     def asr_engine_config(self) -> EngineConfig:
         """The ASR engine these settings name (the key services and :meth:`preload` share it under)."""
-        from pipecat_nemotron.models import default_asr_model
-
         return EngineConfig(
-            model=self.asr_model or default_asr_model(self.asr_device),
+            model=self.asr_model_name(),
             device=self.asr_device,
             cpu_threads=self.asr_cpu_threads,
         )
@@ -234,6 +262,8 @@ class AgentSettings:
             if self.turn_end is not None:
                 commit = turn_commit_for(self.turn_end, language=(self.asr_language or "en").split("-")[0])
             kwargs.setdefault("eager", EagerSettings(silence_ms=self.asr_eager_silence_ms, turn_commit=commit))
+        elif self.turn_end in EOU_TURN_END_MODES:  # the STT owns turn detection: its <EOU> commits the turn
+            kwargs.setdefault("turn_commit", turn_commit_for(self.turn_end))
         kwargs.setdefault("language", self.asr_language)
         if self.asr_final_timeout_s is not None:
             kwargs.setdefault("final_timeout_s", self.asr_final_timeout_s)

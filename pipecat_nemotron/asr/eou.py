@@ -13,8 +13,10 @@ trained. No torch here.
 
 from __future__ import annotations
 
+import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 #: The end-of-utterance piece of NVIDIA's realtime EOU models (NeMo's ``EOU_STRING``).
@@ -23,8 +25,9 @@ EOU_PIECE = "<EOU>"
 #: The end-of-backchannel piece of their later exports (NeMo's ``EOB_STRING``); never part of any text.
 EOB_PIECE = "<EOB>"
 
-#: Models known to emit :data:`EOU_PIECE`, for error messages.
-EOU_MODELS = ("nvidia/parakeet_realtime_eou_120m-v1",)
+#: Models known to emit :data:`EOU_PIECE`, for error messages (the bundled tiny one is
+#: ``pipecat_nemotron/assets/tiny_nemotron_asr_eou.nemo``, ``pipecat_nemotron.models.TINY_EOU_MODEL_PATH``).
+EOU_MODELS = ("nvidia/parakeet_realtime_eou_120m-v1", "tiny_nemotron_asr_eou.nemo")
 
 
 @dataclass(frozen=True)
@@ -89,3 +92,34 @@ def eou_unavailable_message(model: str) -> str:
         f"{model!r} has none; load one that emits it ({', '.join(EOU_MODELS)}), or leave eou off "
         "(EngineConfig.eou=False, open_stream(eou=False)) and end utterances with finalize()"
     )
+
+
+def nemo_file_has_eou(model: str | Path) -> bool | None:
+    """Whether a local ``.nemo`` file's tokenizer has :data:`EOU_PIECE`, read from its ``tokenizer.vocab``.
+
+    Cheap (the archive's member list and one small member; no torch, no model restore), so services and settings
+    can refuse a model without the token when they are built, not when the stream opens.
+
+    Args:
+        model: A ``.nemo`` path, or a hub id.
+
+    Returns:
+        True or False for a readable local ``.nemo`` file; None when it cannot tell (a hub id, a missing file,
+        an archive without a ``tokenizer.vocab``): the engine checks when it loads the model.
+
+    """
+    path = Path(model)
+    if path.suffix != ".nemo" or not path.is_file():
+        return None
+    try:
+        with tarfile.open(path) as tar:
+            member = next((m for m in tar.getmembers() if m.name.endswith("tokenizer.vocab")), None)
+            if member is None:
+                return None
+            handle = tar.extractfile(member)
+            if handle is None:
+                return None
+            pieces = {line.split(b"\t", 1)[0] for line in handle.read().splitlines()}
+    except (OSError, tarfile.TarError):
+        return None
+    return EOU_PIECE.encode() in pieces

@@ -8,8 +8,13 @@ strategy must hold. Each utterance is followed by 4 s of silence (more than Smar
 Smart Turn holds is still answered, late.
 
 Every configuration hears the same sessions: ``turn_end`` ``smart`` (Pipecat's default Smart Turn v3), ``vad``
-(every VAD stop) and ``text`` (:mod:`pipecat_nemotron.agent.turn_end`), each with the eager end of turn off and on
-(with it on, the STT commits the turn: :class:`~pipecat_nemotron.agent.turn_end.TextTurnCommit`). Per configuration:
+(every VAD stop), ``text`` (:mod:`pipecat_nemotron.agent.turn_end`), ``eou`` (the recogniser's own ``<EOU>``) and
+``eou_smart`` (``<EOU>``, else Smart Turn), each with the eager end of turn off and on (with it on, the STT commits
+the turn: :class:`~pipecat_nemotron.agent.turn_end.TextTurnCommit`; the EOU modes always let the STT commit,
+:class:`~pipecat_nemotron.agent.turn_end.EouTurnCommit`). The EOU modes run on ``--eou-model`` (default: the
+bundled ``tiny_nemotron_asr_eou.nemo``, the tiny model fine-tuned to emit ``<EOU>``), the others on ``--model``.
+``--manifest tests/assets/heldout_eou/manifest.json`` plays held-out sentences in voices and at speeds (265-300
+words per minute) the tiny models never heard in training. Per configuration:
 voice-to-voice p50/p90 (speech end to the bot speaking, :class:`~pipecat_nemotron.observers.metrics.VoiceLatencyObserver`)
 and its turn-detection share (Pipecat's v2v breakdown: the final transcript to the committed turn, the part the
 strategy decides; the rest is ASR, LLM and TTS time, which a loaded machine stretches),
@@ -45,7 +50,9 @@ NAME = "turns"
 _LEAD_S, _GAP_S = 0.5, 4.0
 #: A commit this close to an utterance's last sound is not premature (VAD frames, timing jitter), s.
 _END_SLACK_S = 0.1
-MODES = ("smart", "vad", "text")
+MODES = ("smart", "vad", "text", "eou", "eou_smart")
+#: The modes that run on ``--eou-model``.
+EOU_MODES = ("eou", "eou_smart")
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pause-ms", type=float, nargs=2, default=[300.0, 900.0], help="pause range inside a sentence, ms"
     )
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="turn-end modes")
+    parser.add_argument(
+        "--eou-model",
+        default=None,
+        help="model of the eou modes, one that emits <EOU> (default: the bundled tiny_nemotron_asr_eou.nemo)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="session composition seed (default: 0)")
 
 
@@ -191,8 +203,12 @@ async def run_session(
     from pipecat_nemotron.tts.magpie import MagpieSynthesisOptions
     from pipecat_nemotron.tts.service import MagpieTTSService
 
-    eager = EagerSettings(turn_commit=turn_commit_for(config.turn_end)) if config.eager else None  # type: ignore[arg-type]
-    stt = NemotronSTTService(engine=asr, latency_ms=latency_ms, eager=eager)
+    commit = turn_commit_for(config.turn_end)  # type: ignore[arg-type]
+    eager = EagerSettings(turn_commit=commit) if config.eager else None
+    if eager is None and commit.wants_eou:  # the STT owns turn detection: its <EOU> ends the turn
+        stt = NemotronSTTService(engine=asr, latency_ms=latency_ms, turn_commit=commit)
+    else:
+        stt = NemotronSTTService(engine=asr, latency_ms=latency_ms, eager=eager)
     observer = VoiceLatencyObserver(record_text=True, log_turns=False)
     clock = commit_clock()
     agent = build_voice_agent(
@@ -320,6 +336,7 @@ def figure(runs: Sequence[dict[str, Any]]) -> Any:
 async def bench(args: argparse.Namespace, result: dict[str, Any]) -> list[dict[str, Any]]:
     """Run every configuration over the same sessions."""
     from pipecat_nemotron.asr import EngineConfig, NemotronEngine
+    from pipecat_nemotron.models import TINY_EOU_MODEL_PATH
     from pipecat_nemotron.tts.magpie import MagpieEngine
     from pipecat_nemotron.tts.magpie.tiny import build_tiny_magpie
 
@@ -332,14 +349,22 @@ async def bench(args: argparse.Namespace, result: dict[str, Any]) -> list[dict[s
         magpie_path, _ = build_tiny_magpie(Path(tmp) / "magpie", end_of_speech_bias=30.0)
         magpie = MagpieEngine(str(magpie_path), device="cpu")
         magpie.wait_until_ready(timeout=600)
-        config = EngineConfig(model=str(spec.path), device=args.device, max_streams=2)
+        models = {"plain": str(spec.path), "eou": str(args.eou_model or TINY_EOU_MODEL_PATH)}
+        result["eou_model"] = models["eou"]
+        configs = [Config(m, e) for e in (False, True) for m in args.modes]
         try:
-            async with NemotronEngine(config) as asr:
-                for cfg in [Config(m, e) for e in (False, True) for m in args.modes]:
-                    print(f"[bench] turns: {cfg.label} ...", flush=True)
-                    runs.append(await run_config(cfg, sessions, asr, magpie, args))
+            for kind, model in models.items():
+                todo = [c for c in configs if (c.turn_end in EOU_MODES) == (kind == "eou")]
+                if not todo:
+                    continue
+                async with NemotronEngine(EngineConfig(model=model, device=args.device, max_streams=2)) as asr:
+                    for cfg in todo:
+                        print(f"[bench] turns: {cfg.label} ...", flush=True)
+                        runs.append(await run_config(cfg, sessions, asr, magpie, args))
         finally:
             magpie.close()
+        order = {c.label: i for i, c in enumerate(configs)}
+        runs.sort(key=lambda r: order[r["config"]["label"]])
     return runs
 
 

@@ -59,6 +59,11 @@ class AudioPositions:
         gaps_ms = sum(g.ms for g in self._open_gaps(decoded_ms))
         return self._base_ms + max(0.0, decoded_ms - self._decoded_at_final_ms) + gaps_ms
 
+    def at_ms(self, decoded_ms: float) -> float:
+        """A point of the current utterance's decoded audio (ms from the stream's first sample) in session ms."""
+        gaps_ms = sum(g.ms for g in self._open_gaps(decoded_ms))
+        return self._base_ms + max(0.0, decoded_ms - self._decoded_at_final_ms) + gaps_ms
+
     def final_message(
         self, update: Transcript, stream: ASRStream, word_timings: bool = False
     ) -> FinalMessage:

@@ -31,6 +31,7 @@ from pipecat_nemotron.server.close_codes import is_permanent as is_permanent
 from pipecat_nemotron.server.protocol_common import BOOST_FEATURE as BOOST_FEATURE
 from pipecat_nemotron.server.protocol_common import DEFAULT_PATH as DEFAULT_PATH
 from pipecat_nemotron.server.protocol_common import ENCODING_PCM_S16LE as ENCODING_PCM_S16LE
+from pipecat_nemotron.server.protocol_common import EOU_FEATURE as EOU_FEATURE
 from pipecat_nemotron.server.protocol_common import GAP_FEATURE as GAP_FEATURE
 from pipecat_nemotron.server.protocol_common import LANGUAGE_FEATURE as LANGUAGE_FEATURE
 from pipecat_nemotron.server.protocol_common import LATENCY_STEP_MS as LATENCY_STEP_MS
@@ -52,6 +53,7 @@ from pipecat_nemotron.server.protocol_common import (
     load_object,
 )
 from pipecat_nemotron.server.protocol_server import BoostMessage as BoostMessage
+from pipecat_nemotron.server.protocol_server import EouMessage as EouMessage
 from pipecat_nemotron.server.protocol_server import ErrorMessage as ErrorMessage
 from pipecat_nemotron.server.protocol_server import FinalMessage as FinalMessage
 from pipecat_nemotron.server.protocol_server import LanguageMessage as LanguageMessage
@@ -90,6 +92,9 @@ class ConfigMessage:
             list of strings, more or longer phrases than ``ready.limits`` allow, or characters the model cannot
             write: a protocol error (4400) naming the limit or the characters.
         boost_alpha: Boosting weight (None: the server's default); only with ``boost_phrases``.
+        eou: Ask for the model's end-of-utterance events (``eou`` messages before each utterance's ``final``).
+            Added within v1 (feature ``eou``, listed only while the model emits ``<EOU>``; older servers ignore
+            it). On a model without the token: a protocol error (4400) naming the models that have it.
 
     """
 
@@ -106,6 +111,7 @@ class ConfigMessage:
     language: str | None = None
     boost_phrases: tuple[str, ...] | None = None
     boost_alpha: float | None = None
+    eou: bool = False
 
     def validate(self) -> ConfigMessage:
         """Return self if every field is supported.
@@ -125,7 +131,7 @@ class ConfigMessage:
         if not is_int(self.num_channels) or not 1 <= self.num_channels <= 8:
             raise ProtocolError(f"num_channels must be an integer from 1 to 8, got {self.num_channels!r}")
         check_latency(self.latency_ms)
-        for name in ("interim_results", "word_timings"):
+        for name in ("interim_results", "word_timings", "eou"):
             if not isinstance(getattr(self, name), bool):
                 raise ProtocolError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.token is not None and not isinstance(self.token, str):
@@ -144,10 +150,11 @@ class ConfigMessage:
     def to_json(self) -> str:
         """Serialize; what a client does not use is left out, so it sends what older clients send.
 
-        Optional fields are omitted when unset, ``word_timings`` when false, ``boost_phrases`` when empty.
+        Optional fields are omitted when unset, ``word_timings`` and ``eou`` when false, ``boost_phrases`` when
+        empty.
         """
         data = {"type": self.type, **asdict(self)}
-        optional = ("word_timings", "boost_phrases")
+        optional = ("word_timings", "boost_phrases", "eou")
         return json.dumps({k: v for k, v in data.items() if v is not None and (k not in optional or v)})
 
 

@@ -55,10 +55,14 @@ BOOST_FEATURE = "boost"
 #: Added within v1.
 GAP_FEATURE = "gap"
 
+#: Optional feature: ``config.eou`` asks for the model's end-of-utterance events (``eou`` messages). Announced
+#: only while the loaded model emits ``<EOU>``. Added within v1.
+EOU_FEATURE = "eou"
+
 #: The optional features this server supports, announced in ``ready.features`` (a client uses a feature only
 #: when it is listed there, so old clients and old servers keep working with new ones).
 SERVER_FEATURES: tuple[str, ...] = (
-    PEEK_FEATURE, WORD_TIMINGS_FEATURE, LANGUAGE_FEATURE, BOOST_FEATURE, GAP_FEATURE
+    PEEK_FEATURE, WORD_TIMINGS_FEATURE, LANGUAGE_FEATURE, BOOST_FEATURE, GAP_FEATURE, EOU_FEATURE
 )
 
 

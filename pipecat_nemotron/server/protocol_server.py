@@ -212,6 +212,31 @@ class PeekResultMessage:
     peek_ms: float = 0.0
 
 
+@dataclass(frozen=True)
+class EouMessage:
+    """The model says the current utterance ended (server to client; feature ``eou``, added within v1).
+
+    Sent only to a session whose ``config`` asked for ``eou``, when the model emits its ``<EOU>`` token: before
+    the utterance's ``final`` (which still comes only for a ``finalize``). A client that ends turns on it sends
+    ``finalize`` (if it has not yet) and ends the user's turn when that ``final`` arrives.
+
+    Attributes:
+        utterance: 0-based utterance index within the session (the one the model says ended).
+        text: The utterance's text so far.
+        latency_ms: Latency mode that produced it.
+        eou_ms: Where the model emitted ``<EOU>``, ms from the session start (the end of its 80 ms frame).
+        session_audio_ms: Audio of the session decoded so far when the message was sent, ms from the session start.
+
+    """
+
+    type: ClassVar[str] = "eou"
+    utterance: int = 0
+    text: str = ""
+    latency_ms: int = 160
+    eou_ms: float = 0.0
+    session_audio_ms: float = 0.0
+
+
 ServerMessage = (
     ReadyMessage
     | PartialMessage
@@ -221,6 +246,7 @@ ServerMessage = (
     | BoostMessage
     | ErrorMessage
     | PeekResultMessage
+    | EouMessage
 )
 
 _SERVER_TYPES: dict[str, type[Any]] = {
@@ -234,6 +260,7 @@ _SERVER_TYPES: dict[str, type[Any]] = {
         BoostMessage,
         ErrorMessage,
         PeekResultMessage,
+        EouMessage,
     )
 }
 
@@ -261,6 +288,7 @@ def dump_server_message(msg: ServerMessage) -> str:
         "ttf_ms",
         "chunk_ms",
         "peek_ms",
+        "eou_ms",
     ):
         if key in data:
             data[key] = round(float(data[key]), 2)

@@ -40,6 +40,7 @@ from pipecat_nemotron.server.protocol import (
     CloseCode,
     CloseMessage,
     ConfigMessage,
+    EouMessage,
     ErrorMessage,
     FinalizeMessage,
     GapMessage,
@@ -261,6 +262,7 @@ class Session:
                 language=config.language,
                 boost_phrases=config.boost_phrases or None,
                 boost_alpha=config.boost_alpha,
+                eou=config.eou,
             )
 
         try:
@@ -418,6 +420,16 @@ class Session:
                     logger.debug(
                         f"ASR session {self.session_id} final {update.utterance} in {update.ttf_ms or 0:.1f} ms: "
                         f"{update.text!r}"
+                    )
+                elif update.kind == "eou":
+                    await self._send(
+                        EouMessage(
+                            utterance=update.utterance,
+                            text=update.text,
+                            latency_ms=update.latency_ms,
+                            eou_ms=self._positions.at_ms(update.eou_ms or 0.0),
+                            session_audio_ms=self._positions.position_ms(stream),
+                        )
                     )
                 else:
                     metrics.partial_lag_seconds.observe(update.lag_ms / 1000.0)

@@ -11,15 +11,18 @@ model's modes or languages, or the limit) and at each ``set_latency`` / ``set_la
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from pipecat_nemotron.asr import ASRStream, NemotronEngine, Transcript
 from pipecat_nemotron.asr.boosting import validate_boost_phrases
+from pipecat_nemotron.asr.eou import eou_unavailable_message
 from pipecat_nemotron.asr.errors import BoostingUnavailableError
 from pipecat_nemotron.server.config import ServerConfig
 from pipecat_nemotron.server.errors import SessionError
 from pipecat_nemotron.server.protocol import (
     BOOST_FEATURE,
+    EOU_FEATURE,
     SERVER_FEATURES,
     BoostMessage,
     CloseCode,
@@ -68,15 +71,20 @@ def boost_limits(engine: NemotronEngine, config: ServerConfig) -> BoostLimits:
     )
 
 
-def server_features(limits: BoostLimits) -> tuple[str, ...]:
-    """``ready.features``: every optional feature, ``boost`` only while the server allows a phrase."""
-    return tuple(f for f in SERVER_FEATURES if f != BOOST_FEATURE or limits.max_phrases > 0)
+def server_features(limits: BoostLimits, eou: bool = False) -> tuple[str, ...]:
+    """``ready.features``: every optional feature, some only while they can be used.
+
+    ``boost`` only while the server allows a phrase, ``eou`` only while the model emits ``<EOU>`` (``eou``).
+    """
+    return tuple(
+        f for f in SERVER_FEATURES if (f != BOOST_FEATURE or limits.max_phrases > 0) and (f != EOU_FEATURE or eou)
+    )
 
 
 def ready_message(context: SessionContext, session_id: str, stream: ASRStream, limits: BoostLimits) -> ReadyMessage:
     """The ``ready`` of a session whose stream opened: the model, the stream's settings, the limits, the features."""
     engine = context.engine
-    features = server_features(limits)
+    features = server_features(limits, eou=engine.info.eou)
     return ReadyMessage(
         session_id=session_id,
         server_id=context.server_id,
@@ -110,6 +118,10 @@ def check_config(engine: NemotronEngine, config: ConfigMessage, limits: BoostLim
         raise SessionError(
             CloseCode.PROTOCOL_ERROR, f"this model supports latency_ms in {modes}, got {config.latency_ms}"
         )
+    if config.eou and not engine.info.eou:
+        model = engine.config.model
+        name = Path(model).name if model.endswith(".nemo") else model  # never a path on the server
+        raise SessionError(CloseCode.PROTOCOL_ERROR, eou_unavailable_message(name))
     try:
         engine.resolve_language(config.language)
         limits.check(config.boost_phrases or ())

@@ -33,6 +33,7 @@ from pipecat.services.settings import STTSettings, is_given
 from pipecat.services.stt_service import STTService
 from pipecat.transcriptions.language import Language
 from pipecat.turns.eager_end_of_turn_mixin import EagerEndOfTurnSTTServiceMixin
+from pipecat.turns.user_turn_strategies import ExternalUserTurnStrategies
 from pipecat.utils.time import time_now_iso8601
 from pipecat.utils.tracing.service_decorators import traced_stt
 
@@ -100,6 +101,7 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         eager: EagerSettings | None = None,
         boost_phrases: Sequence[str] | None = None,
         boost_alpha: float | None = None,
+        turn_commit: TurnCommit | None = None,
         **kwargs: Any,
     ) -> None:
         """Validate and store the settings, then initialise the Pipecat service.
@@ -119,10 +121,17 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
             eager: The eager end of turn (:class:`~pipecat_nemotron.stt.eager.EagerSettings`): answer a predicted
                 end of turn before the VAD commits it. None (the default) turns it off. 0.1's keyword arguments
                 (``enable_eager_end_of_turn``, ``eager_silence_ms``, ...) still work, with a deprecation warning.
+            turn_commit: What ends the user turn when the STT owns turn detection with the eager end of turn off:
+                a commit that reads the model's end-of-utterance events (``TurnCommit.wants_eou``, e.g.
+                ``turn_commit_for("eou")``); the STT then opens its stream with ``eou=True`` and pushes
+                ``ProposedUserStarted/StoppedSpeakingFrame`` for Pipecat's ``ExternalUserTurnStrategies``. With
+                the eager end of turn on, pass it as ``EagerSettings(turn_commit=...)`` instead. None: the user
+                aggregator's own strategies end the turn.
             **kwargs: Passed on to the next base (Pipecat's ``STTService`` or ``WebsocketSTTService``).
 
         Raises:
-            ValueError: Unsupported latency (the message names the allowed values), a bad eager or boost setting.
+            ValueError: Unsupported latency (the message names the allowed values), a bad eager or boost setting,
+                or ``turn_commit`` given both here and in ``eager``.
 
         """
         default_settings = initial_settings(
@@ -134,6 +143,10 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
             settings=settings,
         )
         eager = eager_from_kwargs(eager, kwargs)
+        if eager is not None and turn_commit is not None:
+            raise ValueError(
+                "with the eager end of turn on, pass the turn commit as EagerSettings(turn_commit=...), not turn_commit="
+            )
         if eager is not None:
             eager.claim(self)
         super().__init__(
@@ -147,10 +160,10 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         self._last_interim = ""
         #: Language prompt of the latest transcript (None: an English-only model).
         self._decoded_language: str | None = None
-        self._commit = eager.commit() if eager is not None else TurnCommit()
-        #: The eager end of turn (None when it is off).
+        self._commit = eager.commit() if eager is not None else (turn_commit or TurnCommit())
+        #: The eager end of turn, or the turn detection of an EOU commit without predictions (None: neither).
         self._eager: EagerTurn | None = None
-        if eager is not None:
+        if eager is not None or self._commit.wants_eou:
             hooks = EagerHooks(
                 peek=self._peek_text,
                 predict=self._predict_end_of_turn,
@@ -158,7 +171,9 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
                 user_speaking=lambda: self._user_speaking,
                 language=self._frame_language,
             )
-            self._eager = EagerTurn(self, eager.pause_detector(), self._commit, eager.hold_words, hooks)
+            pauses = eager.pause_detector() if eager is not None else None
+            hold_words = eager.hold_words if eager is not None else frozenset()
+            self._eager = EagerTurn(self, pauses, self._commit, hold_words, hooks)
         #: Whether the subclass's transport can transcribe yet (it calls ``ready()`` / ``fail()``).
         self._readiness = Readiness()
 
@@ -175,8 +190,21 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
 
     @property
     def turn_commit(self) -> TurnCommit:
-        """What decides, in eager mode, whether a VAD stop commits the turn (``EagerSettings.turn_commit``)."""
+        """What decides, when the STT owns turn detection, whether the turn is committed.
+
+        Eager mode's ``EagerSettings.turn_commit``, or ``turn_commit``.
+        """
         return self._commit
+
+    @property
+    def owns_turn_detection(self) -> bool:
+        """Whether this STT ends user turns (``ProposedUserStoppedSpeakingFrame``): eager mode, or an EOU commit."""
+        return self._eager is not None
+
+    @property
+    def wants_eou(self) -> bool:
+        """Whether this STT asks the model for end-of-utterance events (its turn commit reads them)."""
+        return self._commit.wants_eou
 
     # ---- what the subclasses implement --------------------------------------------------------------------
 
@@ -263,6 +291,8 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         frame = super().service_metadata_frame()
         if self.eager_end_of_turn_enabled:
             frame.user_turn_strategies = self.recommended_user_turn_strategies(enable_interruptions=True)
+        elif self._eager is not None:  # an EOU commit: Pipecat's external strategies follow this STT's frames
+            frame.user_turn_strategies = ExternalUserTurnStrategies(enable_interruptions=True)
         return frame
 
     def measured_ttfs_p99(self) -> float:
@@ -275,6 +305,8 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         """Push ``text`` as an ``InterimTranscriptionFrame`` (``result``: its words so far) if it is new."""
         if text and text != self._last_interim:
             self._last_interim = text
+            if self._commit.wants_eou:  # an end of utterance before these words did not end it
+                self._commit.on_words()
             if result is not None:
                 self._decoded_language = result.language
             frame = InterimTranscriptionFrame(
@@ -385,6 +417,12 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         """The ASR decoded more of this session's audio (ms, any origin); ``text_changed``: the transcript grew."""
         if self._eager is not None:
             await self._eager.on_decoded(decoded_ms, text_changed)
+
+    async def _on_eou(self, utterance: int, eou_ms: float | None, text: str) -> None:
+        """The model says utterance ``utterance`` ended at ``eou_ms`` (ms of the session's audio), after ``text``."""
+        logger.debug(f"{self}: end of utterance {utterance} at {eou_ms} ms: {text!r}")
+        if self._eager is not None:
+            await self._eager.on_eou()
 
     async def _predict_end_of_turn(self, text: str) -> None:
         """Push ``text`` as the predicted end of the user's turn (an ``EagerTranscriptionFrame``)."""

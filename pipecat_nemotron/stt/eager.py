@@ -308,6 +308,10 @@ class TurnCommit:
 
     """
 
+    #: The commit reads the model's end-of-utterance events (:meth:`on_eou`): the STT opens its stream with
+    #: ``eou=True``, owns turn detection even with the eager end of turn off, and needs a model with ``<EOU>``.
+    wants_eou: bool = False
+
     def __init__(self, analyzer: BaseTurnAnalyzer | None = None) -> None:
         self.analyzer = analyzer
         self._verdict: asyncio.Task[bool] | None = None
@@ -346,6 +350,13 @@ class TurnCommit:
 
     def holds_prediction(self, text: str, language: object | None = None) -> bool:
         """Whether a pause after ``text`` is no end of turn to predict (a subclass reads the words; here: never)."""
+        return False
+
+    def on_words(self) -> None:
+        """The utterance's text grew (an interim): an end-of-utterance event before it no longer ends it."""
+
+    def on_eou(self) -> bool:
+        """The model emitted ``<EOU>`` (:attr:`wants_eou` only); True when that commits a turn held open."""
         return False
 
     async def complete(self, text: str = "", language: object | None = None) -> bool:

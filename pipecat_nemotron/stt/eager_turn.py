@@ -5,7 +5,9 @@ final-quality text and pushes it as the predicted end of the turn (Pipecat's ``E
 user speaks again it withdraws it (``EagerEndOfTurnCancelFrame``). It owns turn detection for its service: a
 ``ProposedUserStartedSpeakingFrame`` at each VAD start, a ``ProposedUserStoppedSpeakingFrame`` when the
 :class:`~pipecat_nemotron.stt.eager.TurnCommit` commits the turn. A service with the eager end of turn off has
-none, and none of this runs.
+none, and none of this runs, unless its turn commit reads the model's end-of-utterance events
+(``TurnCommit.wants_eou``): then the service owns turn detection without predicting (``pauses=None``), and an
+``<EOU>`` commits the turn (and, with predictions on, is what predicts it).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class EagerTurn:
 
     Args:
         service: The STT service it runs in: its tasks, its broadcasts and whether a prediction is out.
-        pauses: Decides when the user pauses.
+        pauses: Decides when the user pauses; None: no predictions, only turn detection (an EOU commit).
         commit: Decides whether a VAD stop commits the turn.
         hold_words: Words a turn rarely ends on: a pause after one predicts nothing.
         hooks: The service's side of the prediction (:class:`EagerHooks`).
@@ -80,7 +82,7 @@ class EagerTurn:
     def __init__(
         self,
         service: EagerService,
-        pauses: PauseDetector,
+        pauses: PauseDetector | None,
         commit: TurnCommit,
         hold_words: frozenset[str],
         hooks: EagerHooks,
@@ -92,10 +94,18 @@ class EagerTurn:
         self._hooks = hooks
         self._peek_task: asyncio.Task[None] | None = None
 
+    @property
+    def predicts(self) -> bool:
+        """Whether pauses predict the end of the turn (the eager end of turn is on)."""
+        return self.pauses is not None
+
     def start(self, sample_rate: int) -> None:
         """Start the service's own VAD (and the turn analyzer's) at the input sample rate, Hz."""
-        self.pauses.start(sample_rate)
         self.commit.start(sample_rate)
+        if self.pauses is None:
+            logger.info(f"{self._service}: owns turn detection ({type(self.commit).__name__}, no predictions)")
+            return
+        self.pauses.start(sample_rate)
         logger.info(
             f"{self._service}: eager end of turn on ({self.pauses.signal} signal, {self.pauses.silence_ms:g} ms pause)"
         )
@@ -103,27 +113,37 @@ class EagerTurn:
     async def on_vad_start(self, start_secs: float) -> None:
         """The VAD heard the user start: withdraw any prediction and open a turn."""
         await self._withdraw()
-        self.pauses.reset()
+        if self.pauses is not None:
+            self.pauses.reset()
         self.commit.on_speech_start(start_secs)
         await self._service.broadcast_frame(ProposedUserStartedSpeakingFrame)
 
     async def on_vad_stop(self) -> None:
         """The VAD stop: the final comes next and settles the prediction; a peek still running would repeat it."""
         await self._cancel_peek()
-        self.pauses.reset()
+        if self.pauses is not None:
+            self.pauses.reset()
         self.commit.on_vad_stop()
 
     async def on_audio(self, audio: bytes) -> None:
         """Input audio (16-bit PCM): the turn analyzer may end a turn it held open; the VAD listens for a pause."""
         if self.commit.on_audio(audio, self._hooks.user_speaking()):
             await self._service.broadcast_frame(ProposedUserStoppedSpeakingFrame)
-        if self._hooks.user_speaking():
+        if self.pauses is not None and self._hooks.user_speaking():
             await self._on_pause_event(await self.pauses.on_audio(audio))
 
     async def on_decoded(self, decoded_ms: float, text_changed: bool) -> None:
         """The ASR decoded more of the session's audio (ms, any origin); ``text_changed``: the transcript grew."""
-        if self._hooks.user_speaking():
+        if self.pauses is not None and self._hooks.user_speaking():
             await self._on_pause_event(self.pauses.on_decoded(decoded_ms, text_changed))
+
+    async def on_eou(self) -> None:
+        """The model emitted ``<EOU>``: it commits a turn held open; before the VAD stop it predicts the end."""
+        if self.commit.on_eou():
+            await self._service.broadcast_frame(ProposedUserStoppedSpeakingFrame)
+            return
+        if self.pauses is not None and self._hooks.user_speaking():
+            await self._on_pause_event(PauseEvent.PAUSE)
 
     async def on_final(self, text: str, language: Language | None) -> None:
         """A finalized transcript: commit the turn (``ProposedUserStoppedSpeakingFrame``) if it is complete."""
@@ -153,7 +173,7 @@ class EagerTurn:
         held = pause_held_by(text, self.hold_words, self.commit, self._hooks.language())
         if held is not None:
             logger.debug(f"{self._service}: a pause {held} is no end of turn; none predicted")
-        elif self._hooks.user_speaking() and self.pauses.paused:
+        elif self._hooks.user_speaking() and self.pauses is not None and (self.pauses.paused or self.commit.wants_eou):
             logger.debug(f"{self._service}: eager end of turn: {text!r}")
             await self._hooks.predict(text)
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from pipecat_nemotron.asr import EngineConfig, NemotronEngine
 from pipecat_nemotron.asr.boosting import validate_boost_phrases
+from pipecat_nemotron.asr.eou import EOU_MODELS, EOU_PIECE, nemo_file_has_eou
+from pipecat_nemotron.asr.errors import EndOfUtteranceUnavailableError
 from pipecat_nemotron.asr.shared import SharedEngines, shared_engines
 
 __all__ = ["EngineLease"]
@@ -83,6 +85,27 @@ class EngineLease:
         validate_boost_phrases(
             phrases, max_phrases=self.config.max_boost_phrases, max_chars=self.config.max_boost_phrase_chars
         )
+
+    def check_eou(self) -> None:
+        """Refuse a model without ``<EOU>`` for a service whose turn commit reads it, as the service is built.
+
+        A given engine that runs answers from its loaded model; otherwise a local ``.nemo`` file's vocabulary is
+        read (:func:`~pipecat_nemotron.asr.eou.nemo_file_has_eou`). A hub id is checked by the engine when the
+        stream opens.
+
+        Raises:
+            EndOfUtteranceUnavailableError: The model has no ``<EOU>``; the message names the fix.
+
+        """
+        engine = self._given
+        has = engine.info.eou if engine is not None and engine.running else nemo_file_has_eou(self.config.model)
+        if has is False:
+            raise EndOfUtteranceUnavailableError(
+                f"the STT's turn commit ends turns on the model's end-of-utterance token ({EOU_PIECE}), and "
+                f"{self.config.model!r} has none: load a model that emits it ({', '.join(EOU_MODELS)}; the tiny "
+                "one is pipecat_nemotron.models.TINY_EOU_MODEL_PATH), or choose a turn end that does not read it "
+                "(turn_end='smart', 'vad' or 'text')"
+            )
 
     async def acquire(self) -> NemotronEngine:
         """Start the given engine, or take the shared one for :attr:`config` (loading it off the event loop).

@@ -111,11 +111,15 @@ class NemotronSTTService(NemotronSTTBase):
             none. At most ``EngineConfig.max_boost_phrases`` of ``max_boost_phrase_chars``. Updatable, from the
             next utterance: ``STTUpdateSettingsFrame(delta=NemotronSTTSettings(boost_phrases=[...]))``.
         boost_alpha: Boosting weight in (0, 10]; None: the engine's default.
+        turn_commit: An end-of-turn commit that reads the model's ``<EOU>`` (``turn_commit_for("eou")``): the
+            service then owns turn detection (see :class:`~pipecat_nemotron.stt.base.NemotronSTTBase`).
         **kwargs: :class:`~pipecat.services.stt_service.STTService`'s.
 
     Raises:
         ValueError: Unsupported latency, device, ``load_wait_s``, ``final_timeout_s``, ``cpu_threads`` or boost
             phrases (the message names the allowed values). Characters the model cannot write fail the stream's open.
+        EndOfUtteranceUnavailableError: The turn commit reads ``<EOU>`` and the model (a local ``.nemo`` file, or
+            a given engine's) has no such token (a ``ValueError``; the message names the models that have it).
 
     """
 
@@ -167,6 +171,8 @@ class NemotronSTTService(NemotronSTTBase):
             **kwargs,
         )
         self._lease.check_boost_limits(self.boost_phrases)
+        if self.wants_eou:
+            self._lease.check_eou()
         self._load_wait_s = float(load_wait_s)
         self._final_timeout_s = float(final_timeout_s)
         self._owed = OwedFinals()
@@ -271,6 +277,7 @@ class NemotronSTTService(NemotronSTTBase):
             language=self.language,
             boost_phrases=self.boost_phrases or None,
             boost_alpha=self.boost_alpha,
+            eou=self.wants_eou,
         )
         self._last_interim = ""  # a new stream starts its interim text afresh
         self._owed.reset()
@@ -407,6 +414,8 @@ class NemotronSTTService(NemotronSTTBase):
             async for update in stream.updates():
                 if update.is_final:
                     await self._on_final(update)
+                elif update.kind == "eou":
+                    await self._on_eou(update.utterance, update.eou_ms, update.text)
                 else:
                     await self._push_interim(update.text, update)
                     await self._eager_progress(stream.audio_seconds * 1000.0, text_changed=True)

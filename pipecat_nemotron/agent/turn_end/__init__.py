@@ -3,6 +3,9 @@
 - ``"smart"``: Pipecat's default, Smart Turn v3 on the audio; a turn it calls incomplete waits for its 3 s
   fallback silence.
 - ``"vad"``: every VAD stop ends the turn.
+- ``"eou"``: the recogniser's own end of utterance (a model that emits ``<EOU>``) ends the turn; the STT owns turn
+  detection, and a turn whose ``<EOU>`` never comes ends after the fallback silence (3 s).
+- ``"eou_smart"``: as ``"eou"``, and when no ``<EOU>`` has come by the VAD stop's final, Smart Turn decides.
 - ``"text"``: at the VAD stop the turn's final words are read (:mod:`pipecat_nemotron.agent.turn_end.rules`, per
   language): a complete sentence commits at once, visibly continuing text holds even when Smart Turn calls the
   turn complete, and otherwise Smart Turn decides. With the eager end of turn on, the same reading gates the
@@ -12,6 +15,7 @@ See :mod:`pipecat_nemotron.agent.turn_end.strategy` for where each runs, and ``d
 """
 
 from pipecat_nemotron.agent.turn_end.decision import (
+    EOU_TURN_END_MODES,
     TURN_END_MODES,
     CommittedBy,
     TurnEndDecision,
@@ -23,6 +27,7 @@ from pipecat_nemotron.agent.turn_end.decision import (
 )
 from pipecat_nemotron.agent.turn_end.rules import RULES, TextVerdict, TurnEndRules, rules_for
 from pipecat_nemotron.agent.turn_end.strategy import (
+    EouTurnCommit,
     TextTurnCommit,
     TranscriptTurnStopStrategy,
     smart_turn_analyzer,
@@ -31,7 +36,9 @@ from pipecat_nemotron.agent.turn_end.strategy import (
 )
 
 __all__ = [
+    "EOU_TURN_END_MODES",
     "RULES",
+    "EouTurnCommit",
     "TURN_END_MODES",
     "CommittedBy",
     "TextTurnCommit",

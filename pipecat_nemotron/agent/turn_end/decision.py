@@ -13,6 +13,7 @@ from pipecat.audio.turn.base_turn_analyzer import BaseTurnAnalyzer, BaseTurnPara
 from pipecat_nemotron.agent.turn_end.rules import TextVerdict
 
 __all__ = [
+    "EOU_TURN_END_MODES",
     "TURN_END_MODES",
     "CommittedBy",
     "TurnEndDecision",
@@ -23,14 +24,18 @@ __all__ = [
     "validate_turn_end",
 ]
 
-#: How a VAD stop becomes the end of the user's turn: Pipecat's Smart Turn (the audio), every VAD stop, or the
-#: transcript read together with Smart Turn.
-TurnEndMode = Literal["smart", "vad", "text"]
+#: How a VAD stop becomes the end of the user's turn: Pipecat's Smart Turn (the audio), every VAD stop, the
+#: transcript read together with Smart Turn, the recogniser's own end of utterance (``<EOU>``), or ``<EOU>`` with
+#: Smart Turn deciding when it has not come by the final.
+TurnEndMode = Literal["smart", "vad", "text", "eou", "eou_smart"]
+
+#: The modes that need a model that emits ``<EOU>`` (the STT owns turn detection in them).
+EOU_TURN_END_MODES: tuple[str, ...] = ("eou", "eou_smart")
 TURN_END_MODES: tuple[str, ...] = get_args(TurnEndMode)
 
-#: What committed a turn: the transcript's words, Smart Turn's verdict at the VAD stop, the VAD stop alone, or
-#: the fallback silence after a turn held open (Smart Turn's ``stop_secs``).
-CommittedBy = Literal["text", "smart", "vad", "timeout"]
+#: What committed a turn: the transcript's words, Smart Turn's verdict at the VAD stop, the VAD stop alone, the
+#: model's ``<EOU>``, or the fallback silence after a turn held open (Smart Turn's ``stop_secs``).
+CommittedBy = Literal["text", "smart", "vad", "eou", "timeout"]
 
 
 def validate_turn_end(mode: str) -> TurnEndMode:

@@ -9,6 +9,12 @@ Two places decide when a VAD stop ends the user's turn, and both apply :func:`~p
 - :class:`TextTurnCommit`, the STT's :class:`~pipecat_nemotron.stt.eager.TurnCommit` when the STT owns turn detection
   (the eager end of turn on). It also gates the eager predictions: in ``"text"`` mode a pause predicts the end of
   the turn only when the words so far are a complete sentence, the same evidence that commits it at the VAD stop.
+- :class:`EouTurnCommit` (``"eou"``, ``"eou_smart"``): the recogniser's own ``<EOU>`` ends the turn. The STT owns
+  turn detection in these modes whether the eager end of turn is on or off (Pipecat's
+  ``ExternalUserTurnStrategies`` follow its ``ProposedUserStarted/StoppedSpeakingFrame``). The final of a VAD stop
+  commits when the model emitted ``<EOU>`` after the turn's last words; otherwise the turn is held until an
+  ``<EOU>`` comes, the user speaks again, or (``"eou_smart"``) Smart Turn calls it complete. The eager
+  predictions wait for the ``<EOU>`` too.
 
 A turn held open by the words ends when the user speaks again (the turn goes on) or after the analyzer's fallback
 silence (Smart Turn's ``stop_secs``, 3 s, counted from the speech end): every hold has an end.
@@ -21,9 +27,10 @@ import asyncio
 from loguru import logger
 from pipecat.audio.turn.base_turn_analyzer import BaseTurnAnalyzer
 from pipecat.frames.frames import InputAudioRawFrame, TranscriptionFrame, VADUserStoppedSpeakingFrame
-from pipecat.turns.user_turn_strategies import UserTurnStrategies
+from pipecat.turns.user_turn_strategies import ExternalUserTurnStrategies, UserTurnStrategies
 
 from pipecat_nemotron.agent.turn_end.decision import (
+    EOU_TURN_END_MODES,
     TurnEndDecision,
     TurnEndLog,
     TurnEndMode,
@@ -38,6 +45,7 @@ from pipecat.turns.user_stop import TurnAnalyzerUserTurnStopStrategy  # isort: s
 
 __all__ = [
     "DEFAULT_HOLD_SECS",
+    "EouTurnCommit",
     "TextTurnCommit",
     "TranscriptTurnStopStrategy",
     "smart_turn_analyzer",
@@ -279,6 +287,93 @@ class TextTurnCommit(TurnCommit):
         return decision.commit
 
 
+class EouTurnCommit(TextTurnCommit):
+    """The STT's commit in the ``"eou"`` and ``"eou_smart"`` modes: the model's ``<EOU>`` ends the turn.
+
+    The final of a VAD stop commits the turn when the model emitted ``<EOU>`` after the utterance's last words
+    (:meth:`on_eou`, cleared by :meth:`on_words` and by speech). Without one, ``"eou"`` holds the turn and
+    ``"eou_smart"`` asks Smart Turn (complete: commit; incomplete: hold). A held turn ends when an ``<EOU>``
+    comes, goes on when the user speaks again, and otherwise commits after the fallback silence (the analyzer's
+    ``stop_secs``, 3 s for Smart Turn and without an analyzer, from the speech end): no turn is held for ever.
+    With the eager end of turn on, a pause predicts the end of the turn only after an ``<EOU>`` (the engine
+    reports the event, not a probability), and the ``<EOU>`` itself triggers the prediction.
+
+    Args:
+        analyzer: Smart Turn (``"eou_smart"``), or None (``"eou"``).
+        log: Where each decision is recorded.
+        vad_stop_secs: The VAD's ``stop_secs``, s.
+
+    """
+
+    wants_eou = True
+
+    def __init__(
+        self,
+        analyzer: BaseTurnAnalyzer | None = None,
+        *,
+        log: TurnEndLog | None = None,
+        vad_stop_secs: float = 0.2,
+    ) -> None:
+        super().__init__(analyzer, read_text=False, log=log, vad_stop_secs=vad_stop_secs)
+        self.mode = "eou_smart" if analyzer is not None else "eou"
+        self._eou = False  # the model emitted <EOU> after the utterance's last words
+
+    @property
+    def eou_seen(self) -> bool:
+        """Whether the model emitted ``<EOU>`` after the utterance's last words."""
+        return self._eou
+
+    def on_words(self) -> None:
+        """More words: an earlier ``<EOU>`` was inside the turn."""
+        self._eou = False
+
+    def on_speech_start(self, start_secs: float) -> None:
+        """The user speaks (again): a hold ends, and an earlier ``<EOU>`` no longer ends the turn."""
+        super().on_speech_start(start_secs)
+        self._eou = False
+
+    def holds_prediction(self, text: str, language: object | None = None) -> bool:
+        """A pause predicts the end of the turn only once the model said so."""
+        return not self._eou
+
+    def on_eou(self) -> bool:
+        """The model emitted ``<EOU>``: True when it commits a turn held open at its final."""
+        self._eou = True
+        if not self._held:
+            return False
+        self._held = False
+        self._hold_ms = None
+        self._texts = []
+        self._eou = False
+        last = self._last or TurnEndDecision(False, "eou")
+        self._last = TurnEndDecision(True, "eou", None, last.smart_complete)
+        _log_decision(self, self._last, self.log)
+        return True
+
+    async def complete(self, text: str = "", language: object | None = None) -> bool:
+        """Whether the final now delivered commits the turn: the ``<EOU>`` came, or (``"eou_smart"``) Smart Turn."""
+        if not text and not self._texts:  # no speech: nothing to commit or record
+            return await TurnCommit.complete(self, text, language)
+        task, self._verdict = self._verdict, None
+        if self._eou:
+            if task is not None:
+                task.add_done_callback(_ignore_result)  # the model decided; the analysis ends on its own
+            decision = TurnEndDecision(True, "eou")
+        elif task is not None:
+            smart = await task
+            decision = TurnEndDecision(smart, "smart", None, smart)
+        else:
+            decision = TurnEndDecision(False, "eou")  # held: for the <EOU>, the user, or the fallback silence
+        self._last = decision
+        self._held = not decision.commit
+        self._hold_ms = 0.0 if self._held else None
+        self._texts = [*self._texts, text] if self._held and text else []
+        if decision.commit:
+            self._eou = False
+        _log_decision(self, decision, self.log)
+        return decision.commit
+
+
 def _ignore_result(task: asyncio.Task[bool]) -> None:
     if not task.cancelled():
         task.exception()
@@ -293,14 +388,19 @@ def user_turn_strategies_for(
 ) -> UserTurnStrategies:
     """The user aggregator's turn strategies for ``mode`` (the eager end of turn off).
 
+    In ``"eou"`` and ``"eou_smart"`` the STT decides (its :class:`EouTurnCommit`, :func:`turn_commit_for`), and
+    these are Pipecat's ``ExternalUserTurnStrategies``, which follow its frames.
+
     Args:
-        mode: ``"smart"``, ``"vad"`` or ``"text"``.
+        mode: ``"smart"``, ``"vad"``, ``"text"``, ``"eou"`` or ``"eou_smart"``.
         analyzer: The turn analyzer for ``"smart"``/``"text"`` (default: a new Smart Turn v3).
         language: Rules used when a transcript names no language.
         log: Where each decision is recorded.
 
     """
     validate_turn_end(mode)
+    if mode in EOU_TURN_END_MODES:  # the STT's EouTurnCommit decides; Pipecat follows its frames
+        return ExternalUserTurnStrategies(enable_interruptions=True)
     if mode == "vad":
         analyzer = VADStopAnalyzer()
     elif analyzer is None:
@@ -317,10 +417,14 @@ def turn_commit_for(
     log: TurnEndLog | None = None,
     vad_stop_secs: float = 0.2,
 ) -> TextTurnCommit:
-    """The STT's commit for ``mode`` (the eager end of turn on: ``NemotronSTTService(eager=EagerSettings(turn_commit=...))``).
+    """The STT's commit for ``mode``.
+
+    With the eager end of turn on: ``NemotronSTTService(eager=EagerSettings(turn_commit=...))``; ``"eou"`` and
+    ``"eou_smart"`` with it off: ``NemotronSTTService(turn_commit=...)``.
 
     Args:
-        mode: ``"smart"``, ``"vad"`` or ``"text"``.
+        mode: ``"smart"``, ``"vad"``, ``"text"``, ``"eou"`` (an :class:`EouTurnCommit` without analyzer) or
+            ``"eou_smart"`` (with one).
         analyzer: The turn analyzer for ``"smart"``/``"text"`` (default: a new Smart Turn v3).
         language: Rules used when the STT names no language.
         log: Where each decision is recorded.
@@ -328,8 +432,12 @@ def turn_commit_for(
 
     """
     validate_turn_end(mode)
+    if mode == "eou":
+        return EouTurnCommit(None, log=log, vad_stop_secs=vad_stop_secs)
     if mode != "vad" and analyzer is None:
         analyzer = smart_turn_analyzer()
+    if mode == "eou_smart":
+        return EouTurnCommit(analyzer, log=log, vad_stop_secs=vad_stop_secs)
     return TextTurnCommit(
         analyzer if mode != "vad" else None,
         read_text=mode == "text",

@@ -91,11 +91,12 @@ class ServerRefusedError(ConnectionError):
 
 
 def session_config(
-    latency_ms: int, sample_rate: int, language: str | None, boost: BoostSetting
+    latency_ms: int, sample_rate: int, language: str | None, boost: BoostSetting, eou: bool = False
 ) -> ConfigMessage:
     """The ``config`` a Pipecat client opens a session with: its settings, word timings on.
 
-    Phrases are left out when there are none, so a client without them sends what older clients send.
+    Phrases are left out when there are none, and ``eou`` when false, so a client without them sends what older
+    clients send.
     """
     return ConfigMessage(
         latency_ms=latency_ms,
@@ -105,6 +106,7 @@ def session_config(
         language=language,
         boost_phrases=boost.phrases or None,
         boost_alpha=boost.alpha,
+        eou=eou,
     )
 
 

@@ -32,9 +32,12 @@ from websockets.protocol import State
 from pipecat_nemotron.asr.audio import MODEL_SAMPLE_RATE
 from pipecat_nemotron.server.protocol import (
     BOOST_FEATURE,
+    EOU_FEATURE,
     GAP_FEATURE,
     LANGUAGE_FEATURE,
     BoostMessage,
+    CloseCode,
+    EouMessage,
     ErrorMessage,
     FinalizeMessage,
     FinalMessage,
@@ -321,7 +324,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
         ws = await self._address.connect(self._websocket_connect)
         self._websocket = ws
         boost = BoostSetting(self.boost_phrases, self.boost_alpha)  # a reconnect keeps the session's settings
-        config = session_config(self.latency_ms, self.sample_rate, self.language, boost)
+        config = session_config(self.latency_ms, self.sample_rate, self.language, boost, eou=self.wants_eou)
         try:
             msg = await receive_ready(ws, config, self._address.timeout_s)
         except ServerRefusedError as e:
@@ -346,9 +349,23 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
     async def _on_ready(self, ws: Any, ready: ReadyMessage) -> None:
         """Replay unconfirmed audio (and finalizes), then let live audio through.
 
+        A service whose turn commit reads ``<EOU>`` refuses a server without the ``eou`` feature (an older one,
+        or a model without the token): its turns would never end on the model's word.
+
         No message exceeds the server's announced ``max_message_bytes`` (inclusive; larger closes with 4009):
         replayed chunks are packed up to it and split where one alone is larger, and so is live audio.
         """
+        if self.wants_eou and EOU_FEATURE not in ready.features:
+            refusal = ServerRefusedError(
+                CloseCode.PROTOCOL_ERROR,
+                f"the STT's turn commit ends turns on the model's end-of-utterance token, and the ASR server "
+                f"({ready.model}) offers no 'eou' feature: serve a model that emits <EOU> "
+                "(pipecat-nemotron serve --model .../tiny_nemotron_asr_eou.nemo) or choose a turn end that "
+                "does not read it",
+            )
+            await self._on_refused(refusal)
+            await ws.close()
+            raise refusal
         max_bytes = audio_message_bytes(ready, MAX_AUDIO_MESSAGE_BYTES)
         async with self._send_lock:
             self._max_send_bytes = max_bytes
@@ -406,6 +423,8 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
             await self._on_final(msg)
         elif isinstance(msg, PeekResultMessage):
             self._peeks.answer(msg.text)
+        elif isinstance(msg, EouMessage):
+            await self._on_eou(msg.utterance, msg.eou_ms, msg.text)
         elif isinstance(msg, (LatencyMessage, LanguageMessage, BoostMessage)):
             self._boosts.answered(msg)
             logger.debug(f"{self}: {msg}")
