@@ -456,6 +456,27 @@ def new_codec() -> Any:
         return AudioCodecModel(cfg=OmegaConf.create(codec_config()))
 
 
+@contextlib.contextmanager
+def fsq_rounding(model: Any, enabled: bool) -> Any:
+    """Within the block, FSQ rounds its compressed inputs (``enabled``) or passes them on unrounded.
+
+    The codec's first steps run unrounded: at the start the decoder cannot use the encoder's small variations and
+    pushes them towards zero, which rounding then erases for good (the codec collapsed to one code everywhere at lr
+    5e-4 and 2e-3 within 100 steps). Unrounded, the variations survive until the decoder learns to use them.
+    """
+    fsqs = list(model.vector_quantizer.fsqs)
+    if not enabled:
+        for fsq in fsqs:
+            fsq.round = lambda inputs, input_len: (
+                inputs
+            )  # shadows FiniteScalarQuantizer.round (a staticmethod)
+    try:
+        yield
+    finally:
+        for fsq in fsqs:
+            fsq.__dict__.pop("round", None)
+
+
 def stage_codec(args: argparse.Namespace) -> None:
     """Train the codec on random ``--crop-s`` crops of the training utterances."""
     import torch
@@ -477,16 +498,28 @@ def stage_codec(args: argparse.Namespace) -> None:
         return {"audio": audio, "audio_lens": torch.full((args.batch_size,), crop)}
 
     def loss_fn(batch: dict[str, Any], step: int) -> tuple[Any, dict[str, float]]:
-        audio, audio_len, audio_gen, _, _, _, _ = model._process_batch(batch)  # noqa: SLF001  (NeMo's own codec step)
+        audio, audio_len = batch["audio"], batch["audio_lens"]  # whole frames already
+        # NeMo's codec step (AudioCodecModel._process_batch), with the encoder output kept for the penalty below.
+        encoded, encoded_len = model.encode_audio(audio=audio, audio_len=audio_len)
+        with fsq_rounding(model, enabled=step >= args.unrounded_steps):
+            quantized, _ = model.vector_quantizer(inputs=encoded, input_len=encoded_len)
+        audio_gen, _ = model.audio_decoder(inputs=quantized, input_len=encoded_len)
         mel_l1, mel_l2 = model.mel_loss_fn(audio_real=audio, audio_gen=audio_gen, audio_len=audio_len)
         stft = model.stft_loss_fn(audio_real=audio, audio_gen=audio_gen, audio_len=audio_len)
         td = model.time_domain_loss_fn(audio_real=audio, audio_gen=audio_gen, audio_len=audio_len)
-        loss = mel_l1 + mel_l2 + model.stft_loss_scale * stft + model.time_domain_loss_scale * td
+        # FSQ squashes the encoder output with tanh: beyond |2| its gradient vanishes and the codes stop moving
+        # (without this term the encoder drifted there within 100 steps and the codec collapsed to one code).
+        saturation = torch.relu(encoded.abs() - 2.0).pow(2).mean()
+        loss = mel_l1 + mel_l2 + model.stft_loss_scale * stft + model.time_domain_loss_scale * td + saturation
+        encoded = quantized
         return loss, {
             "loss": loss.item(),
             "mel_l1": mel_l1.item(),
             "mel_l2": mel_l2.item(),
             "stft": stft.item(),
+            "saturation": saturation.item(),
+            # Distinct first-codebook codes in the batch: 1 means the encoder has collapsed (FSQ saturated).
+            "codes_used": float(torch.unique(encoded[:, :4].permute(0, 2, 1).reshape(-1, 4), dim=0).shape[0]),
         }
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -934,11 +967,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     t.add_argument("--max-steps", type=int, default=100_000)
     t.add_argument("--ckpt-minutes", type=float, default=5.0)
     t.add_argument("--log-every", type=int, default=50)
-    t.add_argument("--lr", type=float, default=None, help="peak learning rate (codec 2e-3, tts 1e-3)")
+    t.add_argument("--lr", type=float, default=None, help="peak learning rate (codec 5e-4, tts 1e-3)")
     t.add_argument("--warmup-steps", type=int, default=200)
     t.add_argument("--weight-decay", type=float, default=1e-4)
     t.add_argument("--batch-size", type=int, default=None, help="codec 8 crops, tts 16 utterances")
     t.add_argument("--crop-s", type=float, default=1.0, help="codec training crop, s")
+    t.add_argument(
+        "--unrounded-steps", type=int, default=500, help="codec: first steps with FSQ rounding off"
+    )
     args = p.parse_args(argv)
     args.work = args.work.resolve()
     return args
@@ -949,7 +985,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     stages = list(STAGES) if "all" in args.stages else args.stages
     for name in stages:
-        for key, codec_value, tts_value in (("lr", 2e-3, 1e-3), ("batch_size", 8, 16)):
+        for key, codec_value, tts_value in (("lr", 5e-4, 1e-3), ("batch_size", 8, 16)):
             if getattr(args, f"_{key}_given", None) is None:
                 setattr(args, f"_{key}_given", getattr(args, key) is not None)
             if not getattr(args, f"_{key}_given"):
