@@ -9,7 +9,8 @@ as parameters (the released checkpoint's baked speakers stand in for its context
 Stages (each can be run alone; ``all`` runs them in order)::
 
     data        synthesise train/test utterances (22,050 Hz mono int16 wav + manifests) under --work/data/
-    codec       train the codec (mel + multi-resolution STFT + time-domain losses, no discriminator); resumable
+    codec       train the codec (mel + multi-resolution STFT + time-domain losses, no discriminator); resumable;
+                ``--decoder-only`` then fine-tunes its decoder alone (same codes: a Magpie trained on them stays valid)
     codec-export  write the codec ``.nemo`` (--work/tiny_codec.nemo) from the codec run's checkpoint
     codec-eval  tiny ASR on codec-resynthesised held-out speech vs on the originals (16 kHz), per speaker
     codes       encode every training utterance with the exported codec (codes.pt)
@@ -39,6 +40,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -378,11 +380,14 @@ def train_loop(
     sums: dict[str, float] = {}
     count = 0
     log = (run_dir / "log.jsonl").open("a")
+    stop: list[int] = []
+    # SIGTERM (kill PID) ends the run after the current step with a checkpoint, like the end of --max-minutes.
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
     model.train()
     while True:
         elapsed = (time.perf_counter() - started) / 60
         step = progress["step"]
-        if elapsed >= args.max_minutes or step >= args.max_steps:
+        if elapsed >= args.max_minutes or step >= args.max_steps or stop:
             break
         for group in opt.param_groups:
             group["lr"] = args.lr * lr_factor(step, base_min + elapsed, args)
@@ -522,22 +527,37 @@ def stage_codec(args: argparse.Namespace) -> None:
             "codes_used": float(torch.unique(encoded[:, :4].permute(0, 2, 1).reshape(-1, 4), dim=0).shape[0]),
         }
 
+    run_dir = codec_run_dir(args)
+    if args.decoder_only:
+        # The encoder (and so every code the Magpie is trained on) stays as the first codec run left it; only
+        # the decoder learns to render the same codes better.
+        if not (args.resume and (run_dir / "last.pt").exists()):
+            state = torch.load(args.work / "codec" / "last.pt", map_location="cpu", weights_only=False)
+            model.load_state_dict(state["model"])
+        model.audio_encoder.requires_grad_(False)
+        args.unrounded_steps = 0
     params = [p for p in model.parameters() if p.requires_grad]
     print(
-        f"[codec] {sum(p.numel() for p in params):,} parameters, {len(clips)} clips, crops of {crop} samples",
+        f"[codec] {sum(p.numel() for p in params):,} trainable parameters, {len(clips)} clips, crops of {crop} "
+        f"samples{', decoder only' if args.decoder_only else ''}",
         flush=True,
     )
-    train_loop(args, model, params, batch_fn, loss_fn, args.work / "codec")
+    train_loop(args, model, params, batch_fn, loss_fn, run_dir)
+
+
+def codec_run_dir(args: argparse.Namespace) -> Path:
+    """The codec run's folder: ``codec/``, or ``codec_decoder/`` for the decoder-only fine-tune."""
+    return args.work / ("codec_decoder" if args.decoder_only else "codec")
 
 
 def stage_codec_export(args: argparse.Namespace) -> None:
-    """Write the codec ``.nemo`` from the codec run's last checkpoint."""
+    """Write the codec ``.nemo`` from the codec run's last checkpoint (``--decoder-only``: the fine-tune's)."""
     import torch
 
     from pipecat_nemotron.runtime.nemo_logs import quiet_nemo
 
     model = new_codec()
-    state = torch.load(args.work / "codec" / "last.pt", map_location="cpu", weights_only=False)
+    state = torch.load(codec_run_dir(args) / "last.pt", map_location="cpu", weights_only=False)
     model.load_state_dict(state["model"])
     with quiet_nemo(40):
         model.eval().save_to(str(args.work / "tiny_codec.nemo"))
@@ -974,6 +994,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     t.add_argument("--crop-s", type=float, default=1.0, help="codec training crop, s")
     t.add_argument(
         "--unrounded-steps", type=int, default=500, help="codec: first steps with FSQ rounding off"
+    )
+    t.add_argument(
+        "--decoder-only",
+        action="store_true",
+        help="codec, codec-export: fine-tune only the decoder of the codec run (codes unchanged) in codec_decoder/",
     )
     args = p.parse_args(argv)
     args.work = args.work.resolve()
