@@ -20,6 +20,7 @@ Stages (each can be run alone; ``all`` runs them in order)::
     tts-eval    synthesise held-out sentences (fast step via MagpieEngine, and NeMo's generate_speech), transcribe
                 with the tiny ASR, WER per speaker
     bundle      copy both ``.nemo`` files into pipecat_nemotron/assets/
+    cost        first audio and per-frame time of the trained shape vs today's random tiny model (fast step)
 
 Every training stage checkpoints every ``--ckpt-minutes`` and stops after ``--max-minutes``; the same command with
 ``--resume`` continues from the last checkpoint (its learning-rate schedule continues in steps and minutes).
@@ -936,6 +937,56 @@ def stage_tts_eval(args: argparse.Namespace) -> None:
     (args.work / f"tts_eval_{'cfg' if args.cfg else 'nocfg'}.json").write_text(json.dumps(reports, indent=1))
 
 
+def stage_cost(args: argparse.Namespace) -> None:
+    """First audio and per-frame time on the fast step (MagpieEngine, CPU): today's random tiny model against a
+    random Magpie of the trained shape over the exported codec, both with end of speech biased off (43 frames per
+    request), requests alternated, ``--cost-repeats`` each; medians and minima.
+    """
+    import statistics
+    import tempfile
+
+    from pipecat_nemotron.runtime.nemo_logs import quiet_nemo
+    from pipecat_nemotron.tts.magpie import MagpieEngine, MagpieSynthesisOptions, tiny
+
+    set_threads(args.threads)
+    frames = 43
+    with tempfile.TemporaryDirectory() as tmp:
+        old_magpie, old_codec = tiny.build_tiny_magpie(Path(tmp) / "today", end_of_speech_bias=-30.0)
+        codec = args.work / "tiny_codec.nemo"
+        model = new_magpie(codec, args.seed)
+        tiny.set_end_of_speech_bias(model, -30.0)
+        with quiet_nemo(40):
+            model.save_to(str(Path(tmp) / "trained_shape.nemo"))
+        paths = {"today": (old_magpie, old_codec), "trained shape": (Path(tmp) / "trained_shape.nemo", codec)}
+        engines = {
+            name: MagpieEngine(str(m), device="cpu", codec_model_path=str(c), step="fast", max_batch=8)
+            for name, (m, c) in paths.items()
+        }
+        try:
+            for engine in engines.values():
+                engine.wait_until_ready(timeout=600)
+            first: dict[str, list[float]] = {name: [] for name in engines}
+            per_frame: dict[str, list[float]] = {name: [] for name in engines}
+            options = MagpieSynthesisOptions(max_duration_s=(frames - 0.5) * 1024 / SAMPLE_RATE)
+            for _ in range(args.cost_repeats):
+                for name, engine in engines.items():
+                    started = time.perf_counter()
+                    stream = engine.submit("Set a timer for twenty minutes, thanks.", options=options)
+                    made = sum(chunk.num_frames for chunk in stream)
+                    per_frame[name].append((time.perf_counter() - started) / made * 1000)
+                    first[name].append(stream.stats.time_to_first_audio_s * 1000)
+        finally:
+            for engine in engines.values():
+                engine.close()
+    for name in engines:
+        print(
+            f"[cost] {name}: first audio median {statistics.median(first[name]):.1f} ms "
+            f"(min {min(first[name]):.1f}), per frame median {statistics.median(per_frame[name]):.2f} ms "
+            f"(min {min(per_frame[name]):.2f})",
+            flush=True,
+        )
+
+
 def stage_bundle(args: argparse.Namespace) -> None:
     """Copy the exported codec and Magpie into the package's assets."""
     for name in ("tiny_codec.nemo", "tiny_magpie.nemo"):
@@ -956,6 +1007,7 @@ STAGES: dict[str, Callable[[argparse.Namespace], None]] = {
     "tts-export": stage_tts_export,
     "tts-eval": stage_tts_eval,
     "bundle": stage_bundle,
+    "cost": stage_cost,
 }
 
 
@@ -978,6 +1030,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", nargs="+", default=["fast", "nemo"], help="tts-eval: MagpieEngine steps")
     p.add_argument("--cfg", action=argparse.BooleanOptionalAction, default=True, help="tts-eval: use CFG")
     p.add_argument("--max-duration-s", type=float, default=8.0, help="tts-eval: cap per utterance, s")
+    p.add_argument("--cost-repeats", type=int, default=10, help="cost: requests per model")
     p.add_argument("--keep-wavs", type=int, default=20, help="tts-eval: synthesised clips kept under eval/")
     t = p.add_argument_group("training")
     t.add_argument("--resume", action="store_true", help="continue the stage's last checkpoint")
