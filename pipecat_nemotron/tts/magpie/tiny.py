@@ -73,7 +73,8 @@ SMALL_RELEASED_FAMILY_SHAPE = MagpieShape(64, 2, 3, 4, 16, False, 32, 12, 512)
 """A small model of the released shape family (no decoder position embeddings, a narrow cross-attention head)."""
 
 
-def _codec_config() -> dict[str, Any]:
+def codec_config() -> dict[str, Any]:
+    """The tiny codec's config (what :func:`build_tiny_codec` builds; the trained codec widens it)."""
     encoded_dim = _NUM_CODEBOOKS * len(_FSQ_LEVELS)
     return {
         "sample_rate": TINY_SAMPLE_RATE,
@@ -140,7 +141,8 @@ def _transformer(
     return cfg
 
 
-def _magpie_config(codec_path: str, shape: MagpieShape = TINY_SHAPE) -> dict[str, Any]:
+def magpie_config(codec_path: str, shape: MagpieShape = TINY_SHAPE) -> dict[str, Any]:
+    """The config of a ``decoder_ce`` Magpie of ``shape`` over the codec at ``codec_path``."""
     tiny = shape == TINY_SHAPE
     return {
         "model_type": "decoder_ce",
@@ -236,7 +238,7 @@ def random_magpie(
 
         if seed is not None:
             torch.manual_seed(seed)
-        model = MagpieTTSModel(cfg=OmegaConf.create(_magpie_config(str(codec_path), shape)))
+        model = MagpieTTSModel(cfg=OmegaConf.create(magpie_config(str(codec_path), shape)))
         # Baked speaker contexts stand in for the context encoder, as in the released checkpoint.
         set_baked_speakers(model, torch.randn(TINY_NUM_SPEAKERS, shape.baked_context_frames, shape.width))
         set_end_of_speech_bias(model, end_of_speech_bias)
@@ -255,7 +257,7 @@ def build_tiny_codec(out_dir: str | Path, *, seed: int = 0) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         codec_path = out / "tiny_codec.nemo"
         torch.manual_seed(seed)
-        AudioCodecModel(cfg=OmegaConf.create(_codec_config())).save_to(str(codec_path))
+        AudioCodecModel(cfg=OmegaConf.create(codec_config())).save_to(str(codec_path))
     return codec_path
 
 
