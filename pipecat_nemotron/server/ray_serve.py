@@ -518,15 +518,25 @@ def app_builder(args: dict[str, Any]) -> Application:
         drain_timeout_s=float(args.get("drain_timeout_s", DEFAULT_DRAIN_TIMEOUT_S)),
     )
 
+    return build_app(engine_config, server_config, **deployment_args(args))
+
+
+def deployment_args(args: dict[str, Any]) -> dict[str, Any]:
+    """The replica arguments of an application builder, from a config file's (string) ``args``.
+
+    Returns:
+        ``num_replicas``, ``gpus_per_replica``, ``cpus_per_replica``, ``cpu_threads`` and ``max_queued_requests``
+        (None where unset: the builder's default).
+
+    """
+
     def number(key: str, kind: type) -> Any:
         return kind(args[key]) if key in args else None
 
-    return build_app(
-        engine_config,
-        server_config,
-        num_replicas=int(args.get("num_replicas", 1)),
-        gpus_per_replica=number("gpus_per_replica", float),
-        cpus_per_replica=float(args.get("cpus_per_replica", 1.0)),
-        cpu_threads=number("cpu_threads", int),
-        max_queued_requests=number("max_queued_requests", int),
-    )
+    return {
+        "num_replicas": int(args.get("num_replicas", 1)),
+        "gpus_per_replica": number("gpus_per_replica", float),
+        "cpus_per_replica": float(args.get("cpus_per_replica", 1.0)),
+        "cpu_threads": number("cpu_threads", int),
+        "max_queued_requests": number("max_queued_requests", int),
+    }

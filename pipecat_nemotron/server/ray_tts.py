@@ -49,6 +49,7 @@ from pipecat_nemotron.server.config import ServerConfig, tokens_from
 from pipecat_nemotron.server.grpc_common import GrpcAccess
 from pipecat_nemotron.server.ray_serve import (
     DEFAULT_DRAIN_TIMEOUT_S,
+    deployment_args,
     replica_id,
     replica_options,
     replica_threads,
@@ -228,15 +229,4 @@ def app_builder(args: dict[str, Any]) -> Application:
         drain_timeout_s=float(args.get("drain_timeout_s", DEFAULT_DRAIN_TIMEOUT_S)),
     )
 
-    def number(key: str, kind: type) -> Any:
-        return kind(args[key]) if key in args else None
-
-    return build_tts_app(
-        tts_config,
-        server_config,
-        num_replicas=int(args.get("num_replicas", 1)),
-        gpus_per_replica=number("gpus_per_replica", float),
-        cpus_per_replica=float(args.get("cpus_per_replica", 1.0)),
-        cpu_threads=number("cpu_threads", int),
-        max_queued_requests=number("max_queued_requests", int),
-    )
+    return build_tts_app(tts_config, server_config, **deployment_args(args))
