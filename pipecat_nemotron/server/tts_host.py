@@ -133,6 +133,7 @@ class SynthesisCall:
         self._buffered_s = 0.0
         self._put(error)
         self.abandoned.set()
+        self._taken.set()  # a pump waiting for the client returns at once
 
     async def pump(self) -> None:
         """Move the engine's chunks into the buffer, up to ``max_buffered_s``; past it, wait for the client.
@@ -141,6 +142,8 @@ class SynthesisCall:
         """
         try:
             async for chunk in self.stream:
+                if self.abandoned.is_set():
+                    return
                 self._put(chunk)
                 if self._buffered_s > self.max_buffered_s and not await self._drained():
                     logger.warning(
@@ -156,7 +159,8 @@ class SynthesisCall:
                         "client_stalled",
                     )
                     return
-            self._put(None)
+            if not self.abandoned.is_set():
+                self._put(None)
         except MagpieSynthesisError as e:
             self._put(RequestError(RequestStatus.INTERNAL, f"synthesis failed: {e}"))
 
@@ -167,7 +171,7 @@ class SynthesisCall:
             False if the client took nothing for ``stall_timeout_s`` meanwhile (it stopped reading), else True.
 
         """
-        while self._buffered_s > self.max_buffered_s:
+        while self._buffered_s > self.max_buffered_s and not self.abandoned.is_set():
             self._taken.clear()
             try:
                 await asyncio.wait_for(self._taken.wait(), self.stall_timeout_s)
