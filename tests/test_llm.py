@@ -47,6 +47,7 @@ def test_defaults_are_voice_defaults() -> None:
     assert 0.5 <= s.temperature <= 0.7
     assert s.max_tokens == VOICE_MAX_TOKENS
     assert s.system_prompt == VOICE_SYSTEM_PROMPT
+    assert s.stall_timeout_s == 60.0  # docs/LLM.md: the `.env` table's default
     assert s.extra_body() == {"chat_template_kwargs": {"enable_thinking": False}}
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.model = "x"  # type: ignore[misc]

@@ -420,6 +420,16 @@ def test_a_client_that_reads_slowly_gets_all_its_audio(asr_model: Path, magpie: 
     assert len(first + rest) == 2 * round(20.0 * MAGPIE_CODEC_RATE / MAGPIE_SAMPLES_PER_FRAME + 0.5) * MAGPIE_SAMPLES_PER_FRAME
 
 
+def test_the_documented_synthesis_buffer_defaults() -> None:
+    """docs/RIVA.md: a synthesis client is cancelled with 30 s of audio unsent and nothing taken for 5 s."""
+    from pipecat_nemotron.server.tts_config import TTSHostConfig
+
+    config = TTSHostConfig()
+    assert (config.max_buffered_s, config.stall_timeout_s) == (30.0, 5.0)
+    with pytest.raises(ValueError, match="stall_timeout_s"):
+        TTSHostConfig(stall_timeout_s=0)
+
+
 def test_drain_refuses_new_calls_and_lets_running_ones_finish(asr_model: Path, magpie: MagpieEngine) -> None:
     """A running reply is spoken to its end, its sentences sent after the drain began included (Pipecat sends a
     reply's sentences on one call as the LLM writes them); a new call is refused."""
