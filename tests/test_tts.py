@@ -404,18 +404,51 @@ def test_end_of_speech_frames_are_dropped(engine: MagpieEngine) -> None:
     assert audio.shape == (4 * MAGPIE_SAMPLES_PER_FRAME,) == (int(offline_len[0]),)
 
 
+class HoldSecondChunk:
+    """Holds the worker thread as it hands the request for ``text`` its second audio chunk, until :meth:`release`.
+
+    ``SynthesisStream.emit`` is how the worker delivers each chunk (both steps). Held there, the worker cannot
+    finish the request before the test acts, however the machine schedules the two threads. The hold gives up
+    after 60 s (a liveness guard).
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+        import threading
+
+        from pipecat_nemotron.tts.magpie.stream import SynthesisStream
+
+        self._go = threading.Event()
+        emit = SynthesisStream.emit
+        seen: dict[int, int] = {}
+
+        def held(stream: SynthesisStream, chunk) -> None:
+            if stream.synthesis.text == text:
+                seen[stream.id] = seen.get(stream.id, 0) + 1
+                if seen[stream.id] == 2:
+                    self._go.wait(60)
+            emit(stream, chunk)
+
+        monkeypatch.setattr(SynthesisStream, "emit", held)
+
+    def release(self) -> None:
+        """Let the worker deliver the chunk (and every later one)."""
+        self._go.set()
+
+
 @pytest.mark.parametrize("which", ["fast", "nemo"])
 def test_cancel_stops_within_one_frame_and_frees_the_model(
-    engine: MagpieEngine, nemo_engine: MagpieEngine, which: str
+    engine: MagpieEngine, nemo_engine: MagpieEngine, which: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = engine if which == "fast" else nemo_engine
+    hold = HoldSecondChunk(monkeypatch, TEXT)
     stream = engine.submit(TEXT, options=MagpieSynthesisOptions(max_duration_s=20.0))
     queued = engine.submit("Never spoken.", options=magpie_options_for(4))
     first = next(iter(stream))
     assert first.first_frame == 0
     queued.cancel()
-    stream.cancel()
+    stream.cancel()  # the worker is held before the second chunk: the request cannot have finished
     frames_at_cancel = stream.stats.frames
+    hold.release()
     assert stream.wait(timeout=10)
     assert stream.status == "cancelled"
     assert stream.stats.frames <= frames_at_cancel + 1
