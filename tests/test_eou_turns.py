@@ -143,6 +143,22 @@ async def test_eou_smart_lets_smart_turn_decide_when_no_eou_came(complete: bool)
     assert log.last_commit is not None and log.last_commit.by == "eou"
 
 
+@pytest.mark.parametrize("bad", [-0.1, float("inf"), float("nan"), "1"])
+def test_the_eou_wait_must_be_a_finite_number_of_seconds(bad) -> None:
+    with pytest.raises(ValueError, match="eou_wait_s must be a finite number of seconds >= 0"):
+        turn_commit_for("eou", eou_wait_s=bad)
+
+
+def test_the_eou_modes_wait_for_the_eou_after_a_vad_stop_by_default() -> None:
+    """Only the EOU commits wait; the default is the documented one (README, docs/ARCHITECTURE.md)."""
+    from pipecat_nemotron.agent.turn_end import DEFAULT_EOU_WAIT_S
+
+    assert DEFAULT_EOU_WAIT_S == 1.0
+    assert turn_commit_for("eou").eou_wait_s == DEFAULT_EOU_WAIT_S
+    assert turn_commit_for("eou_smart", analyzer=FixedAnalyzer(True)).eou_wait_s == DEFAULT_EOU_WAIT_S
+    assert turn_commit_for("vad").eou_wait_s == 0.0
+
+
 def test_the_aggregator_follows_the_stt_in_the_eou_modes() -> None:
     for mode in ("eou", "eou_smart"):
         assert isinstance(user_turn_strategies_for(mode), ExternalUserTurnStrategies)  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from helpers import (
+    FLUSH,
     TOKEN,
     Then,
     Until,
@@ -151,6 +152,146 @@ async def test_the_models_eou_ends_the_user_turn_through_the_server(eou_engine) 
         log = TurnEndLog()
         stt = NemotronServerSTTService(url=server.url, token=TOKEN, turn_commit=turn_commit_for("eou", log=log))
         await _assert_the_eou_ends_the_turn(stt, log)
+
+
+def _cut_at_a_pause(text: str) -> tuple[bytes, bytes]:
+    """A held-out sentence (training voice, never trained on) cut at its middle word gap: the PCM before, after."""
+    from pipecat_nemotron.bench.eager import word_gap
+
+    audio = next(a for a, t in _heldout("seen_voice", 12) if t == text)  # the first (the sentences recur)
+    at, _ = word_gap(audio)
+    return audio[:at].tobytes(), audio[at:].tobytes()
+
+
+#: Sentences whose first half, finalized at a VAD stop 200 ms into a pause, ends in an <EOU> that only the final's
+#: padded silence gives: streamed on through the same pause, the model says <EOU> only after the last word
+#: (measured on this model: the final at the pause reads "Remind me on Sunday." / "What is." with an <EOU>).
+FLUSH_EOU_SENTENCES = ("remind me on sunday at two", "what is the weather on sunday please")
+#: An <EOU> wait longer than any step of a test waits (``helpers.STEP_HANG_S``): only the <EOU> or speech end it.
+LONG_WAIT_S = 300.0
+
+
+def _pause_steps(stt, log: TurnEndLog, before: bytes, after: bytes, wait_s: float) -> list:
+    """Words, a 600 ms pause with the VAD stop 200 ms into it, the rest, a VAD stop 200 ms after it, 1 s of silence."""
+    steps = [
+        Then(stt.wait_until_ready),
+        VADUserStartedSpeakingFrame(),
+        *audio_frames(before),
+        *audio_frames(bytes(2 * 3200)),  # 200 ms: the VAD's stop_secs
+        VADUserStoppedSpeakingFrame(stop_secs=0.2),
+    ]
+    if wait_s == 0:  # finalized at the VAD stop: the decision on its final first (the test's subject)
+        steps.append(Until("the decision on the final at the pause", lambda *_: len(log.decisions) >= 1))
+    commits = 1 if wait_s else 2
+    return [
+        *steps,
+        *audio_frames(bytes(2 * 6400)),  # the pause's other 400 ms
+        VADUserStartedSpeakingFrame(),
+        *audio_frames(after),
+        *audio_frames(bytes(2 * 3200)),
+        VADUserStoppedSpeakingFrame(stop_secs=0.2),
+        *audio_frames(bytes(2 * 16000)),  # the silence after the VAD stop, in which the model says <EOU>
+        # The commits themselves: Pipecat's aggregator ends a turn on its own after its user_turn_stop_timeout.
+        Until("the turn's commit", lambda *_: sum(d.commit for _, d in log.decisions) >= commits),
+    ]
+
+
+async def _run_paused_sentence(stt, log: TurnEndLog, text: str, wait_s: float) -> tuple[list, list[str]]:
+    """The STT and Pipecat's user aggregator (external strategies) over :func:`_pause_steps`: frames, user turns."""
+    context = LLMContext()
+    user = LLMContextAggregatorPair(
+        context, user_params=LLMUserAggregatorParams(user_turn_strategies=user_turn_strategies_for("eou"))
+    ).user()
+    down, _ = await run_steps(Pipeline([stt, user]), _pause_steps(stt, log, *_cut_at_a_pause(text), wait_s))
+    return down, [str(m["content"]).lower() for m in context.get_messages() if m.get("role") == "user"]
+
+
+@pytest.mark.parametrize("text", FLUSH_EOU_SENTENCES)
+@pytest.mark.parametrize("wait_s", [LONG_WAIT_S, 0.0], ids=["waits-for-eou", "finalizes-at-vad-stop"])
+async def test_a_pause_inside_a_sentence_ends_the_turn_only_when_finalized_at_the_vad_stop(
+    eou_engine, text: str, wait_s: float
+) -> None:
+    """The STT waits for the model's <EOU> after a VAD stop; finalizing at once lets the flush's padding end the turn.
+
+    ``wait_s=0`` is the behaviour the wait replaces: the final's <EOU> commits a turn in mid-sentence (two user
+    turns, the sentence split between them). With the wait (longer than the test waits: only the <EOU> or speech
+    end it), the
+    user's speech ends the wait, and the sentence is one final and one turn, committed by the model's <EOU>.
+    """
+    log = TurnEndLog()
+    stt = NemotronSTTService(engine=eou_engine, turn_commit=turn_commit_for("eou", log=log, eou_wait_s=wait_s))
+    down, turns = await _run_paused_sentence(stt, log, text, wait_s)
+    decisions = [(d.commit, d.by) for _, d in log.decisions]
+    if wait_s == 0:
+        assert len(turns) == 2 and decisions == [(True, "eou"), (True, "eou")], (turns, decisions)
+        assert len(of(down, UserStoppedSpeakingFrame)) == 2
+        return
+    assert decisions == [(True, "eou")], decisions
+    (turn,) = turns
+    assert len(of(down, UserStoppedSpeakingFrame)) == 1
+    assert turn.rstrip(".?!").endswith(text.split()[-1]) and "sunday" in turn, turn
+
+
+async def test_through_the_server_the_audio_after_a_vad_stop_reaches_the_model_while_it_waits(eou_engine) -> None:
+    """The server STT holds silence back between turns (``skip_silence``), but not while it waits for an <EOU>.
+
+    The sentence is one after which this model waits ~1.2 s of silence before its <EOU> ("... remind me on
+    friday" may go on). Withheld, that silence never reaches the model, no <EOU> comes, and the turn hangs until
+    the wait ends (longer than the test waits: it fails).
+    """
+    text = "hey how is the weather tomorrow and remind me on friday"
+    audio = next(a for a, t in _heldout("seen_voice", 12) if t == text)
+    async with own_server(eou_engine, tokens=(TOKEN,)) as server:
+        log = TurnEndLog()
+        stt = NemotronServerSTTService(
+            url=server.url, token=TOKEN, turn_commit=turn_commit_for("eou", log=log, eou_wait_s=LONG_WAIT_S)
+        )
+        assert stt.listening_for_eou is False
+        context = LLMContext()
+        user = LLMContextAggregatorPair(
+            context, user_params=LLMUserAggregatorParams(user_turn_strategies=user_turn_strategies_for("eou"))
+        ).user()
+        steps = [
+            Then(stt.wait_until_ready),
+            VADUserStartedSpeakingFrame(),
+            *audio_frames(audio.tobytes()),
+            *audio_frames(bytes(2 * 3200)),
+            VADUserStoppedSpeakingFrame(stop_secs=0.2),
+            FLUSH,
+            Then(lambda: _assert(stt.listening_for_eou, "the VAD stop's finalize waits for the <EOU>")),
+            *audio_frames(bytes(2 * 48000)),  # 3 s of silence after the VAD stop
+            # The commit itself: Pipecat's aggregator ends a turn on its own after its user_turn_stop_timeout.
+            Until("the <EOU>'s commit", lambda *_: any(d.commit for _, d in log.decisions)),
+        ]
+        await run_steps(Pipeline([stt, user]), steps)
+    assert [(d.commit, d.by) for _, d in log.decisions] == [(True, "eou")]
+    (turn,) = [str(m["content"]).lower() for m in context.get_messages() if m.get("role") == "user"]
+    assert "friday" in turn, turn
+
+
+async def test_a_session_that_ends_while_the_stt_waits_for_the_eou_delivers_its_words(eou_engine) -> None:
+    """The session ends 200 ms after the last word, the <EOU> still owed: the session's own final has the words."""
+    from pipecat.frames.frames import ErrorFrame
+
+    stt = NemotronSTTService(engine=eou_engine, turn_commit=turn_commit_for("eou", eou_wait_s=LONG_WAIT_S))
+    steps = [
+        Then(stt.wait_until_ready),
+        VADUserStartedSpeakingFrame(),
+        *audio_frames(_words("what is nine plus four please")),
+        *audio_frames(bytes(2 * 3200)),
+        VADUserStoppedSpeakingFrame(stop_secs=0.2),
+        FLUSH,
+        Then(lambda: _assert(stt.listening_for_eou, "the VAD stop's finalize waits for the <EOU>")),
+    ]
+    down, up = await run_steps(stt, steps)  # then the EndFrame
+    (final,) = [f.text.lower() for f in down if type(f) is TranscriptionFrame]
+    assert "nine" in final and "four" in final, final
+    assert not of(down, ErrorFrame) and not of(up, ErrorFrame)
+    assert not stt.listening_for_eou
+
+
+def _assert(condition: bool, what: str) -> None:
+    assert condition, what
 
 
 async def test_a_server_without_the_token_refuses_eou_and_does_not_offer_it(server) -> None:

@@ -40,6 +40,7 @@ from pipecat.utils.tracing.service_decorators import traced_stt
 from pipecat_nemotron.asr.types import Transcript
 from pipecat_nemotron.stt.eager import EagerSettings, TurnCommit, eager_from_kwargs
 from pipecat_nemotron.stt.eager_turn import EagerHooks, EagerTurn
+from pipecat_nemotron.stt.eou_wait import EouWait
 from pipecat_nemotron.stt.metrics import asr_finalize_metrics_frame
 from pipecat_nemotron.stt.ready import NemotronSTTUnavailableError, Readiness
 from pipecat_nemotron.stt.settings import (
@@ -174,6 +175,8 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
             pauses = eager.pause_detector() if eager is not None else None
             hold_words = eager.hold_words if eager is not None else frozenset()
             self._eager = EagerTurn(self, pauses, self._commit, hold_words, hooks)
+        #: An EOU commit's VAD stops finalize on the model's ``<EOU>`` (None: every VAD stop finalizes at once).
+        self._eou_wait = EouWait(self, self._commit.eou_wait_s, self._end_utterance) if self._commit.wants_eou else None
         #: Whether the subclass's transport can transcribe yet (it calls ``ready()`` / ``fail()``).
         self._readiness = Readiness()
 
@@ -202,11 +205,20 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         return self._eager is not None
 
     @property
+    def listening_for_eou(self) -> bool:
+        """Whether a VAD stop's finalize waits for the model's ``<EOU>`` (the audio after it must reach the model)."""
+        return self._eou_wait is not None and self._eou_wait.pending
+
+    @property
     def wants_eou(self) -> bool:
         """Whether this STT asks the model for end-of-utterance events (its turn commit reads them)."""
         return self._commit.wants_eou
 
     # ---- what the subclasses implement --------------------------------------------------------------------
+
+    async def _end_utterance(self) -> None:
+        """Finalize the open utterance (a VAD stop's, or an EOU commit's after its ``<EOU>``)."""
+        raise NotImplementedError
 
     def _finalize_p99_ms(self) -> float | None:
         """p99 of the finalize times measured so far, ms, or None before the first one."""
@@ -398,14 +410,23 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
             self._eager.start(self.sample_rate)
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        """Handle frames; in eager mode, a VAD start opens a turn and a VAD stop ends the eager prediction."""
+        """Handle frames; a VAD stop finalizes the utterance (an EOU commit's: on the ``<EOU>``, :mod:`.eou_wait`).
+
+        In eager mode, or with an EOU commit, a VAD start also opens a turn and a VAD stop ends the prediction.
+        """
         await super().process_frame(frame, direction)
-        if self._eager is None:
-            return
         if isinstance(frame, VADUserStartedSpeakingFrame):
-            await self._eager.on_vad_start(frame.start_secs)
+            if self._eou_wait is not None:
+                await self._eou_wait.on_speech()
+            if self._eager is not None:
+                await self._eager.on_vad_start(frame.start_secs)
         elif isinstance(frame, VADUserStoppedSpeakingFrame):
-            await self._eager.on_vad_stop()
+            if self._eager is not None:
+                await self._eager.on_vad_stop()
+            if self._eou_wait is not None:
+                await self._eou_wait.on_vad_stop(self._commit.eou_seen)
+            else:
+                await self._end_utterance()
 
     async def process_audio_frame(self, frame: InputAudioRawFrame, direction: FrameDirection) -> None:
         """Transcribe the audio (the subclass's ``run_stt``), then listen for a pause in eager mode."""
@@ -423,6 +444,13 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         logger.debug(f"{self}: end of utterance {utterance} at {eou_ms} ms: {text!r}")
         if self._eager is not None:
             await self._eager.on_eou()
+        if self._eou_wait is not None:
+            await self._eou_wait.on_eou()
+
+    async def _stop_eou_wait(self) -> None:
+        """The session ends: no held finalize fires after this (the session's own finalize covers it)."""
+        if self._eou_wait is not None:
+            await self._eou_wait.close()
 
     async def _predict_end_of_turn(self, text: str) -> None:
         """Push ``text`` as the predicted end of the user's turn (an ``EagerTranscriptionFrame``)."""
@@ -430,6 +458,7 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
 
     async def cleanup(self) -> None:
         """Stop a peek still running; a caller still waiting for readiness learns that it will not come."""
+        await self._stop_eou_wait()
         if self._eager is not None:
             await self._eager.close()
         if not self._readiness.settled:

@@ -311,6 +311,9 @@ class TurnCommit:
     #: The commit reads the model's end-of-utterance events (:meth:`on_eou`): the STT opens its stream with
     #: ``eou=True``, owns turn detection even with the eager end of turn off, and needs a model with ``<EOU>``.
     wants_eou: bool = False
+    #: How long after a VAD stop the STT waits for the model's ``<EOU>`` before it finalizes the utterance, s
+    #: (:attr:`wants_eou` only; 0: it finalizes at the VAD stop). See ``EouTurnCommit``.
+    eou_wait_s: float = 0.0
 
     def __init__(self, analyzer: BaseTurnAnalyzer | None = None) -> None:
         self.analyzer = analyzer
@@ -357,6 +360,11 @@ class TurnCommit:
 
     def on_eou(self) -> bool:
         """The model emitted ``<EOU>`` (:attr:`wants_eou` only); True when that commits a turn held open."""
+        return False
+
+    @property
+    def eou_seen(self) -> bool:
+        """Whether the model emitted ``<EOU>`` after the utterance's last words (:attr:`wants_eou` only)."""
         return False
 
     async def complete(self, text: str = "", language: object | None = None) -> bool:

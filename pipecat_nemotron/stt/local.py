@@ -18,9 +18,7 @@ from pipecat.frames.frames import (
     EndFrame,
     Frame,
     StartFrame,
-    VADUserStoppedSpeakingFrame,
 )
-from pipecat.processors.frame_processor import FrameDirection
 from pipecat.transcriptions.language import Language
 
 from pipecat_nemotron.asr import (
@@ -317,6 +315,7 @@ class NemotronSTTService(NemotronSTTBase):
         meanwhile is transcribed. Then wait (up to ``final_timeout_s``) while the engine decodes the finals still
         owed; one that never arrives is reported in an ``ErrorFrame`` naming the seconds of audio it covered.
         """
+        await self._stop_eou_wait()
         await self._wait_for_load()
         if self._dropped_after_failure_s > 0:
             await self.push_error(
@@ -341,6 +340,7 @@ class NemotronSTTService(NemotronSTTBase):
 
     async def cancel(self, frame: CancelFrame) -> None:
         """Close the stream at once, freeing its slot."""
+        await self._stop_eou_wait()
         await self._close()
         await super().cancel(frame)
 
@@ -386,17 +386,15 @@ class NemotronSTTService(NemotronSTTBase):
 
     # ---- end of turn --------------------------------------------------------------------------------------
 
-    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        """Handle frames; on ``VADUserStoppedSpeakingFrame`` finalize the utterance."""
-        await super().process_frame(frame, direction)
-        if isinstance(frame, VADUserStoppedSpeakingFrame):
-            self.request_finalize()
-            if self._load_failed:
-                pass
-            elif self._stream is None or self._pending:
-                self._pending.hold_finalize()
-            else:
-                await self._finalize()
+    async def _end_utterance(self) -> None:
+        """Finalize the utterance (at a VAD stop; an EOU commit's on the ``<EOU>``); held while the model loads."""
+        self.request_finalize()
+        if self._load_failed:
+            pass
+        elif self._stream is None or self._pending:
+            self._pending.hold_finalize()
+        else:
+            await self._finalize()
 
     async def _finalize(self) -> None:
         stream = self._stream

@@ -27,6 +27,7 @@ from pipecat_nemotron.agent.turn_end.decision import (
 )
 from pipecat_nemotron.agent.turn_end.rules import RULES, TextVerdict, TurnEndRules, rules_for
 from pipecat_nemotron.agent.turn_end.strategy import (
+    DEFAULT_EOU_WAIT_S,
     EouTurnCommit,
     TextTurnCommit,
     TranscriptTurnStopStrategy,
@@ -36,6 +37,7 @@ from pipecat_nemotron.agent.turn_end.strategy import (
 )
 
 __all__ = [
+    "DEFAULT_EOU_WAIT_S",
     "EOU_TURN_END_MODES",
     "RULES",
     "EouTurnCommit",

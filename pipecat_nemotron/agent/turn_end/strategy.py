@@ -13,8 +13,10 @@ Two places decide when a VAD stop ends the user's turn, and both apply :func:`~p
   turn detection in these modes whether the eager end of turn is on or off (Pipecat's
   ``ExternalUserTurnStrategies`` follow its ``ProposedUserStarted/StoppedSpeakingFrame``). The final of a VAD stop
   commits when the model emitted ``<EOU>`` after the turn's last words; otherwise the turn is held until an
-  ``<EOU>`` comes, the user speaks again, or (``"eou_smart"``) Smart Turn calls it complete. The eager
-  predictions wait for the ``<EOU>`` too.
+  ``<EOU>`` comes, the user speaks again, or (``"eou_smart"``) Smart Turn calls it complete. The STT finalizes the
+  utterance on the ``<EOU>``, not at the VAD stop: a final's flush pads the audio with silence the user never
+  made, in which a model says ``<EOU>`` at a pause inside a sentence. The eager predictions wait for the
+  ``<EOU>`` too.
 
 A turn held open by the words ends when the user speaks again (the turn goes on) or after the analyzer's fallback
 silence (Smart Turn's ``stop_secs``, 3 s, counted from the speech end): every hold has an end.
@@ -44,6 +46,7 @@ from pipecat_nemotron.stt.eager import TurnCommit
 from pipecat.turns.user_stop import TurnAnalyzerUserTurnStopStrategy  # isort: skip
 
 __all__ = [
+    "DEFAULT_EOU_WAIT_S",
     "DEFAULT_HOLD_SECS",
     "EouTurnCommit",
     "TextTurnCommit",
@@ -55,6 +58,10 @@ __all__ = [
 
 #: Silence that ends a turn held open, from the speech end, s, when the analyzer names none (Smart Turn's own).
 DEFAULT_HOLD_SECS = 3.0
+#: How long after a VAD stop the STT of an :class:`EouTurnCommit` keeps listening for the model's ``<EOU>`` before
+#: it finalizes the utterance, s. The tiny EOU model's ``<EOU>`` comes 150-330 ms (audio) after the last word, one
+#: 160 ms chunk later in wall time: ~0.3 s after a 200 ms VAD stop (docs/TINY_MODEL.md).
+DEFAULT_EOU_WAIT_S = 1.0
 
 
 def smart_turn_analyzer() -> BaseTurnAnalyzer:
@@ -290,8 +297,13 @@ class TextTurnCommit(TurnCommit):
 class EouTurnCommit(TextTurnCommit):
     """The STT's commit in the ``"eou"`` and ``"eou_smart"`` modes: the model's ``<EOU>`` ends the turn.
 
-    The final of a VAD stop commits the turn when the model emitted ``<EOU>`` after the utterance's last words
-    (:meth:`on_eou`, cleared by :meth:`on_words` and by speech). Without one, ``"eou"`` holds the turn and
+    The STT keeps listening after a VAD stop and finalizes the utterance when the model emits ``<EOU>`` in the
+    audio it heard (:meth:`on_eou`, cleared by :meth:`on_words` and by speech), when the user speaks again (no
+    final: the utterance goes on), or after ``eou_wait_s`` without one. A final's flush pads the audio with
+    silence, in which a model says ``<EOU>`` after a pause the user has not finished: finalizing at the VAD stop
+    let that end turns at pauses inside sentences (``bench turns``, docs/BENCHMARKS.md).
+
+    A final after the ``<EOU>`` commits the turn. Without one, ``"eou"`` holds the turn and
     ``"eou_smart"`` asks Smart Turn (complete: commit; incomplete: hold). A held turn ends when an ``<EOU>``
     comes, goes on when the user speaks again, and otherwise commits after the fallback silence (the analyzer's
     ``stop_secs``, 3 s for Smart Turn and without an analyzer, from the speech end): no turn is held for ever.
@@ -302,6 +314,11 @@ class EouTurnCommit(TextTurnCommit):
         analyzer: Smart Turn (``"eou_smart"``), or None (``"eou"``).
         log: Where each decision is recorded.
         vad_stop_secs: The VAD's ``stop_secs``, s.
+        eou_wait_s: How long after a VAD stop the STT waits for ``<EOU>`` before it finalizes, s (>= 0; 0:
+            finalize at the VAD stop, where the flush's padding can put an ``<EOU>`` at a pause).
+
+    Raises:
+        ValueError: A negative or non-finite ``eou_wait_s``.
 
     """
 
@@ -313,9 +330,13 @@ class EouTurnCommit(TextTurnCommit):
         *,
         log: TurnEndLog | None = None,
         vad_stop_secs: float = 0.2,
+        eou_wait_s: float = DEFAULT_EOU_WAIT_S,
     ) -> None:
+        if not (isinstance(eou_wait_s, (int, float)) and 0.0 <= eou_wait_s < float("inf")):
+            raise ValueError(f"eou_wait_s must be a finite number of seconds >= 0, got {eou_wait_s!r}")
         super().__init__(analyzer, read_text=False, log=log, vad_stop_secs=vad_stop_secs)
         self.mode = "eou_smart" if analyzer is not None else "eou"
+        self.eou_wait_s = float(eou_wait_s)
         self._eou = False  # the model emitted <EOU> after the utterance's last words
 
     @property
@@ -328,9 +349,15 @@ class EouTurnCommit(TextTurnCommit):
         self._eou = False
 
     def on_speech_start(self, start_secs: float) -> None:
-        """The user speaks (again): a hold ends, and an earlier ``<EOU>`` no longer ends the turn."""
+        """The user speaks (again): a hold ends, and an earlier ``<EOU>`` no longer ends the turn.
+
+        A Smart Turn verdict on the pause before it is dropped: that pause was no end of turn.
+        """
         super().on_speech_start(start_secs)
         self._eou = False
+        task, self._verdict = self._verdict, None
+        if task is not None:
+            task.add_done_callback(_ignore_result)
 
     def holds_prediction(self, text: str, language: object | None = None) -> bool:
         """A pause predicts the end of the turn only once the model said so."""
@@ -416,6 +443,7 @@ def turn_commit_for(
     language: str = "en",
     log: TurnEndLog | None = None,
     vad_stop_secs: float = 0.2,
+    eou_wait_s: float = DEFAULT_EOU_WAIT_S,
 ) -> TextTurnCommit:
     """The STT's commit for ``mode``.
 
@@ -429,15 +457,17 @@ def turn_commit_for(
         language: Rules used when the STT names no language.
         log: Where each decision is recorded.
         vad_stop_secs: The pipeline VAD's ``stop_secs``, s.
+        eou_wait_s: ``"eou"``/``"eou_smart"``: how long after a VAD stop the STT waits for ``<EOU>`` before it
+            finalizes, s (:class:`EouTurnCommit`).
 
     """
     validate_turn_end(mode)
     if mode == "eou":
-        return EouTurnCommit(None, log=log, vad_stop_secs=vad_stop_secs)
+        return EouTurnCommit(None, log=log, vad_stop_secs=vad_stop_secs, eou_wait_s=eou_wait_s)
     if mode != "vad" and analyzer is None:
         analyzer = smart_turn_analyzer()
     if mode == "eou_smart":
-        return EouTurnCommit(analyzer, log=log, vad_stop_secs=vad_stop_secs)
+        return EouTurnCommit(analyzer, log=log, vad_stop_secs=vad_stop_secs, eou_wait_s=eou_wait_s)
     return TextTurnCommit(
         analyzer if mode != "vad" else None,
         read_text=mode == "text",

@@ -106,7 +106,8 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
     not speaking) only the last ``replay_preroll_s`` of audio is kept; audio the bound drops is reported.
 
     With ``skip_silence`` (the default) the server encodes only speech: while the VAD says the user is not
-    speaking, audio is held back (:mod:`~pipecat_nemotron.stt.remote.gate`); at the speech start the service
+    speaking (and no VAD stop's finalize waits for the model's ``<EOU>``: :mod:`~pipecat_nemotron.stt.eou_wait`),
+    audio is held back (:mod:`~pipecat_nemotron.stt.remote.gate`); at the speech start the service
     sends a ``gap`` message for the audio it withheld, then the last ``silence_preroll_s`` of it, then live
     audio. Transcripts and every timestamp (``session_audio_ms``, word times) stay those of the whole audio; a
     server without the ``gap`` feature gets every sample, as with ``skip_silence=False``, and so does any
@@ -266,11 +267,13 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
 
     async def stop(self, frame: EndFrame) -> None:
         """Finalize what the user said last (if anything), wait for the finals still owed, then disconnect."""
+        await self._stop_eou_wait()
         await self._flush_finals()
         await super().stop(frame)
 
     async def cancel(self, frame: CancelFrame) -> None:
         """Disconnect at once (the server frees the session's slot)."""
+        await self._stop_eou_wait()
         await super().cancel(frame)
         self._replay.clear()
 
@@ -446,7 +449,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
                 logger.debug(f"{self}: replay buffer full ({self._owed.replay_max_s:g} s) while disconnected")
             if self._ready is not None and self._websocket is not None:
                 try:
-                    if self._skips_silence() and not self._user_speaking:
+                    if self._skips_silence() and not self._user_speaking and not self.listening_for_eou:
                         withheld = self._silence_gate().hold(audio)
                         if withheld:
                             await self._websocket.send(GapMessage(ms=withheld / self._bytes_per_ms).to_json())
@@ -509,13 +512,15 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
     # ---- end of turn --------------------------------------------------------------------------------------
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        """Handle frames; on ``VADUserStoppedSpeakingFrame`` finalize the utterance."""
-        await super().process_frame(frame, direction)
+        """Handle frames (a VAD stop finalizes the utterance: :class:`~pipecat_nemotron.stt.base.NemotronSTTBase`)."""
         if isinstance(frame, (VADUserStartedSpeakingFrame, VADUserStoppedSpeakingFrame)):
             self._vad_seen = True
-        if isinstance(frame, VADUserStoppedSpeakingFrame):
-            self.request_finalize()
-            await self._finalize()
+        await super().process_frame(frame, direction)
+
+    async def _end_utterance(self) -> None:
+        """Finalize the utterance (at a VAD stop; an EOU commit's on the ``<EOU>``)."""
+        self.request_finalize()
+        await self._finalize()
 
     async def _finalize(self) -> None:
         async with self._send_lock:
