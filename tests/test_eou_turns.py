@@ -98,6 +98,25 @@ async def test_without_an_eou_the_turn_holds_until_the_model_says_so() -> None:
     assert commit.on_eou() is False  # committed once
 
 
+async def test_an_eou_after_a_held_final_commits_at_the_final_of_what_came_since() -> None:
+    """The model needed more audio than the wait: its <EOU> (and the "?" it wrote with it) come after a held final.
+
+    The STT finalizes the open utterance then (``final_follows``); that final, the turn's last words, commits it,
+    so Pipecat's aggregator, which waits for a final after an interim, ends the turn with the whole text.
+    """
+    commit, log = _commit()
+    commit.on_speech_start(0.2)
+    commit.on_vad_stop()
+    assert not await commit.complete("Is it Thursday today")
+    assert commit.held
+    commit.on_words()  # the interim "?" of the next segment
+    assert commit.on_eou(final_follows=True) is False  # not here: at the final that follows
+    assert commit.held
+    assert await commit.complete("?")
+    assert not commit.held
+    assert [(d.commit, d.by) for _, d in log.decisions] == [(False, "eou"), (True, "eou")]
+
+
 async def test_an_eou_that_never_comes_ends_the_turn_after_the_fallback_silence() -> None:
     commit, log = _commit()
     commit.on_speech_start(0.2)
@@ -153,7 +172,7 @@ def test_the_eou_modes_wait_for_the_eou_after_a_vad_stop_by_default() -> None:
     """Only the EOU commits wait; the default is the documented one (README, docs/ARCHITECTURE.md)."""
     from pipecat_nemotron.agent.turn_end import DEFAULT_EOU_WAIT_S
 
-    assert DEFAULT_EOU_WAIT_S == 1.0
+    assert DEFAULT_EOU_WAIT_S == 1.5
     assert turn_commit_for("eou").eou_wait_s == DEFAULT_EOU_WAIT_S
     assert turn_commit_for("eou_smart", analyzer=FixedAnalyzer(True)).eou_wait_s == DEFAULT_EOU_WAIT_S
     assert turn_commit_for("vad").eou_wait_s == 0.0

@@ -252,13 +252,7 @@ async def test_through_the_server_the_audio_after_a_vad_stop_reaches_the_model_w
             context, user_params=LLMUserAggregatorParams(user_turn_strategies=user_turn_strategies_for("eou"))
         ).user()
         steps = [
-            Then(stt.wait_until_ready),
-            VADUserStartedSpeakingFrame(),
-            *audio_frames(audio.tobytes()),
-            *audio_frames(bytes(2 * 3200)),
-            VADUserStoppedSpeakingFrame(stop_secs=0.2),
-            FLUSH,
-            Then(lambda: _assert(stt.listening_for_eou, "the VAD stop's finalize waits for the <EOU>")),
+            *_words_then_a_waiting_vad_stop(stt, audio.tobytes(), silence_ms=200),
             *audio_frames(bytes(2 * 48000)),  # 3 s of silence after the VAD stop
             # The commit itself: Pipecat's aggregator ends a turn on its own after its user_turn_stop_timeout.
             Until("the <EOU>'s commit", lambda *_: any(d.commit for _, d in log.decisions)),
@@ -270,19 +264,12 @@ async def test_through_the_server_the_audio_after_a_vad_stop_reaches_the_model_w
 
 
 async def test_a_session_that_ends_while_the_stt_waits_for_the_eou_delivers_its_words(eou_engine) -> None:
-    """The session ends 200 ms after the last word, the <EOU> still owed: the session's own final has the words."""
+    """The session ends at a VAD stop, the <EOU> still owed: the session's own final has the words."""
     from pipecat.frames.frames import ErrorFrame
 
     stt = NemotronSTTService(engine=eou_engine, turn_commit=turn_commit_for("eou", eou_wait_s=LONG_WAIT_S))
-    steps = [
-        Then(stt.wait_until_ready),
-        VADUserStartedSpeakingFrame(),
-        *audio_frames(_words("what is nine plus four please")),
-        *audio_frames(bytes(2 * 3200)),
-        VADUserStoppedSpeakingFrame(stop_secs=0.2),
-        FLUSH,
-        Then(lambda: _assert(stt.listening_for_eou, "the VAD stop's finalize waits for the <EOU>")),
-    ]
+    # No silence before the VAD stop: the model cannot have said <EOU> yet.
+    steps = _words_then_a_waiting_vad_stop(stt, _words("what is nine plus four please"), silence_ms=0)
     down, up = await run_steps(stt, steps)  # then the EndFrame
     (final,) = [f.text.lower() for f in down if type(f) is TranscriptionFrame]
     assert "nine" in final and "four" in final, final
@@ -290,8 +277,21 @@ async def test_a_session_that_ends_while_the_stt_waits_for_the_eou_delivers_its_
     assert not stt.listening_for_eou
 
 
-def _assert(condition: bool, what: str) -> None:
-    assert condition, what
+def _words_then_a_waiting_vad_stop(stt, pcm: bytes, silence_ms: int) -> list:
+    """Speech, ``silence_ms`` of silence, a VAD stop, and a check that its finalize waits for the <EOU>."""
+
+    def waiting() -> None:
+        assert stt.listening_for_eou, "the VAD stop's finalize waits for the <EOU>"
+
+    return [
+        Then(stt.wait_until_ready),
+        VADUserStartedSpeakingFrame(),
+        *audio_frames(pcm),
+        *audio_frames(bytes(32 * silence_ms)),
+        VADUserStoppedSpeakingFrame(stop_secs=0.2),
+        FLUSH,
+        Then(waiting),
+    ]
 
 
 async def test_a_server_without_the_token_refuses_eou_and_does_not_offer_it(server) -> None:

@@ -442,10 +442,16 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
     async def _on_eou(self, utterance: int, eou_ms: float | None, text: str) -> None:
         """The model says utterance ``utterance`` ended at ``eou_ms`` (ms of the session's audio), after ``text``."""
         logger.debug(f"{self}: end of utterance {utterance} at {eou_ms} ms: {text!r}")
+        # The <EOU> ends the utterance after a VAD stop whose finalize waits for it, and after a final the commit
+        # held (the user silent since): the model needed more audio than the wait, and what it emitted since
+        # (often the sentence's punctuation) belongs to that turn. Either way the final that follows commits.
+        ends = self._eou_wait is not None and (
+            self._eou_wait.pending or (self._commit.held and not self._user_speaking)
+        )
         if self._eager is not None:
-            await self._eager.on_eou()
-        if self._eou_wait is not None:
-            await self._eou_wait.on_eou()
+            await self._eager.on_eou(final_follows=ends)
+        if ends and self._eou_wait is not None:
+            await self._eou_wait.finalize_now()
 
     async def _stop_eou_wait(self) -> None:
         """The session ends: no held finalize fires after this (the session's own finalize covers it)."""

@@ -358,9 +358,19 @@ class TurnCommit:
     def on_words(self) -> None:
         """The utterance's text grew (an interim): an end-of-utterance event before it no longer ends it."""
 
-    def on_eou(self) -> bool:
-        """The model emitted ``<EOU>`` (:attr:`wants_eou` only); True when that commits a turn held open."""
+    def on_eou(self, final_follows: bool = False) -> bool:
+        """The model emitted ``<EOU>`` (:attr:`wants_eou` only); True when that commits a turn held open.
+
+        Args:
+            final_follows: The STT finalizes the utterance now: the final, not this call, commits the turn.
+
+        """
         return False
+
+    @property
+    def held(self) -> bool:
+        """Whether the last final was held open (the turn goes on until the analyzer, the user or an event)."""
+        return self._held
 
     @property
     def eou_seen(self) -> bool:

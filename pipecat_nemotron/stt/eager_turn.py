@@ -137,9 +137,14 @@ class EagerTurn:
         if self.pauses is not None and self._hooks.user_speaking():
             await self._on_pause_event(self.pauses.on_decoded(decoded_ms, text_changed))
 
-    async def on_eou(self) -> None:
-        """The model emitted ``<EOU>``: it commits a turn held open; before the VAD stop it predicts the end."""
-        if self.commit.on_eou():
+    async def on_eou(self, final_follows: bool = False) -> None:
+        """The model emitted ``<EOU>``: it commits a turn held open; before the VAD stop it predicts the end.
+
+        Args:
+            final_follows: The service finalizes the utterance now; its final commits the turn.
+
+        """
+        if self.commit.on_eou(final_follows):
             await self._service.broadcast_frame(ProposedUserStoppedSpeakingFrame)
             return
         if self.pauses is not None and self._hooks.user_speaking():

@@ -12,7 +12,10 @@ So at a VAD stop the service keeps streaming and finalizes when the first of the
 - ``wait_s`` without either: finalize, and the turn commit decides as it does without an ``<EOU>`` (hold for
   the fallback silence, or ask Smart Turn).
 
-The session's end finalizes what is open on its own path; :meth:`EouWait.close` only stops the timer.
+An ``<EOU>`` that comes after that final, while the commit holds the turn and the user is silent (the model needed
+more audio than ``wait_s``), also finalizes: the tokens it emitted since the held final (often the sentence's
+punctuation) belong to the turn, and that final commits it. The session's end finalizes what is open on its own
+path; :meth:`EouWait.close` only stops the timer.
 """
 
 from __future__ import annotations
@@ -71,13 +74,13 @@ class EouWait:
         self._since = time.monotonic()
         self._timer = self._owner.create_task(self._deadline(), name=f"{self._owner}::eou_wait")
 
-    async def on_eou(self) -> None:
-        """The model emitted ``<EOU>``: a held finalize happens now."""
-        if not self.pending:
-            return
-        waited_ms = self._waited_ms()
+    async def finalize_now(self) -> None:
+        """The model emitted ``<EOU>``: finalize now (a finalize held for it stops waiting)."""
+        if self.pending:
+            logger.debug(f"{self._owner}: <EOU> {self._waited_ms():.0f} ms after the VAD stop; finalizing")
+        else:
+            logger.debug(f"{self._owner}: <EOU> after a held final; finalizing what the model said since")
         await self._stop_timer()
-        logger.debug(f"{self._owner}: <EOU> {waited_ms:.0f} ms after the VAD stop; finalizing")
         await self._finalize()
 
     async def on_speech(self) -> None:

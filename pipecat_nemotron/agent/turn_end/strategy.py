@@ -59,9 +59,11 @@ __all__ = [
 #: Silence that ends a turn held open, from the speech end, s, when the analyzer names none (Smart Turn's own).
 DEFAULT_HOLD_SECS = 3.0
 #: How long after a VAD stop the STT of an :class:`EouTurnCommit` keeps listening for the model's ``<EOU>`` before
-#: it finalizes the utterance, s. The tiny EOU model's ``<EOU>`` comes 150-330 ms (audio) after the last word, one
-#: 160 ms chunk later in wall time: ~0.3 s after a 200 ms VAD stop (docs/TINY_MODEL.md).
-DEFAULT_EOU_WAIT_S = 1.0
+#: it finalizes the utterance, s. It must outlast a pause inside a sentence: the VAD stops 200 ms into the pause and
+#: starts again 200 ms (its ``start_secs``) into the speech after it, so a 900 ms pause (``bench turns``' longest)
+#: keeps the wait open ~0.9 s. Most turns do not wait that long: the tiny EOU model's ``<EOU>`` comes 150-330 ms
+#: (audio) after the last word, ~0.3 s after a 200 ms VAD stop in wall time (docs/TINY_MODEL.md).
+DEFAULT_EOU_WAIT_S = 1.5
 
 
 def smart_turn_analyzer() -> BaseTurnAnalyzer:
@@ -363,10 +365,16 @@ class EouTurnCommit(TextTurnCommit):
         """A pause predicts the end of the turn only once the model said so."""
         return not self._eou
 
-    def on_eou(self) -> bool:
-        """The model emitted ``<EOU>``: True when it commits a turn held open at its final."""
+    def on_eou(self, final_follows: bool = False) -> bool:
+        """The model emitted ``<EOU>``: True when it commits a turn held open at its final.
+
+        Args:
+            final_follows: The STT finalizes the utterance now (the tokens the model emitted since the held final,
+                often the sentence's punctuation, belong to the turn): that final commits it.
+
+        """
         self._eou = True
-        if not self._held:
+        if not self._held or final_follows:
             return False
         self._held = False
         self._hold_ms = None
