@@ -206,8 +206,12 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
 
     @property
     def listening_for_eou(self) -> bool:
-        """Whether a VAD stop's finalize waits for the model's ``<EOU>`` (the audio after it must reach the model)."""
-        return self._eou_wait is not None and self._eou_wait.pending
+        """Whether the model's ``<EOU>`` can still end the turn, so the audio after the VAD stop must reach it.
+
+        True while a VAD stop's finalize waits for it, and while the commit holds the turn after a final (the
+        model may need more silence than the wait; the user's speech clears both).
+        """
+        return self._eou_wait is not None and (self._eou_wait.pending or self._commit.held)
 
     @property
     def wants_eou(self) -> bool:
@@ -445,9 +449,7 @@ class NemotronSTTBase(EagerEndOfTurnSTTServiceMixin, STTService):
         # The <EOU> ends the utterance after a VAD stop whose finalize waits for it, and after a final the commit
         # held (the user silent since): the model needed more audio than the wait, and what it emitted since
         # (often the sentence's punctuation) belongs to that turn. Either way the final that follows commits.
-        ends = self._eou_wait is not None and (
-            self._eou_wait.pending or (self._commit.held and not self._user_speaking)
-        )
+        ends = self.listening_for_eou
         if self._eager is not None:
             await self._eager.on_eou(final_follows=ends)
         if ends and self._eou_wait is not None:

@@ -106,7 +106,7 @@ class NemotronServerSTTService(NemotronSTTBase, WebsocketSTTService):
     not speaking) only the last ``replay_preroll_s`` of audio is kept; audio the bound drops is reported.
 
     With ``skip_silence`` (the default) the server encodes only speech: while the VAD says the user is not
-    speaking (and no VAD stop's finalize waits for the model's ``<EOU>``: :mod:`~pipecat_nemotron.stt.eou_wait`),
+    speaking (and the model's ``<EOU>`` can no longer end the turn: :mod:`~pipecat_nemotron.stt.eou_wait`),
     audio is held back (:mod:`~pipecat_nemotron.stt.remote.gate`); at the speech start the service
     sends a ``gap`` message for the audio it withheld, then the last ``silence_preroll_s`` of it, then live
     audio. Transcripts and every timestamp (``session_audio_ms``, word times) stay those of the whole audio; a
