@@ -197,6 +197,7 @@ async def test_burst_fault_and_drain_of_tts_replicas(
     # Read by the controller Ray starts below: a proxy slow to start on a loaded machine is not killed for it.
     os.environ["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"] = "60"
     os.environ["RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"] = "30"
+    os.environ["RAY_worker_niceness"] = "0"  # replicas at normal priority, as docs/DEPLOYMENT.md says (Ray: nice 15)
     monkeypatch.setattr(helpers, "STEP_HANG_S", HANG_S)  # run_steps' guard: a replica kill is slow beside CPU hogs
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     report: dict[str, Any] = {}
