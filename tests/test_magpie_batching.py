@@ -8,7 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import MAGPIE_SAMPLES_PER_FRAME, MagpieAdmissionGate, magpie_options_for, one_torch_thread
+from helpers import (
+    MAGPIE_SAMPLES_PER_FRAME,
+    HoldSecondChunk,
+    MagpieAdmissionGate,
+    magpie_options_for,
+    one_torch_thread,
+)
 
 from pipecat_nemotron.tts.magpie import (
     MagpieEngine,
@@ -93,15 +99,19 @@ def test_seeded_request_is_the_same_alone_and_in_a_batch_joining_at_different_ti
     assert not np.array_equal(alone, different)
 
 
-def test_cancelling_mid_batch_leaves_the_other_rows_unchanged(engine: MagpieEngine) -> None:
+def test_cancelling_mid_batch_leaves_the_other_rows_unchanged(engine: MagpieEngine, monkeypatch) -> None:
     texts = ["First of three.", "Second of three, the cancelled one.", "Third of three."]
     options = [magpie_options_for(20, seed=10 + i) for i in range(3)]
     alone = [collect(engine.submit(t, options=o)) for t, o in zip(texts, options, strict=True)]
 
+    # The worker is held as it hands the victim its second chunk (6 of its 20 frames): it cannot finish the
+    # victim before the cancel, however the machine schedules the test's thread and the worker.
+    hold = HoldSecondChunk(monkeypatch, texts[1])
     streams = [engine.submit(t, options=o) for t, o in zip(texts, options, strict=True)]
     victim = iter(streams[1])
     next(victim)
     streams[1].cancel()
+    hold.release()
     audio = [collect(s) for s in streams]
     assert streams[1].status == "cancelled" and len(audio[1]) < len(alone[1])
     assert same_audio(audio[0], alone[0]) and same_audio(audio[2], alone[2])

@@ -366,7 +366,13 @@ async def test_idle_session_is_closed(server: ASRServer, engine: NemotronEngine)
         await wait_for(free_slots_restored(idle, engine), what="the slot to be freed")
 
 
+@pytest.mark.serial
 async def test_fast_sender_is_throttled_without_slowing_a_realtime_session(engine: NemotronEngine) -> None:
+    """A client that sends 8 s at once is read at real time, while a real-time session beside it keeps up.
+
+    Serial: "keeps up" is a lag, a time (the read pacing is one too). The margin: the real-time session's median
+    partial lag stays under 500 ms (112 ms beside 3 CPU hogs on 2 cores, 2026-12-06).
+    """
     async with own_server(engine, insecure=True, burst_ms=500.0, max_speed=1.0) as paced:
         blast = clip("two_turns.wav", seed=63, seconds=5.0) + clip("demo_timer.wav", seed=64, seconds=3.0)
         audio_s = len(blast) / 32000
@@ -391,8 +397,8 @@ async def test_fast_sender_is_throttled_without_slowing_a_realtime_session(engin
         # ...and the real-time session kept up meanwhile.
         lags = [m.lag_ms for m in slow_msgs if isinstance(m, PartialMessage)]
         assert [m for m in slow_msgs if isinstance(m, FinalMessage)]
-        if lags:
-            assert float(np.median(lags)) < 500, lags
+        assert lags, "the real-time session got no partial: nothing shows that it kept up"
+        assert float(np.median(lags)) < 500, lags
 
 
 async def test_health_readiness_metrics_and_info(server: ASRServer) -> None:

@@ -11,6 +11,7 @@ import pytest
 from helpers import (
     MAGPIE_CODEC_RATE,
     MAGPIE_SAMPLES_PER_FRAME,
+    HoldSecondChunk,
     MagpieAdmissionGate,
     magpie_options_for,
     one_torch_thread,
@@ -402,37 +403,6 @@ def test_end_of_speech_frames_are_dropped(engine: MagpieEngine) -> None:
         set_end_of_speech_bias(engine.model, -30.0)
     assert stream.status == "completed"
     assert audio.shape == (4 * MAGPIE_SAMPLES_PER_FRAME,) == (int(offline_len[0]),)
-
-
-class HoldSecondChunk:
-    """Holds the worker thread as it hands the request for ``text`` its second audio chunk, until :meth:`release`.
-
-    ``SynthesisStream.emit`` is how the worker delivers each chunk (both steps). Held there, the worker cannot
-    finish the request before the test acts, however the machine schedules the two threads. The hold gives up
-    after 60 s (a liveness guard).
-    """
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, text: str) -> None:
-        import threading
-
-        from pipecat_nemotron.tts.magpie.stream import SynthesisStream
-
-        self._go = threading.Event()
-        emit = SynthesisStream.emit
-        seen: dict[int, int] = {}
-
-        def held(stream: SynthesisStream, chunk) -> None:
-            if stream.synthesis.text == text:
-                seen[stream.id] = seen.get(stream.id, 0) + 1
-                if seen[stream.id] == 2:
-                    self._go.wait(60)
-            emit(stream, chunk)
-
-        monkeypatch.setattr(SynthesisStream, "emit", held)
-
-    def release(self) -> None:
-        """Let the worker deliver the chunk (and every later one)."""
-        self._go.set()
 
 
 @pytest.mark.parametrize("which", ["fast", "nemo"])
