@@ -44,7 +44,7 @@ from pipecat_nemotron.server.protocol import (
     ReadyMessage,
     SetLatencyMessage,
 )
-from pipecat_nemotron.server.session import Incoming, Session
+from pipecat_nemotron.server.session import Session
 from pipecat_nemotron.stt.remote.service import NemotronServerSTTService
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -243,6 +243,62 @@ async def raw_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
+def masked_frame(opcode: int, payload: bytes) -> bytes:
+    """One client-to-server WebSocket frame (FIN set, masked as RFC 6455 requires of a client)."""
+    mask = os.urandom(4)
+    n = len(payload)
+    if n < 126:
+        head = struct.pack("!BB", 0x80 | opcode, 0x80 | n)
+    elif n < 1 << 16:
+        head = struct.pack("!BBH", 0x80 | opcode, 0x80 | 126, n)
+    else:
+        head = struct.pack("!BBQ", 0x80 | opcode, 0x80 | 127, n)
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def server_texts(data: bytes) -> list[str]:
+    """The whole text frames at the start of a server-to-client byte stream (unmasked, unfragmented frames)."""
+    texts: list[str] = []
+    at = 0
+    while at + 2 <= len(data):
+        b0, b1 = data[at], data[at + 1]
+        n, at = b1 & 0x7F, at + 2
+        if n == 126:
+            n, at = struct.unpack_from("!H", data, at)[0], at + 2
+        elif n == 127:
+            n, at = struct.unpack_from("!Q", data, at)[0], at + 8
+        if at + n > len(data):
+            break
+        if b0 & 0x0F == 0x1:
+            texts.append(data[at : at + n].decode())
+        at += n
+    return texts
+
+
+async def stalled_reader(port: int, rcvbuf: int = 1024) -> socket.socket:
+    """A client that opened a session (handshake, config, ``ready``) and reads no more, with a tiny TCP window.
+
+    ``SO_RCVBUF`` is set before ``connect`` so the window it advertises (and its scaling) stays that small: once the
+    client stops reading, a few KiB of the server's sends fill it and the rest waits in the server's buffers.
+    """
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    await loop.sock_sendall(sock, upgrade_request("/v1/asr", b"Sec-WebSocket-Protocol: nemotron-asr.v1"))
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += await loop.sock_recv(sock, 4096)
+    head, _, data = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 101"), head
+    await loop.sock_sendall(sock, masked_frame(0x1, ConfigMessage().to_json().encode()))
+    while not server_texts(data):
+        data += await loop.sock_recv(sock, 4096)
+    assert json.loads(server_texts(data)[0])["type"] == "ready", data
+    return sock
+
+
 # ---- 2: undecodable credentials --------------------------------------------------------------------------------
 
 
@@ -322,66 +378,45 @@ async def test_client_replay_respects_a_small_server_message_limit(engine: Nemot
 # ---- 5: results that cannot be sent ----------------------------------------------------------------------------
 
 
-class ScriptedTransport:
-    """A Transport that delivers scripted messages; sends after the first ``ok_sends`` fail as ``failure`` says.
-
-    ``failure``: ``"hang"`` (the peer stopped reading: the send never completes) or ``"reset"`` (the peer is gone).
-    """
-
-    def __init__(self, messages: list[str], ok_sends: int, failure: str) -> None:
-        self.messages = list(messages)
-        self.ok_sends = ok_sends
-        self.failure = failure
-        self.sent: list[str] = []
-        self.close_codes: list[int] = []
-        self.gone = False
-
-    @property
-    def closed(self) -> bool:
-        return bool(self.close_codes) or self.gone
-
-    def peer_gone(self) -> bool:
-        return self.gone
-
-    async def receive(self, timeout: float | None) -> Incoming:
-        if self.messages:
-            return Incoming("text", self.messages.pop(0))
-        if self.gone:
-            return Incoming("closed")
-        await asyncio.sleep(timeout or 30.0)
-        raise TimeoutError
-
-    async def send_text(self, text: str) -> None:
-        if len(self.sent) < self.ok_sends:
-            self.sent.append(text)
-            return
-        if self.failure == "hang":
-            await asyncio.Event().wait()
-        self.gone = True
-        raise ConnectionResetError("Cannot write to closing transport")
-
-    async def close(self, code: int, reason: str) -> None:
-        self.close_codes.append(code)
-
-
-async def test_unsendable_set_latency_reply_is_4008_or_a_quiet_close(
+async def test_client_that_stops_reading_is_dropped_with_4008_and_frees_its_slot(
     engine: NemotronEngine, captured_log: list[str]
 ) -> None:
+    """A real client that stops reading: once the server's send of a reply blocks ``send_timeout_s``, 4008.
+
+    The client (a 1 KiB receive buffer) sends ``set_latency`` requests, each answered, and reads none of the answers.
+    On loopback the server buffered about 580 KB of answers (kernel and asyncio buffers, ~10 000 of them) before
+    a send blocked; the flood goes on until the drop, however many that takes here.
+    """
     start = len(captured_log)
-    async with own_server(engine, insecure=True, send_timeout_s=0.3) as srv:
+    loop = asyncio.get_running_loop()
+    async with own_server(
+        engine, insecure=True, send_timeout_s=0.3, max_control_rate=1e9, control_burst=1_000_000_000
+    ) as srv:
         service = srv.service
-        script = [ConfigMessage().to_json(), SetLatencyMessage(560).to_json()]
-        hanging = ScriptedTransport(script, ok_sends=1, failure="hang")  # ready goes out, the reply blocks
-        await asyncio.wait_for(service.serve(hanging, origin=None, authorization=None, remote="test"), 30)
-        assert hanging.close_codes[:1] == [CloseCode.IDLE_TIMEOUT]
-        reset = ScriptedTransport(
-            script, ok_sends=1, failure="reset"
-        )  # ready goes out, then the peer is gone
-        await asyncio.wait_for(service.serve(reset, origin=None, authorization=None, remote="test"), 30)
-        assert CloseCode.INTERNAL not in reset.close_codes
-        assert counter(service.metrics.dropped, "internal") == 0
-        assert counter(service.metrics.ended, "disconnect") >= 1
-    assert crash_lines(log_since(captured_log, start)) == []
+        sock = await stalled_reader(srv.port)
+        (session,) = service.sessions.values()
+        batch = masked_frame(0x1, SetLatencyMessage(560).to_json().encode()) * 100
+
+        async def flood() -> None:
+            while True:  # ends when cancelled; blocks by itself once the server stops reading too
+                await loop.sock_sendall(sock, batch)
+                await asyncio.sleep(0)  # sock_sendall does not yield while the kernel takes the data
+
+        flooding = asyncio.create_task(flood())
+        try:
+            await wait_for(lambda: not service.sessions, timeout=60, what="the stalled session to be dropped")
+        finally:
+            flooding.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                await flooding
+            sock.close()  # unread answers still queued: the close is a reset, the server's socket is already gone
+        assert session.close_code == CloseCode.IDLE_TIMEOUT
+        assert counter(service.metrics.dropped, "idle_timeout") == 1
+        assert counter(service.metrics.ended, "dropped") == 1
+        assert service.active_sessions == 0
+    log = log_since(captured_log, start)
+    assert "closed with 4008 (idle_timeout): the client stopped reading results" in log
+    assert crash_lines(log) == []
 
 
 async def test_set_latency_then_tcp_reset_is_not_a_crash(
@@ -400,8 +435,9 @@ async def test_set_latency_then_tcp_reset_is_not_a_crash(
             await ws.send(clip()[:16000])  # 0.5 s ahead of real time, no burst allowed: reads pause 0.5 s
             await ws.send(SetLatencyMessage(560).to_json())
             rst_abort(ws)
-        await wait_for(lambda: paused.service.active_sessions == 0, timeout=30, what="the sessions to end")
+        await wait_for(lambda: not paused.service.sessions, timeout=30, what="the sessions to end")
         assert counter(paused.service.metrics.dropped, "internal") == 0
+        assert counter(paused.service.metrics.ended, "disconnect") == 3  # the failed reply is a client gone
     await wait_for(lambda: not server.service.sessions, timeout=30, what="the sessions to end")
     assert counter(server.service.metrics.dropped, "internal") == internal
     assert crash_lines(log_since(captured_log, start)) == []
