@@ -20,6 +20,10 @@ Stages (each can be run alone; ``all`` runs them in order)::
     tts-eval    synthesise held-out sentences (fast step via MagpieEngine, and NeMo's generate_speech), transcribe
                 with the tiny ASR, WER per speaker
     bundle      copy both ``.nemo`` files into pipecat_nemotron/assets/
+    park        keep the training runs between machines: each run's last checkpoint without its optimizer
+                (weights, progress, random states) under scripts/tiny_magpie_runs/, to commit
+    unpark      put the parked runs back as --work/<run>/last.pt, so that ``--resume`` continues them (the
+                optimizer starts afresh and warms up again over --warmup-steps)
     cost        first audio and per-frame time of the trained shape vs today's random tiny model (fast step)
 
 Every training stage checkpoints every ``--ckpt-minutes`` and stops after ``--max-minutes``; the same command with
@@ -300,12 +304,19 @@ def set_threads(n: int) -> None:
         torch.set_num_interop_threads(1)
 
 
-def lr_factor(step: int, elapsed_min: float, args: argparse.Namespace) -> float:
-    """Linear warm-up, then cosine decay to 1% over ``max(step / max_steps, minutes / max_minutes)``."""
+def lr_factor(step: int, elapsed_min: float, args: argparse.Namespace, rewarm_from: int | None = None) -> float:
+    """Linear warm-up, then cosine decay to 1% over ``max(step / max_steps, minutes / max_minutes)``.
+
+    ``rewarm_from``: the step at which a fresh optimizer took over a run (an unparked one): the rate ramps up again
+    over ``warmup_steps`` from there, as Adam's first moments are empty.
+    """
     if step < args.warmup_steps:
         return (step + 1) / args.warmup_steps
     progress = min(1.0, max(step / args.max_steps, elapsed_min / args.schedule_minutes))
-    return 0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * progress))
+    factor = 0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * progress))
+    if rewarm_from is not None and step - rewarm_from < args.warmup_steps:
+        factor *= (step - rewarm_from + 1) / args.warmup_steps
+    return factor
 
 
 class Checkpointer:
@@ -325,10 +336,15 @@ class Checkpointer:
         state = torch.load(self.path, map_location="cpu", weights_only=False)
         if model is not None:
             model.load_state_dict(state["model"], strict=True)
-        opt.load_state_dict(state["opt"])
+        progress = state["progress"]
+        if "opt" in state:
+            opt.load_state_dict(state["opt"])
+        else:  # a parked run: the optimizer starts afresh here and warms up again
+            progress["rewarm_from"] = progress["step"]
+            print(f"[train] no optimizer state (a parked run): re-warming from step {progress['step']}", flush=True)
         random.setstate(state["py_rng"])
         torch.set_rng_state(state["torch_rng"])
-        return state["progress"]
+        return progress
 
     def save(self, model: Any, opt: Any, progress: dict[str, Any], force: bool = False) -> bool:
         """Save if due (or ``force``); return whether it saved."""
@@ -391,7 +407,7 @@ def train_loop(
         if elapsed >= args.max_minutes or step >= args.max_steps or stop:
             break
         for group in opt.param_groups:
-            group["lr"] = args.lr * lr_factor(step, base_min + elapsed, args)
+            group["lr"] = args.lr * lr_factor(step, base_min + elapsed, args, progress.get("rewarm_from"))
         batch = batch_fn(rng)
         loss, metrics = loss_fn(batch, step)
         opt.zero_grad(set_to_none=True)
@@ -995,6 +1011,49 @@ def stage_bundle(args: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------
+# Runs kept between machines
+# --------------------------------------------------------------------------------------------------------------
+#: Where ``park`` keeps the training runs, in the repository: a machine's work folder does not outlive it, and the
+#: 8 h budget is spent over several machines. Weights and progress only (the optimizer's moments would triple it).
+PARKED_DIR = Path(__file__).resolve().parent / "tiny_magpie_runs"
+
+#: The training runs' folders under --work.
+RUN_DIRS = ("codec", "codec_decoder", "tts")
+
+
+def stage_park(args: argparse.Namespace) -> None:
+    """Copy each run's ``last.pt`` without its optimizer, and its ``log.jsonl``, to :data:`PARKED_DIR`."""
+    import torch
+
+    PARKED_DIR.mkdir(exist_ok=True)
+    for run in RUN_DIRS:
+        ckpt = args.work / run / "last.pt"
+        if not ckpt.exists():
+            continue
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        state.pop("opt", None)
+        torch.save(state, PARKED_DIR / f"{run}.pt")
+        shutil.copyfile(args.work / run / "log.jsonl", PARKED_DIR / f"{run}.log.jsonl")
+        size = (PARKED_DIR / f"{run}.pt").stat().st_size
+        print(f"[park] {run}: step {state['progress']['step']} -> {PARKED_DIR / run}.pt ({size:,} bytes)", flush=True)
+
+
+def stage_unpark(args: argparse.Namespace) -> None:
+    """Put the parked runs back as ``--work/<run>/last.pt`` (refuses to overwrite a checkpoint there)."""
+    for run in RUN_DIRS:
+        parked = PARKED_DIR / f"{run}.pt"
+        if not parked.exists():
+            continue
+        target = args.work / run / "last.pt"
+        if target.exists():
+            raise SystemExit(f"{target} exists: unpark puts parked runs into a fresh --work only")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(parked, target)
+        shutil.copyfile(PARKED_DIR / f"{run}.log.jsonl", args.work / run / "log.jsonl")
+        print(f"[unpark] {run} -> {target}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------------------------
 STAGES: dict[str, Callable[[argparse.Namespace], None]] = {
@@ -1008,6 +1067,8 @@ STAGES: dict[str, Callable[[argparse.Namespace], None]] = {
     "tts-eval": stage_tts_eval,
     "bundle": stage_bundle,
     "cost": stage_cost,
+    "park": stage_park,
+    "unpark": stage_unpark,
 }
 
 
@@ -1061,7 +1122,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the stages in order."""
     args = parse_args(argv)
-    stages = list(STAGES) if "all" in args.stages else args.stages
+    stages = [n for n in STAGES if n not in ("park", "unpark")] if "all" in args.stages else args.stages
     for name in stages:
         for key, codec_value, tts_value in (("lr", 5e-4, 1e-3), ("batch_size", 8, 16)):
             if getattr(args, f"_{key}_given", None) is None:
