@@ -48,10 +48,12 @@ from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 from ws_client import raw_messages, stream
 
+from pipecat_nemotron.agent.turn_end import turn_commit_for
 from pipecat_nemotron.asr import EngineConfig, NemotronEngine
 from pipecat_nemotron.observers.metrics import ASRFinalizeMetricsData
 from pipecat_nemotron.server.app import ASRServer, ServerConfig, is_loopback, tokens_from
 from pipecat_nemotron.server.protocol import (
+    EOU_FEATURE,
     PROTOCOL_VERSION,
     CloseCode,
     ConfigMessage,
@@ -523,6 +525,25 @@ async def test_pipecat_client_stops_on_a_permanent_refusal(server: ASRServer) ->
     )
     errors = [f for f in up if isinstance(f, ErrorFrame)]
     assert errors and "4001" in errors[0].error
+    assert not stt.is_usable and stt.sessions_opened == 0
+
+
+async def test_an_eou_turn_commit_stops_at_a_server_whose_model_has_no_eou(server: ASRServer) -> None:
+    """The remote STT whose turns end on the model's ``<EOU>``, at a server whose model lacks the token: the server
+    refuses the session's ``eou`` request, permanently, with the fix; the STT stops (no reconnect loop)."""
+    ws, ready = await open_session(server.url, token=TOKEN)
+    await ws.close()
+    assert EOU_FEATURE not in ready.features  # the module's model has no <EOU> token
+    stt = NemotronServerSTTService(
+        url=server.url, token=TOKEN, turn_commit=turn_commit_for("eou"), reconnect_backoff_min_wait=0.1
+    )
+    assert stt.wants_eou
+    _, up = await run_test(
+        stt, frames_to_send=[SleepFrame(sleep=0.5), *audio_frames(clip()[:6400])], start_timeout=5.0
+    )
+    errors = [f for f in up if isinstance(f, ErrorFrame)]
+    assert errors, "no error reached the pipeline"
+    assert "<EOU>" in errors[0].error and "tiny_nemotron_asr_eou.nemo" in errors[0].error, errors[0].error
     assert not stt.is_usable and stt.sessions_opened == 0
 
 
