@@ -10,9 +10,11 @@ Stages (each can be run alone; ``all`` runs them in order)::
 
     data        synthesise train/test utterances (22,050 Hz mono int16 wav + manifests) under --work/data/
     codec       train the codec (mel + multi-resolution STFT + time-domain losses, no discriminator); resumable;
-                ``--decoder-only`` then fine-tunes its decoder alone (same codes: a Magpie trained on them stays valid)
+                ``--decoder-only`` then fine-tunes its decoder alone (same codes: a Magpie trained on them stays
+                valid), with ``--gan`` against a light discriminator
     codec-export  write the codec ``.nemo`` (--work/tiny_codec.nemo) from the codec run's checkpoint
     codec-eval  tiny ASR on codec-resynthesised held-out speech vs on the originals (16 kHz), per speaker
+    codec-onset  the same with each utterance's start and rest taken from the original and the codec in turn
     codes       encode every training utterance with the exported codec (codes.pt)
     tts         train the Magpie (NeMo's ``process_batch`` losses: codebook CE, local transformer, alignment);
                 resumable
@@ -61,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_tiny_model import heldout_bucket, punctuate, sample_sentence  # noqa: E402
 
 from pipecat_nemotron.bench.common import REPO_ROOT  # noqa: E402
-from pipecat_nemotron.models import ASSETS_DIR, TINY_MODEL_PATH  # noqa: E402
+from pipecat_nemotron.models import TINY_MODEL_PATH  # noqa: E402
 from pipecat_nemotron.tts.magpie.options import VOICES  # noqa: E402
 
 SAMPLE_RATE = 22050
@@ -499,8 +501,47 @@ def fsq_rounding(model: Any, enabled: bool) -> Any:
             fsq.__dict__.pop("round", None)
 
 
+#: The light discriminator's STFT resolutions (n_fft, hop, window) and bands (fractions of the bins), and the
+#: filters of each band's ``DiscriminatorSTFT``: NeMo's default 32 would cost ~8x the decoder's step on one CPU
+#: thread; 8 filters at both resolutions cost ~1.1 s per step of 8 one-second crops (forward and backward, twice).
+DISC_RESOLUTIONS = [[512, 128, 512], [1024, 256, 1024]]
+DISC_BANDS = [[0.0, 0.1], [0.1, 0.25], [0.25, 0.5], [0.5, 1.0]]
+DISC_FILTERS = 8
+#: Weights of the adversarial terms beside the spectral losses (mel L1 + mel L2 + STFT + 0.1 time ~ 0.5 here).
+GAN_GEN_SCALE = 0.5
+GAN_FEATURE_SCALE = 1.0
+
+
+def light_discriminator() -> Any:
+    """NeMo's multi-resolution, multi-band STFT discriminator (DAC's), with :data:`DISC_FILTERS` per band."""
+    from nemo.collections.tts.modules.audio_codec_modules import (
+        Discriminator,
+        DiscriminatorSTFT,
+        MultiResolutionDiscriminatorSTFT,
+    )
+
+    mrd = MultiResolutionDiscriminatorSTFT(resolutions=DISC_RESOLUTIONS, stft_bands=DISC_BANDS)
+    for band_set in mrd.discriminators:
+        band_set.discriminators = torch_module_list(
+            [DiscriminatorSTFT(filters=DISC_FILTERS) for _ in band_set.discriminators]
+        )
+    return Discriminator(discriminators=[mrd])
+
+
+def torch_module_list(modules: Sequence[Any]) -> Any:
+    """``torch.nn.ModuleList`` of ``modules``."""
+    import torch
+
+    return torch.nn.ModuleList(modules)
+
+
 def stage_codec(args: argparse.Namespace) -> None:
-    """Train the codec on random ``--crop-s`` crops of the training utterances."""
+    """Train the codec on random ``--crop-s`` crops of the training utterances.
+
+    With ``--decoder-only --gan`` the decoder also learns against a light discriminator (NeMo's hinge losses and
+    relative feature matching, as ``AudioCodecModel.training_step`` uses them): spectral losses alone render
+    espeak-ng's aspiration noise as something the tiny ASR hears as a fricative or a digit.
+    """
     import torch
 
     set_threads(args.threads)
@@ -508,12 +549,17 @@ def stage_codec(args: argparse.Namespace) -> None:
     clips = [read_wav(Path(r["audio"])) for r in rows]
     crop = int(round(args.crop_s * SAMPLE_RATE / 1024)) * 1024
     model = new_codec()
+    gan = args.gan and args.decoder_only
+    if args.gan and not args.decoder_only:
+        raise SystemExit("--gan trains the decoder only: pass --decoder-only with it")
 
     def batch_fn(rng: random.Random) -> dict[str, Any]:
         out = np.zeros((args.batch_size, crop), dtype=np.float32)
         for i in range(args.batch_size):
             x = clips[rng.randrange(len(clips))]
-            start = rng.randrange(max(1, x.size - crop))
+            # A share of crops begins at the utterance's start, where the first sounds (often an aspirated "h")
+            # come out of silence; random starts include it in ~8% of crops.
+            start = 0 if rng.random() < args.onset_crops else rng.randrange(max(1, x.size - crop))
             piece = x[start : start + crop].astype(np.float32) / 32768
             out[i, : piece.size] = piece
         audio = torch.from_numpy(out)
@@ -533,6 +579,23 @@ def stage_codec(args: argparse.Namespace) -> None:
         # (without this term the encoder drifted there within 100 steps and the codec collapsed to one code).
         saturation = torch.relu(encoded.abs() - 2.0).pow(2).mean()
         loss = mel_l1 + mel_l2 + model.stft_loss_scale * stft + model.time_domain_loss_scale * td + saturation
+        extra: dict[str, float] = {}
+        if gan:
+            # Discriminator step on the detached output, then the generator's adversarial and feature terms.
+            real_scores, gen_scores, _, _ = disc(audio_real=audio, audio_gen=audio_gen.detach())
+            d_loss = disc_loss_fn(disc_scores_real=real_scores, disc_scores_gen=gen_scores)
+            disc_opt.zero_grad(set_to_none=True)
+            d_loss.backward()
+            torch.nn.utils.clip_grad_norm_(disc_params, 1.0)
+            for group in disc_opt.param_groups:
+                group["lr"] = args.lr * lr_factor(step, 0.0, args)
+            disc_opt.step()
+            _, gen_scores, real_maps, gen_maps = disc(audio_real=audio, audio_gen=audio_gen)
+            g_adv = gen_loss_fn(disc_scores_gen=gen_scores)
+            g_feat = feature_loss_fn(fmaps_real=real_maps, fmaps_gen=gen_maps)
+            loss = loss + GAN_GEN_SCALE * g_adv + GAN_FEATURE_SCALE * g_feat
+            disc_opt.zero_grad(set_to_none=True)  # the generator's backward must not reach the next d step
+            extra = {"d_loss": d_loss.item(), "g_adv": g_adv.item(), "g_feat": g_feat.item()}
         encoded = quantized
         return loss, {
             "loss": loss.item(),
@@ -540,6 +603,7 @@ def stage_codec(args: argparse.Namespace) -> None:
             "mel_l2": mel_l2.item(),
             "stft": stft.item(),
             "saturation": saturation.item(),
+            **extra,
             # Distinct first-codebook codes in the batch: 1 means the encoder has collapsed (FSQ saturated).
             "codes_used": float(torch.unique(encoded[:, :4].permute(0, 2, 1).reshape(-1, 4), dim=0).shape[0]),
         }
@@ -554,6 +618,22 @@ def stage_codec(args: argparse.Namespace) -> None:
         model.audio_encoder.requires_grad_(False)
         args.unrounded_steps = 0
     params = [p for p in model.parameters() if p.requires_grad]
+    if gan:
+        from nemo.collections.tts.losses.audio_codec_loss import (
+            DiscriminatorHingedLoss,
+            GeneratorHingedLoss,
+            RelativeFeatureMatchingLoss,
+        )
+
+        # Held as the codec's own ``discriminator`` (NeMo's attribute), so its weights go into the checkpoint;
+        # codec-export leaves them out of the .nemo. Its optimizer starts afresh at each resume.
+        disc = light_discriminator()
+        model.discriminator = disc
+        disc_params = list(disc.parameters())
+        disc_opt = torch.optim.AdamW(disc_params, lr=args.lr, betas=(0.8, 0.99), weight_decay=args.weight_decay)
+        disc_loss_fn, gen_loss_fn = DiscriminatorHingedLoss(), GeneratorHingedLoss()
+        feature_loss_fn = RelativeFeatureMatchingLoss()
+        print(f"[codec] discriminator: {sum(p.numel() for p in disc_params):,} parameters", flush=True)
     print(
         f"[codec] {sum(p.numel() for p in params):,} trainable parameters, {len(clips)} clips, crops of {crop} "
         f"samples{', decoder only' if args.decoder_only else ''}",
@@ -575,7 +655,8 @@ def stage_codec_export(args: argparse.Namespace) -> None:
 
     model = new_codec()
     state = torch.load(codec_run_dir(args) / "last.pt", map_location="cpu", weights_only=False)
-    model.load_state_dict(state["model"])
+    # A --gan run's discriminator trains the decoder and is no part of the codec.
+    model.load_state_dict({k: v for k, v in state["model"].items() if not k.startswith("discriminator.")})
     with quiet_nemo(40):
         model.eval().save_to(str(args.work / "tiny_codec.nemo"))
     print(f"[codec-export] step {state['progress']['step']} -> {args.work / 'tiny_codec.nemo'}", flush=True)
@@ -677,6 +758,43 @@ def stage_codec_eval(args: argparse.Namespace) -> None:
     (args.work / "codec_eval.json").write_text(json.dumps(reports, indent=1))
 
 
+#: How much of each utterance's start ``codec-onset`` swaps between the original and the codec's rendering, s.
+ONSET_S = 0.35
+
+
+def stage_codec_onset(args: argparse.Namespace) -> None:
+    """Where the codec's errors are: WER with the first :data:`ONSET_S` of each held-out utterance taken from the
+    original and the rest from the codec, and the other way round.
+    """
+    import torch
+
+    set_threads(args.threads)
+    rows = read_manifest(args.work / "data" / "test.jsonl")[: args.eval_limit]
+    codec = load_codec(args.work / "tiny_codec.nemo")
+    originals = [read_wav(Path(r["audio"])).astype(np.float32) / 32768 for r in rows]
+    resynth = []
+    with torch.no_grad():
+        for x in originals:
+            codes, codes_len = codec.encode(audio=torch.from_numpy(x)[None], audio_len=torch.tensor([x.size]))
+            y, y_len = codec.decode(tokens=codes, tokens_len=codes_len)
+            resynth.append(y[0, : min(int(y_len[0]), x.size)].numpy())
+    n = int(ONSET_S * SAMPLE_RATE)
+
+    def spliced(head: np.ndarray, tail: np.ndarray) -> np.ndarray:
+        out = tail.copy()
+        out[:n] = head[:n]
+        return out
+
+    asr = load_asr()
+    scratch = args.work / "eval" / "onset"
+    for name, clips in (
+        ("codec", resynth),
+        ("original start + codec rest", [spliced(o, r) for o, r in zip(originals, resynth, strict=True)]),
+        ("codec start + original rest", [spliced(r, o[: r.size]) for o, r in zip(originals, resynth, strict=True)]),
+    ):
+        wer_report(f"codec-onset {name}", rows, transcribe(asr, clips, scratch))
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Magpie
 # --------------------------------------------------------------------------------------------------------------
@@ -699,8 +817,13 @@ def magpie_shape() -> Any:
 
 #: Training steps over which the beta-binomial attention prior is applied in full, then faded out (NeMo's
 #: ``prior_scaledown_start_step`` / ``prior_end_step``; this loop applies them, having no Lightning trainer).
-PRIOR_FULL_STEPS = 3000
-PRIOR_END_STEP = 6000
+PRIOR_FULL_STEPS = 4000
+PRIOR_END_STEP = 7000
+
+#: Share of decoder-input frames replaced by random codes in half the batches (NeMo's ``decoder_input_dropout_prob``):
+#: without it the tiny decoder learnt to continue the audio it was fed and ignored the text (tts 2 at 2,050 steps
+#: babbled the domain's phrases whatever it was asked to say).
+DECODER_INPUT_DROPOUT = 0.2
 
 
 def magpie_config(codec_path: Path) -> dict[str, Any]:
@@ -715,6 +838,7 @@ def magpie_config(codec_path: Path) -> dict[str, Any]:
             "prior_end_step": PRIOR_END_STEP,
             "alignment_loss_scale": 0.01,
             "cfg_unconditional_prob": 0.1,
+            "decoder_input_dropout_prob": DECODER_INPUT_DROPOUT,
             "optim": {"_target_": "torch.optim.AdamW", "lr": 1e-3},
         }
     )
@@ -1004,10 +1128,18 @@ def stage_cost(args: argparse.Namespace) -> None:
 
 
 def stage_bundle(args: argparse.Namespace) -> None:
-    """Copy the exported codec and Magpie into the package's assets."""
-    for name in ("tiny_codec.nemo", "tiny_magpie.nemo"):
-        shutil.copyfile(args.work / name, ASSETS_DIR / name)
-        print(f"[bundle] {ASSETS_DIR / name} ({(ASSETS_DIR / name).stat().st_size:,} bytes)", flush=True)
+    """Copy the exported Magpie and codec into the package's assets, the Magpie naming its codec by file name."""
+    from pipecat_nemotron.models import TINY_MAGPIE_CODEC_PATH, TINY_MAGPIE_PATH
+    from pipecat_nemotron.tts.magpie.loading import save_with_codec_beside
+
+    magpie, codec = save_with_codec_beside(
+        args.work / "tiny_magpie.nemo", args.work / "tiny_codec.nemo", TINY_MAGPIE_PATH, TINY_MAGPIE_CODEC_PATH.name
+    )
+    total = 0
+    for path in (magpie, codec):
+        total += path.stat().st_size
+        print(f"[bundle] {path} ({path.stat().st_size:,} bytes)", flush=True)
+    print(f"[bundle] {total / 1e6:.1f} MB in all (budget 25 MB)", flush=True)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -1061,6 +1193,7 @@ STAGES: dict[str, Callable[[argparse.Namespace], None]] = {
     "codec": stage_codec,
     "codec-export": stage_codec_export,
     "codec-eval": stage_codec_eval,
+    "codec-onset": stage_codec_onset,
     "codes": stage_codes,
     "tts": stage_tts,
     "tts-export": stage_tts_export,
@@ -1108,6 +1241,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     t.add_argument("--crop-s", type=float, default=1.0, help="codec training crop, s")
     t.add_argument(
         "--unrounded-steps", type=int, default=500, help="codec: first steps with FSQ rounding off"
+    )
+    t.add_argument("--gan", action="store_true", help="codec --decoder-only: add the light discriminator")
+    t.add_argument(
+        "--onset-crops", type=float, default=0.0, help="codec: share of crops that begin at an utterance's start"
     )
     t.add_argument(
         "--decoder-only",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -130,6 +131,31 @@ def test_loading_names_the_missing_codec(tiny_magpie: tuple[Path, Path]) -> None
     magpie, _ = tiny_magpie  # The codec was moved away from the path stored in the checkpoint.
     with pytest.raises(FileNotFoundError, match="Pass codec_model_path="):
         magpie_loading.load_magpie_model(str(magpie), "cpu")
+
+
+def test_a_magpie_saved_with_its_codec_beside_loads_wherever_the_pair_goes(
+    tiny_magpie: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The bundled tiny Magpie's packing: the checkpoint names its codec by file name, resolved beside it."""
+    import torch
+
+    magpie, codec = tiny_magpie
+    saved, _ = magpie_loading.save_with_codec_beside(magpie, codec, tmp_path / "pair" / "m.nemo", "c.nemo")
+    moved = tmp_path / "elsewhere"
+    shutil.move(tmp_path / "pair", moved)
+
+    loaded = magpie_loading.load_magpie_model(str(moved / saved.name), "cpu")
+    original = magpie_loading.load_magpie_model(str(magpie), "cpu", codec_model_path=str(codec))
+    assert loaded.cfg.codecmodel_path == str(moved / "c.nemo")
+    mine, theirs = loaded.state_dict(), original.state_dict()
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+    (moved / "c.nemo").unlink()
+    with pytest.raises(FileNotFoundError, match=r"c\.nemo"):
+        magpie_loading.load_magpie_model(str(moved / saved.name), "cpu")
+    with pytest.raises(ValueError, match="file name ending in .nemo"):
+        magpie_loading.save_with_codec_beside(magpie, codec, tmp_path / "x.nemo", "sub/c.nemo")
 
 
 def test_nim_service_construction() -> None:

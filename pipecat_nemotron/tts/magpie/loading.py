@@ -166,6 +166,60 @@ def fold_weight_norm(module: Any) -> int:
     return folded
 
 
+def codec_beside(model: str, stored_codec: str) -> str | None:
+    """The codec a local checkpoint names by a relative ``.nemo`` path, resolved against the checkpoint's folder.
+
+    A checkpoint that travels with its codec (the bundled tiny Magpie names ``tiny_magpie_codec.nemo``) stores the
+    codec's file name; NeMo itself would resolve it against the working directory. None: the stored value is a hub
+    id or an absolute path, used as it is.
+
+    Args:
+        model: The checkpoint's absolute path.
+        stored_codec: The checkpoint's ``codecmodel_path``.
+
+    """
+    if not stored_codec.endswith(".nemo") or Path(stored_codec).is_absolute():
+        return None
+    return str(Path(model).parent / stored_codec)
+
+
+def save_with_codec_beside(
+    magpie_path: str | Path, codec_path: str | Path, out_magpie: str | Path, codec_name: str
+) -> tuple[Path, Path]:
+    """Copy a local Magpie and its codec into one folder, the Magpie naming the codec by ``codec_name``.
+
+    The pair then loads from wherever the folder goes (:func:`codec_beside`), as the bundled tiny Magpie does.
+    Blocking (restores and saves the checkpoint).
+
+    Args:
+        magpie_path: The Magpie ``.nemo``.
+        codec_path: Its codec ``.nemo`` (whatever path the Magpie stores).
+        out_magpie: Where to write the Magpie ``.nemo``; the codec goes beside it as ``codec_name``.
+        codec_name: The codec's file name, ending in ``.nemo``.
+
+    Returns:
+        ``(magpie, codec)``: the written paths.
+
+    """
+    import shutil
+
+    from omegaconf import open_dict
+
+    if "/" in codec_name or not codec_name.endswith(".nemo"):
+        raise ValueError(f"codec_name must be a file name ending in .nemo, got {codec_name!r}")
+    out = Path(out_magpie)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    codec_out = out.parent / codec_name
+    if Path(codec_path).resolve() != codec_out.resolve():
+        shutil.copyfile(codec_path, codec_out)
+    model = load_magpie_model(str(magpie_path), "cpu", codec_model_path=str(codec_out))
+    with open_dict(model.cfg):
+        model.cfg.codecmodel_path = codec_name
+    with quiet_nemo(logging.WARNING):
+        model.save_to(str(out))
+    return out, codec_out
+
+
 def _restore_magpie(
     model: str, load: Any, local: bool, codec_model_path: str | None, map_location: Any
 ) -> Any:
@@ -182,6 +236,8 @@ def _restore_magpie(
     if local or codec_model_path:
         # Read the config first: to override the codec, and to name a missing codec before NeMo fails on it.
         cfg = load(model, return_config=True)
+        if not codec_model_path and local:
+            codec_model_path = codec_beside(model, str(cfg.codecmodel_path))
         if codec_model_path:
             cfg.codecmodel_path = codec_model_path
             override = cfg
