@@ -20,6 +20,11 @@ TINY_MULTILINGUAL_MODEL_PATH = ASSETS_DIR / "tiny_nemotron_asr_multilingual.nemo
 #: ``docs/TINY_MODEL.md``, *End of utterance*).
 TINY_EOU_MODEL_PATH = ASSETS_DIR / "tiny_nemotron_asr_eou.nemo"
 
+#: The tiny Magpie trained to speak (``docs/TINY_MAGPIE.md``) and its codec, which it names by this file name
+#: (resolved beside it when loaded): the embedded TTS of agents on CPU, and the tests' ears-to-mouth checks.
+TINY_MAGPIE_PATH = ASSETS_DIR / "tiny_magpie.nemo"
+TINY_MAGPIE_CODEC_PATH = ASSETS_DIR / "tiny_magpie_codec.nemo"
+
 #: Bundled demo audio (held-out sentences of the tiny model) and its ``transcripts.json``.
 DEMO_AUDIO_DIR = ASSETS_DIR / "demo"
 
