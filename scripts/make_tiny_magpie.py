@@ -1042,6 +1042,7 @@ def stage_tts_probe(args: argparse.Namespace) -> None:
 def stage_tts_export(args: argparse.Namespace) -> None:
     """Write the Magpie ``.nemo`` (baked speakers frozen, as in the released checkpoint) from the last checkpoint."""
     import torch
+    from omegaconf import open_dict
 
     from pipecat_nemotron.runtime.nemo_logs import quiet_nemo
 
@@ -1049,9 +1050,19 @@ def stage_tts_export(args: argparse.Namespace) -> None:
     state = torch.load(args.work / "tts" / "last.pt", map_location="cpu", weights_only=False)
     copy_weights(model, state["model"])
     model.baked_context_embedding.weight.requires_grad_(False)
+    # The checkpoint's own decoding settings (NeMo's ``inference_parameters``), read by every loader of it.
+    decoding = {
+        "temperature": args.temperature,
+        "topk": args.topk,
+        "cfg_scale": args.cfg_scale,
+        "attention_prior_lookahead_window": args.lookahead,
+        "attention_prior_epsilon": args.prior_epsilon,
+    }
+    with open_dict(model.cfg):
+        model.cfg.inference_parameters = decoding
     with quiet_nemo(40):
         model.eval().save_to(str(args.work / "tiny_magpie.nemo"))
-    print(f"[tts-export] step {state['progress']['step']} -> {args.work / 'tiny_magpie.nemo'}", flush=True)
+    print(f"[tts-export] step {state['progress']['step']} {decoding} -> {args.work / 'tiny_magpie.nemo'}", flush=True)
 
 
 def number_texts(rng: random.Random, n: int, exclude: set[str]) -> list[str]:
@@ -1281,6 +1292,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", nargs="+", default=["fast", "nemo"], help="tts-eval: MagpieEngine steps")
     p.add_argument("--cfg", action=argparse.BooleanOptionalAction, default=True, help="tts-eval: use CFG")
     p.add_argument("--max-duration-s", type=float, default=8.0, help="tts-eval: cap per utterance, s")
+    p.add_argument("--temperature", type=float, default=0.7, help="tts-export: the Magpie's sampling temperature")
+    p.add_argument("--topk", type=int, default=80, help="tts-export: the Magpie's top-k")
+    p.add_argument("--cfg-scale", type=float, default=2.5, help="tts-export: the Magpie's CFG scale")
+    p.add_argument(
+        "--lookahead", type=int, default=5, help="tts-export: text tokens the inference prior may move ahead per frame"
+    )
+    p.add_argument(
+        "--prior-epsilon", type=float, default=0.1, help="tts-export: the inference prior off its window (0-1)"
+    )
     p.add_argument("--cost-repeats", type=int, default=10, help="cost: requests per model")
     p.add_argument("--keep-wavs", type=int, default=20, help="tts-eval: synthesised clips kept under eval/")
     t = p.add_argument_group("training")
