@@ -736,21 +736,30 @@ def wer_report(name: str, rows: Sequence[dict[str, Any]], hyps: Sequence[str]) -
     return report
 
 
-def stage_codec_eval(args: argparse.Namespace) -> None:
-    """Tiny-ASR WER on held-out espeak-ng speech, as is and through the exported codec."""
+def held_out_through_codec(
+    args: argparse.Namespace,
+) -> tuple[list[dict[str, Any]], list[np.ndarray], list[np.ndarray]]:
+    """The held-out rows, their float audio, and the same encoded and decoded by the exported codec (whole frames:
+    up to 1,023 samples longer)."""
     import torch
 
-    set_threads(args.threads)
     rows = read_manifest(args.work / "data" / "test.jsonl")[: args.eval_limit]
     codec = load_codec(args.work / "tiny_codec.nemo")
     originals = [read_wav(Path(r["audio"])).astype(np.float32) / 32768 for r in rows]
     resynth = []
     with torch.no_grad():
         for x in originals:
-            audio = torch.from_numpy(x)[None]
-            codes, codes_len = codec.encode(audio=audio, audio_len=torch.tensor([x.size]))
+            codes, codes_len = codec.encode(audio=torch.from_numpy(x)[None], audio_len=torch.tensor([x.size]))
             y, y_len = codec.decode(tokens=codes, tokens_len=codes_len)
             resynth.append(y[0, : int(y_len[0])].numpy())
+    return rows, originals, resynth
+
+
+def stage_codec_eval(args: argparse.Namespace) -> None:
+    """Tiny-ASR WER on held-out espeak-ng speech, as is and through the exported codec."""
+
+    set_threads(args.threads)
+    rows, originals, resynth = held_out_through_codec(args)
     asr = load_asr()
     reports = [
         wer_report("codec-eval original", rows, transcribe(asr, originals, args.work / "eval" / "orig")),
@@ -767,18 +776,9 @@ def stage_codec_onset(args: argparse.Namespace) -> None:
     """Where the codec's errors are: WER with the first :data:`ONSET_S` of each held-out utterance taken from the
     original and the rest from the codec, and the other way round.
     """
-    import torch
-
     set_threads(args.threads)
-    rows = read_manifest(args.work / "data" / "test.jsonl")[: args.eval_limit]
-    codec = load_codec(args.work / "tiny_codec.nemo")
-    originals = [read_wav(Path(r["audio"])).astype(np.float32) / 32768 for r in rows]
-    resynth = []
-    with torch.no_grad():
-        for x in originals:
-            codes, codes_len = codec.encode(audio=torch.from_numpy(x)[None], audio_len=torch.tensor([x.size]))
-            y, y_len = codec.decode(tokens=codes, tokens_len=codes_len)
-            resynth.append(y[0, : min(int(y_len[0]), x.size)].numpy())
+    rows, originals, whole_frames = held_out_through_codec(args)
+    resynth = [y[: x.size] for x, y in zip(originals, whole_frames, strict=True)]
     n = int(ONSET_S * SAMPLE_RATE)
 
     def spliced(head: np.ndarray, tail: np.ndarray) -> np.ndarray:
