@@ -515,6 +515,7 @@ GAN_FEATURE_SCALE = 1.0
 
 def light_discriminator() -> Any:
     """NeMo's multi-resolution, multi-band STFT discriminator (DAC's), with :data:`DISC_FILTERS` per band."""
+    import torch
     from nemo.collections.tts.modules.audio_codec_modules import (
         Discriminator,
         DiscriminatorSTFT,
@@ -523,17 +524,10 @@ def light_discriminator() -> Any:
 
     mrd = MultiResolutionDiscriminatorSTFT(resolutions=DISC_RESOLUTIONS, stft_bands=DISC_BANDS)
     for band_set in mrd.discriminators:
-        band_set.discriminators = torch_module_list(
+        band_set.discriminators = torch.nn.ModuleList(
             [DiscriminatorSTFT(filters=DISC_FILTERS) for _ in band_set.discriminators]
         )
     return Discriminator(discriminators=[mrd])
-
-
-def torch_module_list(modules: Sequence[Any]) -> Any:
-    """``torch.nn.ModuleList`` of ``modules``."""
-    import torch
-
-    return torch.nn.ModuleList(modules)
 
 
 def stage_codec(args: argparse.Namespace) -> None:
@@ -928,10 +922,36 @@ def copy_weights(model: Any, state: dict[str, Any]) -> None:
                 own[name].copy_(value)
 
 
+def magpie_batch(tokens: Sequence[list[int]], codes: Sequence[Any], speakers: Sequence[int]) -> dict[str, Any]:
+    """``process_batch``'s inputs for utterances of ``tokens`` (text ids), ``codes`` (int16 ``(codebooks, frames)``)
+    and ``speakers``, zero-padded, with the beta-binomial attention prior (scaling 0.5) of each as a numpy array
+    under ``"prior"`` (the caller scales it and passes it on as ``align_prior_matrix``, or leaves it out).
+    """
+    import torch
+    from nemo.collections.tts.parts.utils.tts_dataset_utils import beta_binomial_prior_distribution
+
+    n_text, n_audio = max(len(t) for t in tokens), max(c.shape[1] for c in codes)
+    text = torch.zeros(len(tokens), n_text, dtype=torch.long)
+    audio = torch.zeros(len(tokens), codes[0].shape[0], n_audio, dtype=torch.long)
+    prior = np.ones((len(tokens), n_audio + 1, n_text), dtype=np.float32)
+    for row, (t, c) in enumerate(zip(tokens, codes, strict=True)):
+        text[row, : len(t)] = torch.tensor(t)
+        audio[row, :, : c.shape[1]] = c.long()
+        p = beta_binomial_prior_distribution(len(t), c.shape[1] + 1, 0.5)
+        prior[row, : p.shape[0], : p.shape[1]] = p
+    return {
+        "text": text,
+        "text_lens": torch.tensor([len(t) for t in tokens]),
+        "audio_codes": audio,
+        "audio_codes_lens": torch.tensor([c.shape[1] for c in codes]),
+        "speaker_indices": torch.tensor(list(speakers)),
+        "prior": prior,
+    }
+
+
 def stage_tts(args: argparse.Namespace) -> None:
     """Train the Magpie on the precomputed codes with NeMo's ``process_batch`` (its losses, its special tokens)."""
     import torch
-    from nemo.collections.tts.parts.utils.tts_dataset_utils import beta_binomial_prior_distribution
 
     set_threads(args.threads)
     data = torch.load(args.work / "codes.pt", weights_only=False)
@@ -948,26 +968,7 @@ def stage_tts(args: argparse.Namespace) -> None:
     def batch_fn(rng: random.Random) -> dict[str, Any]:
         start = rng.randrange(max(1, len(order) - args.batch_size))
         idx = order[start : start + args.batch_size]
-        n_text = max(len(tokens[i]) for i in idx)
-        n_audio = max(codes[i].shape[1] for i in idx)
-        text = torch.zeros(len(idx), n_text, dtype=torch.long)
-        audio = torch.zeros(len(idx), codes[idx[0]].shape[0], n_audio, dtype=torch.long)
-        priors = []
-        for row, i in enumerate(idx):
-            text[row, : len(tokens[i])] = torch.tensor(tokens[i])
-            audio[row, :, : codes[i].shape[1]] = codes[i].long()
-            priors.append(beta_binomial_prior_distribution(len(tokens[i]), codes[i].shape[1] + 1, 0.5))
-        prior = np.ones((len(idx), n_audio + 1, n_text), dtype=np.float32)
-        for row, p in enumerate(priors):
-            prior[row, : p.shape[0], : p.shape[1]] = p
-        return {
-            "text": text,
-            "text_lens": torch.tensor([len(tokens[i]) for i in idx]),
-            "audio_codes": audio,
-            "audio_codes_lens": torch.tensor([codes[i].shape[1] for i in idx]),
-            "speaker_indices": torch.tensor([speakers[i] for i in idx]),
-            "prior": prior,
-        }
+        return magpie_batch([tokens[i] for i in idx], [codes[i] for i in idx], [speakers[i] for i in idx])
 
     def loss_fn(batch: dict[str, Any], step: int) -> tuple[Any, dict[str, float]]:
         prior = scaled_prior(batch.pop("prior"), step)
@@ -995,7 +996,6 @@ def stage_tts_probe(args: argparse.Namespace) -> None:
     utterance's text. Text ignored: all three equal; attention aligned by itself: the first two close.
     """
     import torch
-    from nemo.collections.tts.parts.utils.tts_dataset_utils import beta_binomial_prior_distribution
 
     set_threads(args.threads)
     data = torch.load(args.work / "codes.pt", weights_only=False)
@@ -1008,22 +1008,8 @@ def stage_tts_probe(args: argparse.Namespace) -> None:
 
     def batch(text_of: Sequence[int], prior: bool) -> dict[str, Any]:
         tokens = [text_tokens(model, data["texts"][i]) for i in text_of]
-        n_text, n_audio = max(len(t) for t in tokens), max(c.shape[1] for c in codes)
-        text = torch.zeros(len(idx), n_text, dtype=torch.long)
-        audio = torch.zeros(len(idx), codes[0].shape[0], n_audio, dtype=torch.long)
-        priors = np.ones((len(idx), n_audio + 1, n_text), dtype=np.float32)
-        for row, (t, c) in enumerate(zip(tokens, codes, strict=True)):
-            text[row, : len(t)] = torch.tensor(t)
-            audio[row, :, : c.shape[1]] = c.long()
-            p = beta_binomial_prior_distribution(len(t), c.shape[1] + 1, 0.5)
-            priors[row, : p.shape[0], : p.shape[1]] = p
-        out = {
-            "text": text,
-            "text_lens": torch.tensor([len(t) for t in tokens]),
-            "audio_codes": audio,
-            "audio_codes_lens": torch.tensor([c.shape[1] for c in codes]),
-            "speaker_indices": torch.tensor([data["speakers"][i] for i in idx]),
-        }
+        out = magpie_batch(tokens, codes, [data["speakers"][i] for i in idx])
+        priors = out.pop("prior")
         if prior:
             out["align_prior_matrix"] = torch.from_numpy(priors)
         return out
