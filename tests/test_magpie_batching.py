@@ -22,6 +22,7 @@ from pipecat_nemotron.tts.magpie import (
     MagpieSynthesisOptions,
     SynthesisStream,
 )
+from pipecat_nemotron.tts.magpie.options import uses_guidance
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -97,6 +98,23 @@ def test_seeded_request_is_the_same_alone_and_in_a_batch_joining_at_different_ti
     assert same_audio(alone, in_batch)
     different = collect(engine.submit("The seeded sentence.", options=dataclasses.replace(options, seed=99)))
     assert not np.array_equal(alone, different)
+
+
+def test_guidance_follows_the_request_else_the_checkpoints_scale(engine: MagpieEngine) -> None:
+    """No ``use_cfg``: guided at the tiny model's scale 2.5, as asked for explicitly; a scale of 1 turns it off."""
+    assert uses_guidance(MagpieSynthesisOptions(), 2.5)
+    assert not uses_guidance(MagpieSynthesisOptions(), 1.0)
+    assert not uses_guidance(MagpieSynthesisOptions(use_cfg=False), 2.5)
+    assert uses_guidance(MagpieSynthesisOptions(use_cfg=True), 1.0)
+    with pytest.raises(ValueError, match="use_cfg"):
+        MagpieSynthesisOptions(use_cfg="no")  # type: ignore[arg-type]
+
+    def say(use_cfg: bool | None) -> np.ndarray:
+        return collect(engine.submit("Guided or not.", options=magpie_options_for(12, seed=7, use_cfg=use_cfg)))
+
+    default = say(None)
+    assert same_audio(default, say(True))
+    assert not same_audio(default, say(False))
 
 
 def test_cancelling_mid_batch_leaves_the_other_rows_unchanged(engine: MagpieEngine, monkeypatch) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from pipecat_nemotron.tts.magpie.codec_stream import CodecDecoding
+from pipecat_nemotron.tts.magpie.options import uses_guidance
 from pipecat_nemotron.tts.magpie.runner import text_chunks
 from pipecat_nemotron.tts.magpie.stream import Synthesis
 from pipecat_nemotron.tts.magpie.streaming import StreamingDecoder
@@ -111,6 +112,6 @@ class NemoStep:
                     chunk_state=chunk_state,
                     end_of_text=[index == len(chunks) - 1],
                     beginning_of_text=index == 0,
-                    use_cfg=synthesis.options.use_cfg,
+                    use_cfg=uses_guidance(synthesis.options, model.inference_parameters.cfg_scale),
                     use_local_transformer_for_inference=use_local_transformer,
                 )

@@ -75,8 +75,9 @@ class MagpieSynthesisOptions:
             Each chunk costs one codec decode call.
         max_chunk_frames: Growing chunks: each later chunk doubles from ``chunk_frames`` up to this many frames
             (None: every later chunk has ``chunk_frames``). Fewer codec calls per sentence; first audio unchanged.
-        use_cfg: Classifier-free guidance, as NeMo's ``do_tts`` uses by default (better quality, about twice the
-            decoder compute).
+        use_cfg: Classifier-free guidance (a second, unconditional pass: about twice the decoder compute). None:
+            the checkpoint's choice (:func:`uses_guidance`): on, as NeMo's ``do_tts`` uses it, unless the
+            checkpoint's ``inference_parameters.cfg_scale`` is 1, where guidance changes nothing.
         seed: Seed of the request's own random generator (None: a fresh random seed). On the fast step a seeded
             request gives the same audio whichever requests share its batch.
 
@@ -86,7 +87,7 @@ class MagpieSynthesisOptions:
     first_chunk_frames: int = 2
     chunk_frames: int = 4
     max_chunk_frames: int | None = None
-    use_cfg: bool = True
+    use_cfg: bool | None = None
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -96,6 +97,8 @@ class MagpieSynthesisOptions:
             raise ValueError(
                 f"max_duration_s must be a positive number of seconds, got {self.max_duration_s!r}"
             )
+        if self.use_cfg is not None and not isinstance(self.use_cfg, bool):
+            raise ValueError(f"use_cfg must be None, True or False, got {self.use_cfg!r}")
         if self.seed is not None and (
             not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0
         ):
@@ -140,3 +143,23 @@ def chunk_frames_at(index: int, first: int, chunk: int, cap: int | None) -> int:
     if cap is None:
         return chunk
     return min(chunk << min(index - 1, 32), cap)
+
+
+def uses_guidance(options: MagpieSynthesisOptions, cfg_scale: float) -> bool:
+    """Whether a request runs classifier-free guidance: its own ``use_cfg``, else the checkpoint's.
+
+    Guided logits are ``cfg_scale * conditional + (1 - cfg_scale) * unconditional``: at a scale of 1 they are the
+    conditional logits, so a checkpoint whose ``inference_parameters.cfg_scale`` is 1 (the bundled tiny Magpie:
+    ``docs/TINY_MAGPIE.md``) skips the unconditional pass.
+
+    Args:
+        options: The request's options.
+        cfg_scale: The checkpoint's ``inference_parameters.cfg_scale``.
+
+    Returns:
+        True to run the unconditional pass beside the conditional one.
+
+    """
+    if options.use_cfg is not None:
+        return options.use_cfg
+    return float(cfg_scale) != 1.0

@@ -24,6 +24,7 @@ import torch
 
 from pipecat_nemotron.tts.magpie.codec_stream import CodecDecoding
 from pipecat_nemotron.tts.magpie.fast_step import FastMagpieStep, Row, RowSampling
+from pipecat_nemotron.tts.magpie.options import uses_guidance
 from pipecat_nemotron.tts.magpie.stream import Synthesis
 from pipecat_nemotron.tts.magpie.streaming import StreamingDecoder, flush_together
 
@@ -109,7 +110,9 @@ class MagpieRunner:
         params = self.model.inference_parameters
         self._texts[synthesis.id] = chunks
         self._speakers[synthesis.id] = synthesis.speaker_index
-        self._sampling[synthesis.id] = RowSampling(float(params.temperature), int(params.topk), options.use_cfg, generator)
+        self._sampling[synthesis.id] = RowSampling(
+            float(params.temperature), int(params.topk), uses_guidance(options, params.cfg_scale), generator
+        )
         self._decoders[synthesis.id] = self.codec.new_decoder(options)
         return len(chunks)
 
