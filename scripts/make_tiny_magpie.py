@@ -27,7 +27,7 @@ Stages (each can be run alone; ``all`` runs them in order)::
                 (weights, progress, random states) under scripts/tiny_magpie_runs/, to commit
     unpark      put the parked runs back as --work/<run>/last.pt, so that ``--resume`` continues them (the
                 optimizer starts afresh and warms up again over --warmup-steps)
-    cost        first audio and per-frame time of the trained shape vs today's random tiny model (fast step)
+    cost        first audio and per-frame time of the exported Magpie vs today's random tiny model (fast step)
 
 Every training stage checkpoints every ``--ckpt-minutes`` and stops after ``--max-minutes``; the same command with
 ``--resume`` continues from the last checkpoint (its learning-rate schedule continues in steps and minutes).
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -1189,12 +1190,17 @@ def stage_tts_eval(args: argparse.Namespace) -> None:
 
 
 def stage_cost(args: argparse.Namespace) -> None:
-    """First audio and per-frame time on the fast step (MagpieEngine, CPU): today's random tiny model against a
-    random Magpie of the trained shape over the exported codec, both with end of speech biased off (43 frames per
-    request), requests alternated, ``--cost-repeats`` each; medians and minima.
+    """First audio and per-frame time on the fast step (MagpieEngine, CPU): today's random tiny model against the
+    exported trained Magpie (``tts-export``) over the exported codec, both with end of speech biased off (43 frames
+    per request), requests alternated, ``--cost-repeats`` each; medians and minima.
+
+    Each model runs with its own decoding settings (as the agent runs it: today's with guidance, the trained one as
+    its checkpoint says); the trained one runs a second time with guidance forced on (the same work as today's).
     """
     import statistics
     import tempfile
+
+    from nemo.collections.tts.models import MagpieTTSModel
 
     from pipecat_nemotron.runtime.nemo_logs import quiet_nemo
     from pipecat_nemotron.tts.magpie import MagpieEngine, MagpieSynthesisOptions, tiny
@@ -1204,36 +1210,46 @@ def stage_cost(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         old_magpie, old_codec = tiny.build_tiny_magpie(Path(tmp) / "today", end_of_speech_bias=-30.0)
         codec = args.work / "tiny_codec.nemo"
-        model = new_magpie(codec, args.seed)
-        tiny.set_end_of_speech_bias(model, -30.0)
         with quiet_nemo(40):
-            model.save_to(str(Path(tmp) / "trained_shape.nemo"))
-        paths = {"today": (old_magpie, old_codec), "trained shape": (Path(tmp) / "trained_shape.nemo", codec)}
+            model = MagpieTTSModel.restore_from(str(args.work / "tiny_magpie.nemo"), map_location="cpu")
+            tiny.set_end_of_speech_bias(model, -30.0)
+            model.save_to(str(Path(tmp) / "trained.nemo"))
+        paths = {"today": (old_magpie, old_codec), "trained": (Path(tmp) / "trained.nemo", codec)}
         engines = {
             name: MagpieEngine(str(m), device="cpu", codec_model_path=str(c), step="fast", max_batch=8)
             for name, (m, c) in paths.items()
         }
+        options = MagpieSynthesisOptions(max_duration_s=(frames - 0.5) * 1024 / SAMPLE_RATE)
+        runs = {
+            "today's random tiny (its settings: CFG)": (engines["today"], options),
+            "trained (its settings)": (engines["trained"], options),
+            "trained, CFG forced on": (engines["trained"], dataclasses.replace(options, use_cfg=True)),
+        }
         try:
             for engine in engines.values():
                 engine.wait_until_ready(timeout=600)
-            first: dict[str, list[float]] = {name: [] for name in engines}
-            per_frame: dict[str, list[float]] = {name: [] for name in engines}
-            options = MagpieSynthesisOptions(max_duration_s=(frames - 0.5) * 1024 / SAMPLE_RATE)
+            first: dict[str, list[float]] = {name: [] for name in runs}
+            per_frame: dict[str, list[float]] = {name: [] for name in runs}
             for _ in range(args.cost_repeats):
-                for name, engine in engines.items():
+                for name, (engine, opts) in runs.items():
                     started = time.perf_counter()
-                    stream = engine.submit("Set a timer for twenty minutes, thanks.", options=options)
+                    stream = engine.submit("Set a timer for twenty minutes, thanks.", options=opts)
                     made = sum(chunk.num_frames for chunk in stream)
                     per_frame[name].append((time.perf_counter() - started) / made * 1000)
                     first[name].append(stream.stats.time_to_first_audio_s * 1000)
         finally:
             for engine in engines.values():
                 engine.close()
-    for name in engines:
+    base = next(iter(runs))
+    for name in runs:
+        ratio = (
+            f"; x{statistics.median(first[name]) / statistics.median(first[base]):.2f} first audio, "
+            f"x{statistics.median(per_frame[name]) / statistics.median(per_frame[base]):.2f} per frame (medians)"
+        )
         print(
             f"[cost] {name}: first audio median {statistics.median(first[name]):.1f} ms "
             f"(min {min(first[name]):.1f}), per frame median {statistics.median(per_frame[name]):.2f} ms "
-            f"(min {min(per_frame[name]):.2f})",
+            f"(min {min(per_frame[name]):.2f}){ratio if name != base else ''}",
             flush=True,
         )
 
