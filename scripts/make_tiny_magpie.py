@@ -339,9 +339,11 @@ def lr_factor(step: int, elapsed_min: float, args: argparse.Namespace, rewarm_fr
     ``rewarm_from``: the step at which a fresh optimizer took over a run (an unparked one): the rate ramps up again
     over ``warmup_steps`` from there, as Adam's first moments are empty.
     """
+    # A new cycle (--cycle-from) warms up and decays again from its first step to --max-steps.
+    step, rewarm_from = step - args.cycle_from, None if rewarm_from is None else rewarm_from - args.cycle_from
     if step < args.warmup_steps:
         return (step + 1) / args.warmup_steps
-    progress = min(1.0, max(step / args.max_steps, elapsed_min / args.schedule_minutes))
+    progress = min(1.0, max(step / (args.max_steps - args.cycle_from), elapsed_min / args.schedule_minutes))
     factor = 0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * progress))
     if rewarm_from is not None and step - rewarm_from < args.warmup_steps:
         factor *= (step - rewarm_from + 1) / args.warmup_steps
@@ -1402,6 +1404,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     t.add_argument("--log-every", type=int, default=50)
     t.add_argument("--lr", type=float, default=None, help="peak learning rate (codec 5e-4, tts 1e-3)")
     t.add_argument("--warmup-steps", type=int, default=200)
+    t.add_argument(
+        "--cycle-from",
+        type=int,
+        default=0,
+        help="the step at which the schedule's warm-up and cosine begin (a new cycle of a resumed run)",
+    )
     t.add_argument("--weight-decay", type=float, default=1e-4)
     t.add_argument("--batch-size", type=int, default=None, help="codec 8 crops, tts 16 utterances")
     t.add_argument("--crop-s", type=float, default=1.0, help="codec training crop, s")
