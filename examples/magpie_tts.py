@@ -1,9 +1,10 @@
 """Text → Magpie TTS (in process, batched) → a WAV file, through Pipecat's TTS service interface.
 
-    python examples/magpie_tts.py "Hello from Magpie." --out hello.wav [--model nvidia/magpie_tts_multilingual_357m]
+    python examples/magpie_tts.py "Hello. The weather on Friday is sunny." --out hello.wav [--model nvidia/magpie_tts_multilingual_357m]
 
 The default model is the real Magpie on a CUDA GPU (downloaded on first use; needs the ``tts`` extra); on a CPU it is
-the tiny Magpie built into a temporary folder (random weights: it speaks noise, for trying the plumbing).
+the bundled tiny Magpie (trained on espeak-ng voices: it reads short sentences of a voice agent's domain,
+``docs/TINY_MAGPIE.md``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import tempfile
 import wave
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
 from pipecat_nemotron import MagpieTTSService
 from pipecat_nemotron.agent.process import REAL_MAGPIE_MODEL
+from pipecat_nemotron.models import TINY_MAGPIE_PATH
 from pipecat_nemotron.runtime.devices import resolve_device
 from pipecat_nemotron.tts.magpie import MagpieSynthesisOptions
 
@@ -64,7 +65,7 @@ async def speak(text: str, model: str, out: Path, voice: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("text", nargs="?", default="Hello from Magpie.")
+    parser.add_argument("text", nargs="?", default="Hello. The weather on Friday is sunny.")
     parser.add_argument("--out", type=Path, default=Path("magpie.wav"))
     parser.add_argument("--model", default=None, help="Magpie .nemo path or hub id (default: see above)")
     parser.add_argument("--voice", default="aria", help="john, sofia, aria, jason or leo")
@@ -73,14 +74,8 @@ def main() -> None:
 
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
-    if args.model is not None or resolve_device("auto").startswith("cuda"):
-        asyncio.run(speak(args.text, args.model or REAL_MAGPIE_MODEL, args.out, args.voice))
-        return
-    from pipecat_nemotron.tts.magpie.tiny import build_tiny_magpie
-
-    with tempfile.TemporaryDirectory() as folder:
-        model, _codec = build_tiny_magpie(folder, end_of_speech_bias=0.25)
-        asyncio.run(speak(args.text, str(model), args.out, args.voice))
+    model = args.model or (REAL_MAGPIE_MODEL if resolve_device("auto").startswith("cuda") else str(TINY_MAGPIE_PATH))
+    asyncio.run(speak(args.text, model, args.out, args.voice))
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ With no ``.env`` every part runs here, offline (:class:`~pipecat_nemotron.agent.
 - ASR: ``nvidia/nemotron-speech-streaming-en-0.6b`` on a CUDA GPU, else the bundled tiny model on the CPU;
 - LLM: llama.cpp's OpenAI-compatible server with SmolLM2-135M-Instruct (``llm-local`` extra), started as a child
   process on a free loopback port and stopped on exit;
-- TTS: the real Magpie on a CUDA GPU, else the tiny Magpie (random weights: its speech is noise until a trained one
-  is bundled).
+- TTS: the real Magpie on a CUDA GPU, else the bundled tiny Magpie (trained on espeak-ng voices: it reads short
+  sentences of the agent's domain, ``docs/TINY_MAGPIE.md``).
 
 ``NEMOTRON_LLM_*`` in ``.env`` replaces the LLM with your server (vLLM, NIM, hosted, your own llama.cpp),
 ``MAGPIE_TTS_MODEL`` or ``MAGPIE_NIM_SERVER`` the TTS, ``NEMOTRON_ASR_MODEL`` (or ``--model``) the ASR. ``.env`` is
@@ -35,6 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from loguru import logger
 
 from pipecat_nemotron.models import DEMO_AUDIO_DIR, default_asr_model
@@ -155,7 +156,8 @@ async def _converse(process: Any, wav: Path, realtime: bool, out: Path, timeout_
     _print_segmentation(wav, [u.text for u in collector.utterances], conversation)
     problems += [f"the ASR reported: {e}" for e in collector.errors]
     if llm is not None:
-        _print_turns(conversation, agent.observer.turns)
+        heard = await _hear_answers(settings, conversation.turns) if tts is not None else {}
+        _print_turns(conversation, agent.observer.turns, heard)
         problems += conversation.unanswered()
         server = process.llm_server
         if server is not None and server.exit_code is not None:
@@ -196,13 +198,34 @@ def _print_segmentation(wav: Path, heard: list[str], conversation: Any) -> None:
         )
 
 
-def _print_turns(conversation: Any, latencies: list[Any]) -> None:
-    """Per answered turn: the user's words, the answer, and voice-to-voice with its legs."""
+async def _hear_answers(settings: Any, turns: Any) -> dict[int, str]:
+    """Each spoken answer as the process's own ASR hears it (turn index -> text): the TTS checked by the ears."""
+    from pipecat_nemotron.asr.shared import shared_engines
+
+    spoken = [turn for turn in turns if turn.audio]
+    if not spoken:
+        return {}
+    engine = await shared_engines.acquire(settings.asr_engine_config())
+    heard: dict[int, str] = {}
+    try:
+        for turn in spoken:
+            rate = turn.audio[0].sample_rate
+            pcm = np.concatenate([piece.audio for piece in turn.audio if piece.sample_rate == rate])
+            heard[turn.index] = (await engine.transcribe(pcm, sample_rate=rate)).text
+    finally:
+        await shared_engines.release(engine)
+    return heard
+
+
+def _print_turns(conversation: Any, latencies: list[Any], heard: dict[int, str]) -> None:
+    """Per answered turn: the user's words, the answer (and what the ASR heard of its speech), voice-to-voice."""
     print("\nConversation:")
     for turn in conversation.turns:
         print(f"  turn {turn.index}")
         print(f"    you:   {turn.user_text or '(nothing heard)'}")
         print(f"    agent: {turn.reply_text.strip() or '(no answer)'}{' [interrupted]' if turn.interrupted else ''}")
+        if turn.index in heard:
+            print(f"    heard: {heard[turn.index] or '(nothing)'}  (the agent's speech, transcribed by the ASR)")
         latency = _latency_for(turn, latencies)
         if latency is not None and latency.v2v_ms is not None:
             legs = " · ".join(f"{k} {v:.0f}" for k, v in latency.breakdown_ms.items())

@@ -16,7 +16,7 @@ from openai_server import openai_server  # noqa: F401  (fixture)
 from processes import clean_env
 
 from pipecat_nemotron.bench.wer import normalize_text
-from pipecat_nemotron.models import DEMO_AUDIO_DIR
+from pipecat_nemotron.models import DEMO_AUDIO_DIR, TINY_MAGPIE_PATH
 
 _FINAL = re.compile(r"^\[final\] (.*?)(?:\x1b\[K)?$")
 # Pipecat reports no TTFS ("n/a") for a final later than its STT TTFB timeout (2 s), as on an overloaded machine.
@@ -75,6 +75,8 @@ def test_make_demo_hears_thinks_and_answers_offline_with_no_configuration(tmp_pa
     v2v = re.findall(r"^    voice-to-voice (\d+) ms = (.+)$", conversation, re.M)
     assert heard and len(answers) == len(heard) == len(v2v), conversation
     assert all(a.strip() and a != "(no answer)" for a in answers), conversation
+    # Each spoken answer, as the tiny ASR hears it (what its words are depends on SmolLM2's free text).
+    assert len(re.findall(r"^    heard: ", conversation, re.M)) == len(answers), conversation
     assert all(int(ms) > 0 and "llm_inference" in legs for ms, legs in v2v), conversation
     assert normalize_text(" ".join(heard)) == normalize_text(spoken), conversation
     # The segmentation is explained, not left as a mismatch.
@@ -144,16 +146,18 @@ def test_demo_names_the_fix_for_a_missing_gguf(tmp_path: Path) -> None:
     assert f"NEMOTRON_LLM_EMBEDDED_GGUF={str(tmp_path / 'nope.gguf')!r}: no such file" in run.stdout, run.stdout
 
 
-async def test_demo_runs_the_whole_agent_configured_in_env(
-    openai_server, bot_magpie: Path, tmp_path: Path  # noqa: F811
-) -> None:
+async def test_demo_runs_the_whole_agent_configured_in_env(openai_server, tmp_path: Path) -> None:  # noqa: F811
     """The README demo with an LLM and in-process Magpie in the environment (as `.env` sets them): the models
-    load before the pipeline starts, so no StartFrame times out, and every turn is answered and measured."""
+    load before the pipeline starts, so no StartFrame times out, and every turn is answered, measured and heard:
+    the ASR reads the bundled tiny Magpie's speech of every answer back as its text."""
     import asyncio
 
-    openai_server.reply = "Four."
+    # A sentence the tiny Magpie says right for every seed (tests/test_agent_speaks.py).
+    openai_server.reply = "What is five times eight?"
     env = clean_env(
-        NEMOTRON_LLM_BASE_URL=openai_server.base_url, NEMOTRON_LLM_API_KEY="none", MAGPIE_TTS_MODEL=str(bot_magpie)
+        NEMOTRON_LLM_BASE_URL=openai_server.base_url,
+        NEMOTRON_LLM_API_KEY="none",
+        MAGPIE_TTS_MODEL=str(TINY_MAGPIE_PATH),
     )
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pipecat_nemotron.demo", "--wav", str(DEMO_AUDIO_DIR / "two_turns.wav"),
@@ -172,6 +176,12 @@ async def test_demo_runs_the_whole_agent_configured_in_env(
     asked = " ".join(m["content"] for r in openai_server.requests for m in r["messages"] if m["role"] == "user")
     asked = normalize_text(asked)
     assert "what is two plus two" in asked and "what time is it please" in asked
+    conversation = out[out.index("Conversation:") :]
+    answers = re.findall(r"^    agent: (.+)$", conversation, re.M)
+    heard = re.findall(r"^    heard: (.+?)  \(the agent's speech", conversation, re.M)
+    assert len(heard) == len(answers) == len(turns), conversation
+    complete = [h for a, h in zip(answers, heard, strict=True) if not a.endswith("[interrupted]")]
+    assert complete and all(normalize_text(h) == "what is five times eight" for h in complete), conversation
 
 
 def test_demo_names_a_model_that_cannot_load(tmp_path: Path) -> None:

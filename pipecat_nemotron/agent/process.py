@@ -7,12 +7,12 @@ start and side by side:
 - with no LLM configured, llama.cpp's server with a small GGUF on loopback
   (:class:`~pipecat_nemotron.llm.embedded.EmbeddedLLMServer`);
 - with no TTS configured, the embedded Magpie: the real ``nvidia/magpie_tts_multilingual_357m`` on a CUDA GPU, else
-  the tiny Magpie built into a temporary folder (random weights: it speaks noise, of arbitrary length up to
-  :data:`TINY_MAGPIE_MAX_DURATION_S` per sentence, until a trained one is bundled).
+  the bundled tiny Magpie trained to speak (``docs/TINY_MAGPIE.md``: espeak-ng-like voices, the agent's domain),
+  each sentence capped at :data:`TINY_MAGPIE_MAX_DURATION_S`.
 
-:attr:`AgentProcess.settings` then names what runs (the LLM at the server's URL, the TTS at the built model), so
-bots build every session's services from it. Stopping ends the LLM server and removes the built model; it runs on
-exit, Ctrl-C and error alike when used as ``async with``::
+:attr:`AgentProcess.settings` then names what runs (the LLM at the server's URL, the TTS at the embedded
+model), so bots build every session's services from it. Stopping ends the LLM server; it runs on exit, Ctrl-C and
+error alike when used as ``async with``::
 
     async with AgentProcess(AgentSettings.from_env(os.environ)) as process:
         agent = build_voice_agent(stt=process.settings.create_stt(), llm=process.settings.create_llm(), ...)
@@ -21,13 +21,9 @@ exit, Ctrl-C and error alike when used as ``async with``::
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import tempfile
 import time
-import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from loguru import logger
 
@@ -35,17 +31,14 @@ from pipecat_nemotron.agent.settings import AgentSettings
 from pipecat_nemotron.llm.embedded import EmbeddedLLMServer
 from pipecat_nemotron.runtime.devices import resolve_device
 
-__all__ = ["REAL_MAGPIE_MODEL", "TINY_MAGPIE_EOS_BIAS", "TINY_MAGPIE_MAX_DURATION_S", "AgentProcess"]
+__all__ = ["REAL_MAGPIE_MODEL", "TINY_MAGPIE_MAX_DURATION_S", "AgentProcess"]
 
 #: The Magpie the embedded default runs on a CUDA GPU.
 REAL_MAGPIE_MODEL = "nvidia/magpie_tts_multilingual_357m"
 
-#: The random tiny Magpie's end-of-speech bias: 0.25 lets it end on its own after a few seconds, whatever the
-#: text (a larger bias ends it at once, a smaller one runs to the cap below).
-TINY_MAGPIE_EOS_BIAS = 0.25
-
-#: The most audio one sentence of the random tiny Magpie may take, seconds (it does not read the text).
-TINY_MAGPIE_MAX_DURATION_S = 6.0
+#: The most audio one sentence of the tiny Magpie may take, seconds: it ends its sentences itself (its longest
+#: training utterance is 5.7 s), so the cap only bounds a sentence it fails to end.
+TINY_MAGPIE_MAX_DURATION_S = 10.0
 
 
 class AgentProcess:
@@ -71,7 +64,6 @@ class AgentProcess:
         self.llm_server: EmbeddedLLMServer | None = None
         self.startup_s: float | None = None
         self._llm_log_path = llm_log_path
-        self._tts_folder: tempfile.TemporaryDirectory[str] | None = None
         self._started = False
 
     async def __aenter__(self) -> AgentProcess:
@@ -82,7 +74,7 @@ class AgentProcess:
         await self.stop()
 
     async def start(self) -> None:
-        """Build the embedded Magpie, load the models and start the embedded LLM server, side by side.
+        """Choose the embedded Magpie, load the models and start the embedded LLM server, side by side.
 
         Raises:
             EmbeddedLLMError: The embedded LLM server cannot start (the message names the fix).
@@ -122,24 +114,28 @@ class AgentProcess:
         logger.info(f"Agent process ready in {self.startup_s:.1f} s")
 
     async def _embedded_magpie(self) -> str:
-        """The real Magpie's id on a CUDA GPU; else the tiny Magpie, built into a temporary folder."""
+        """The real Magpie's id on a CUDA GPU; else the bundled tiny Magpie.
+
+        Raises:
+            FileNotFoundError: The bundled tiny Magpie is missing (a broken install), naming the fix.
+
+        """
         if resolve_device(self.settings.asr_device).startswith("cuda"):
             return REAL_MAGPIE_MODEL
-        from pipecat_nemotron.tts.magpie.tiny import build_tiny_magpie
+        from pipecat_nemotron.models import TINY_MAGPIE_CODEC_PATH, TINY_MAGPIE_PATH
 
-        self._tts_folder = tempfile.TemporaryDirectory(prefix="nemotron-tiny-magpie-")
-        folder = Path(self._tts_folder.name)
-        path, _ = await asyncio.to_thread(_build_quietly, build_tiny_magpie, folder)
-        return str(path)
+        for path in (TINY_MAGPIE_PATH, TINY_MAGPIE_CODEC_PATH):
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"The bundled tiny Magpie is missing: {path} (reinstall pipecat-nemotron), or configure a TTS: "
+                    "MAGPIE_TTS_MODEL=<.nemo or hub id>, or MAGPIE_NIM_SERVER=host:port."
+                )
+        return str(TINY_MAGPIE_PATH)
 
     async def stop(self) -> None:
-        """Stop the embedded LLM server and remove the built Magpie (the loaded models stay shared). Idempotent."""
+        """Stop the embedded LLM server (the loaded models stay shared). Idempotent."""
         if self.llm_server is not None:
             await self.llm_server.stop()
-        if self._tts_folder is not None:
-            with contextlib.suppress(OSError):
-                self._tts_folder.cleanup()
-            self._tts_folder = None
 
 
 def _system_prompt(settings: AgentSettings) -> str | None:
@@ -147,10 +143,3 @@ def _system_prompt(settings: AgentSettings) -> str | None:
     from pipecat_nemotron.llm.service import NemotronLLMSettings
 
     return NemotronLLMSettings.from_env(settings.llm_env).system_prompt
-
-
-def _build_quietly(build: Any, folder: Path) -> tuple[Path, Path]:
-    """``build(folder)`` with NeMo's constructor warnings (about its own buffers) silenced: nothing a user can fix."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return build(folder, end_of_speech_bias=TINY_MAGPIE_EOS_BIAS)

@@ -89,8 +89,7 @@ class AgentSettings:
             :meth:`with_llm_server` points ``llm_env`` at it and keeps this field, so :meth:`describe` names it.
         tts_model: Magpie model id or ``.nemo`` path to run in process (None: none).
         tts_embedded: With no Magpie configured, an ``AgentProcess`` provides one: the real Magpie on a CUDA GPU,
-            else the tiny Magpie it builds at start (random weights: its speech is noise until a trained one is
-            bundled). ``MAGPIE_TTS_EMBEDDED=0`` turns it off.
+            else the bundled tiny Magpie (``docs/TINY_MAGPIE.md``). ``MAGPIE_TTS_EMBEDDED=0`` turns it off.
         tts_max_duration_s: The most audio one sentence may take, seconds (None: Magpie's default, 20 s).
         tts_voice: Magpie voice (john, sofia, aria, jason, leo).
         tts_nim_server: ``host:port`` of a Magpie NIM (gRPC), used instead of ``tts_model`` when set.
@@ -369,8 +368,7 @@ class AgentSettings:
         if self.tts_nim_server:
             lines.append(f"TTS: Magpie NIM at {self.tts_nim_server}")
         elif self.tts_model:
-            noise = " — the tiny Magpie has random weights: its speech is noise" if self.tts_embedded else ""
-            lines.append(f"TTS: Magpie in process ({self.tts_model}, voice {self.tts_voice}){noise}")
+            lines.append(f"TTS: Magpie in process ({self.tts_model}, voice {self.tts_voice})")
         elif self.tts_embedded:
             lines.append("TTS: embedded Magpie (starts with the process: the tiny one on CPU, the real one on a GPU)")
         else:
