@@ -1,4 +1,4 @@
-"""Which ASR model to use by default, and where the bundled tiny model and demo audio live."""
+"""Which ASR model to use by default, and where the bundled tiny models and demo audio live."""
 
 from __future__ import annotations
 
@@ -20,9 +20,8 @@ TINY_MULTILINGUAL_MODEL_PATH = ASSETS_DIR / "tiny_nemotron_asr_multilingual.nemo
 #: ``docs/TINY_MODEL.md``, *End of utterance*).
 TINY_EOU_MODEL_PATH = ASSETS_DIR / "tiny_nemotron_asr_eou.nemo"
 
-#: Where ``scripts/make_tiny_magpie.py bundle`` puts the trained tiny Magpie and its codec, which the Magpie names by
-#: this file name (resolved beside it when loaded). Not bundled until it reads held-out sentences at <= 10% WER
-#: (``docs/TINY_MAGPIE.md``); until then agents on CPU and the tests use the random ``tts.magpie.tiny`` model.
+#: The bundled trained tiny Magpie and its codec (``scripts/make_tiny_magpie.py bundle``; ``docs/TINY_MAGPIE.md``):
+#: the agent's TTS on a CPU. The Magpie names its codec by this file name, resolved beside it when loaded.
 TINY_MAGPIE_PATH = ASSETS_DIR / "tiny_magpie.nemo"
 TINY_MAGPIE_CODEC_PATH = ASSETS_DIR / "tiny_magpie_codec.nemo"
 
