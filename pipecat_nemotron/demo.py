@@ -156,7 +156,7 @@ async def _converse(process: Any, wav: Path, realtime: bool, out: Path, timeout_
     _print_segmentation(wav, [u.text for u in collector.utterances], conversation)
     problems += [f"the ASR reported: {e}" for e in collector.errors]
     if llm is not None:
-        heard = await _hear_answers(settings, conversation.turns) if tts is not None else {}
+        heard = await _hear_answers(settings, conversation.turns, problems) if tts is not None else {}
         _print_turns(conversation, agent.observer.turns, heard)
         problems += conversation.unanswered()
         server = process.llm_server
@@ -198,22 +198,37 @@ def _print_segmentation(wav: Path, heard: list[str], conversation: Any) -> None:
         )
 
 
-async def _hear_answers(settings: Any, turns: Any) -> dict[int, str]:
-    """Each spoken answer as the process's own ASR hears it (turn index -> text): the TTS checked by the ears."""
+#: The most the demo waits for the ASR to transcribe the agent's answers back, seconds (a few seconds of speech each).
+HEAR_ANSWERS_TIMEOUT_S = 120.0
+
+
+async def _hear_answers(settings: Any, turns: Any, problems: list[str]) -> dict[int, str]:
+    """Each spoken answer as the process's own ASR hears it (turn index -> text): the TTS checked by the ears.
+
+    A failure (or no result within :data:`HEAR_ANSWERS_TIMEOUT_S`) adds to ``problems`` and returns what was heard:
+    the conversation ran; only this check of its speech is lost.
+    """
     from pipecat_nemotron.asr.shared import shared_engines
 
+    heard: dict[int, str] = {}
     spoken = [turn for turn in turns if turn.audio]
     if not spoken:
-        return {}
-    engine = await shared_engines.acquire(settings.asr_engine_config())
-    heard: dict[int, str] = {}
+        return heard
+
+    async def transcribe_all() -> None:
+        engine = await shared_engines.acquire(settings.asr_engine_config())
+        try:
+            for turn in spoken:
+                rate = turn.audio[0].sample_rate
+                pcm = np.concatenate([piece.audio for piece in turn.audio if piece.sample_rate == rate])
+                heard[turn.index] = (await engine.transcribe(pcm, sample_rate=rate)).text
+        finally:
+            await shared_engines.release(engine)
+
     try:
-        for turn in spoken:
-            rate = turn.audio[0].sample_rate
-            pcm = np.concatenate([piece.audio for piece in turn.audio if piece.sample_rate == rate])
-            heard[turn.index] = (await engine.transcribe(pcm, sample_rate=rate)).text
-    finally:
-        await shared_engines.release(engine)
+        await asyncio.wait_for(transcribe_all(), HEAR_ANSWERS_TIMEOUT_S)
+    except Exception as e:
+        problems.append(f"the agent's speech could not be transcribed back: {e!r}")
     return heard
 
 

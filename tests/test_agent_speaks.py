@@ -116,9 +116,14 @@ class ListeningSpeaker:
         return _Speaker()
 
 
-async def test_the_agent_says_what_the_llm_wrote(openai_server: FakeOpenAIServer, speaking_magpie, ears) -> None:
-    """Bundled speech in; the reply the user hears, transcribed, is the LLM's text, word for word."""
-    openai_server.reply = REPLY
+def listening_agent(openai_server: FakeOpenAIServer, reply: str, speaking_magpie, ears):
+    """The whole agent (tiny ASR, loopback LLM answering ``reply``, the bundled Magpie) into a ListeningSpeaker.
+
+    Returns:
+        ``(agent, stt, speaker)``.
+
+    """
+    openai_server.reply = reply
     stt = NemotronSTTService(engine=ears, latency_ms=160)
     speaker = ListeningSpeaker()
     agent = build_voice_agent(
@@ -128,6 +133,12 @@ async def test_the_agent_says_what_the_llm_wrote(openai_server: FakeOpenAIServer
         output_processor=speaker,
         idle_timeout_secs=None,
     )
+    return agent, stt, speaker
+
+
+async def test_the_agent_says_what_the_llm_wrote(openai_server: FakeOpenAIServer, speaking_magpie, ears) -> None:
+    """Bundled speech in; the reply the user hears, transcribed, is the LLM's text, word for word."""
+    agent, stt, speaker = listening_agent(openai_server, REPLY, speaking_magpie, ears)
     await run_worker_on_wav(agent.worker, stt, DEMO_AUDIO_DIR / "demo_weather.wav", trailing_silence_s=4.0, timeout_s=120)
 
     assert len(agent.observer.turns) == 1
@@ -138,16 +149,7 @@ async def test_a_barge_in_leaves_heard_a_prefix_of_the_reply(
     openai_server: FakeOpenAIServer, speaking_magpie, ears
 ) -> None:
     """The user speaks again 1.5 s into a three-sentence reply: what they heard is the reply's start, no more."""
-    openai_server.reply = LONG_REPLY
-    stt = NemotronSTTService(engine=ears, latency_ms=160)
-    speaker = ListeningSpeaker()
-    agent = build_voice_agent(
-        stt=stt,
-        llm=create_nemotron_llm(base_url=openai_server.base_url),
-        tts=MagpieTTSService(engine=speaking_magpie, options=MagpieSynthesisOptions(seed=0)),
-        output_processor=speaker,
-        idle_timeout_secs=None,
-    )
+    agent, stt, speaker = listening_agent(openai_server, LONG_REPLY, speaking_magpie, ears)
 
     started = asyncio.Event()
 

@@ -226,3 +226,19 @@ async def test_demo_stops_and_names_an_llm_that_never_answers(
     assert proc.returncode == 1, out[-3000:] + stderr.decode()[-3000:]
     assert "the conversation had not ended 10 s after it started" in out, out[-3000:]
     assert openai_server.requests, "the LLM was never asked, so the bound was not what ended the run"
+
+
+async def test_the_demo_says_when_it_cannot_hear_its_answers(tmp_path: Path) -> None:
+    """The check of the agent's speech fails alone: the answers heard so far come back, the failure is a problem."""
+    import numpy as np
+
+    from pipecat_nemotron.agent.settings import AgentSettings
+    from pipecat_nemotron.demo import _hear_answers
+    from pipecat_nemotron.observers.conversation import BotAudio, ConversationTurn
+
+    turn = ConversationTurn(index=1, user_text="hi", reply_text="Hello.")
+    turn.audio.append(BotAudio(wall_s=0.0, audio=np.zeros(2205, dtype=np.int16), sample_rate=22050))
+    problems: list[str] = []
+    settings = AgentSettings(asr_model=str(tmp_path / "nope.nemo"), asr_device="cpu")
+    assert await _hear_answers(settings, [turn], problems) == {}
+    assert len(problems) == 1 and "could not be transcribed back" in problems[0] and "nope.nemo" in problems[0]
