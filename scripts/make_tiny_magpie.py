@@ -358,7 +358,7 @@ class Checkpointer:
         weights as ``run_dir/weights/step_NNNNNN.pt`` (what ``tts-export --average`` averages).
         """
         self.path = run_dir / "last.pt"
-        self.weights_dir = run_dir / "weights" if keep_weights else None
+        self.keep_weights = keep_weights
         self.every_s = every_min * 60
         self.last = time.perf_counter()
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -398,17 +398,22 @@ class Checkpointer:
             tmp,
         )
         tmp.replace(self.path)
-        if self.weights_dir is not None:
-            self.weights_dir.mkdir(exist_ok=True)
+        if self.keep_weights:
             kept = kept_weights_path(self.path.parent, progress["step"])
+            kept.parent.mkdir(exist_ok=True)
             torch.save({"model": model.state_dict(), "progress": progress}, kept)
         self.last = time.perf_counter()
         return True
 
 
+def kept_weights_dir(run_dir: Path) -> Path:
+    """Where ``--keep-weights`` keeps a run's weights, one file per checkpoint."""
+    return run_dir / "weights"
+
+
 def kept_weights_path(run_dir: Path, step: int) -> Path:
     """Where ``--keep-weights`` keeps the weights saved at ``step``."""
-    return run_dir / "weights" / f"step_{step:06d}.pt"
+    return kept_weights_dir(run_dir) / f"step_{step:06d}.pt"
 
 
 def averaged_weights(run_dir: Path, count: int) -> dict[str, Any]:
@@ -419,10 +424,10 @@ def averaged_weights(run_dir: Path, count: int) -> dict[str, Any]:
 
     last = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)
     step = last["progress"]["step"]
-    kept = sorted(p for p in (run_dir / "weights").glob("step_*.pt") if int(p.stem.split("_")[1]) < step)
+    kept = sorted(p for p in kept_weights_dir(run_dir).glob("step_*.pt") if int(p.stem.split("_")[1]) < step)
     kept = kept[len(kept) - (count - 1) :] if count > 1 else []
     if len(kept) != count - 1:
-        raise SystemExit(f"--average {count}: {len(kept)} kept weights before step {step} in {run_dir / 'weights'}")
+        raise SystemExit(f"--average {count}: {len(kept)} kept weights before step {step} in {kept_weights_dir(run_dir)}")
     states = [torch.load(p, map_location="cpu", weights_only=False)["model"] for p in kept] + [last["model"]]
     model = {
         name: sum(s[name] for s in states) / len(states) if value.is_floating_point() else value
@@ -1383,18 +1388,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="tts-export: no end of speech before the prior has reached the text's last tokens (NeMo's "
         "ignore_finished_sentence_tracking=False)",
     )
+    p.add_argument(
+        "--average",
+        type=int,
+        default=1,
+        help="tts-export, tts-probe: the last checkpoint's weights averaged with the N-1 latest kept ones "
+        "(--keep-weights)",
+    )
     p.add_argument("--cost-repeats", type=int, default=10, help="cost: requests per model")
     p.add_argument("--keep-wavs", type=int, default=20, help="tts-eval: synthesised clips kept under eval/")
     t = p.add_argument_group("training")
     t.add_argument("--resume", action="store_true", help="continue the stage's last checkpoint")
     t.add_argument(
         "--keep-weights", action="store_true", help="keep every checkpoint's weights under <run>/weights/"
-    )
-    p.add_argument(
-        "--average",
-        type=int,
-        default=1,
-        help="tts-export: average the last checkpoint's weights with the N-1 latest kept ones (--keep-weights)",
     )
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--max-minutes", type=float, default=60.0, help="stop this run after N minutes")
