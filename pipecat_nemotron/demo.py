@@ -219,8 +219,11 @@ async def _hear_answers(settings: Any, turns: Any, problems: list[str]) -> dict[
         engine = await shared_engines.acquire(settings.asr_engine_config())
         try:
             for turn in spoken:
-                rate = turn.audio[0].sample_rate
-                pcm = np.concatenate([piece.audio for piece in turn.audio if piece.sample_rate == rate])
+                rates = {piece.sample_rate for piece in turn.audio}
+                if len(rates) != 1:  # One TTS speaks at one rate; no piece is left out unsaid.
+                    raise ValueError(f"answer {turn.index}'s speech mixes sample rates {sorted(rates)}")
+                rate = rates.pop()
+                pcm = np.concatenate([piece.audio for piece in turn.audio])
                 heard[turn.index] = (await engine.transcribe(pcm, sample_rate=rate)).text
         finally:
             await shared_engines.release(engine)

@@ -242,3 +242,19 @@ async def test_the_demo_says_when_it_cannot_hear_its_answers(tmp_path: Path) -> 
     settings = AgentSettings(asr_model=str(tmp_path / "nope.nemo"), asr_device="cpu")
     assert await _hear_answers(settings, [turn], problems) == {}
     assert len(problems) == 1 and "could not be transcribed back" in problems[0] and "nope.nemo" in problems[0]
+
+
+async def test_the_demo_names_an_answer_whose_speech_it_cannot_hear_whole() -> None:
+    """Speech pieces at two sample rates are not silently thinned out: the answer is named as a problem."""
+    import numpy as np
+
+    from pipecat_nemotron.agent.settings import AgentSettings
+    from pipecat_nemotron.demo import _hear_answers
+    from pipecat_nemotron.observers.conversation import BotAudio, ConversationTurn
+
+    turn = ConversationTurn(index=2, user_text="hi", reply_text="Hello.")
+    for rate in (22050, 16000):
+        turn.audio.append(BotAudio(wall_s=0.0, audio=np.zeros(rate // 10, dtype=np.int16), sample_rate=rate))
+    problems: list[str] = []
+    assert await _hear_answers(AgentSettings(asr_device="cpu"), [turn], problems) == {}
+    assert len(problems) == 1 and "answer 2's speech mixes sample rates [16000, 22050]" in problems[0], problems
