@@ -28,7 +28,7 @@ from pipecat_nemotron.tts.service import MagpieTTSService
 #: Replies the tiny Magpie says and the tiny ASR reads back word for word, in the agent's default voice: held-out
 #: sentences (in neither model's training text) right for 8 seeds of 8, each alone and (REPLY) together, as
 #: ``docs/TINY_MAGPIE.md`` records. The agent's TTS says each sentence as its own request; longer texts in one
-#: request lose their last words more often (the training utterances are at most 5.7 s).
+#: request lose their last words more often (the training utterances are at most 6.2 s).
 REPLY = "What time is it? What is nine minus six?"
 LONG_REPLY = "What is five times eight? What is seven minus eight? What is six times six?"
 

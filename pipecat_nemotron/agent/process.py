@@ -37,7 +37,7 @@ __all__ = ["REAL_MAGPIE_MODEL", "TINY_MAGPIE_MAX_DURATION_S", "AgentProcess"]
 REAL_MAGPIE_MODEL = "nvidia/magpie_tts_multilingual_357m"
 
 #: The most audio one sentence of the tiny Magpie may take, seconds: it ends its sentences itself (its longest
-#: training utterance is 5.7 s), so the cap only bounds a sentence it fails to end.
+#: training utterance is 6.2 s), so the cap only bounds a sentence it fails to end.
 TINY_MAGPIE_MAX_DURATION_S = 10.0
 
 
